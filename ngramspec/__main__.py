@@ -1,0 +1,5 @@
+import sys
+
+from ngramspec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1113 @@
+# cython: language_level=3
+"""Kernels of llama.cpp's draftless proposers and the engine that chains them.
+
+Two layers per proposer (house style): a C struct with the state plus free ``noexcept nogil``
+functions over raw token pointers, and a thin ``cdef class`` that owns the memory. The engine
+(`SpecEngine`) validates every argument once, then calls the kernels through `Proposer`'s cdef
+methods. The behaviour is llama.cpp's at commit 3ce7da2c (b10102), quirks included; see
+``../shared/spec/llamacpp-ngram.md`` (cited as "spec N.M").
+"""
+import operator
+
+import numpy as np
+
+cimport numpy as cnp
+from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
+                               PyThread_acquire_lock, PyThread_release_lock)
+from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.string cimport memcmp, memcpy, memmove, memset
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+cnp.import_array()
+
+# Python-visible constants (spec 2).
+POOL_SIZE = MOD_POOL_SIZE
+TOKEN_MAX = 2147483647
+cdef uint64_t MOD_LCG_A = 6364136223846793005ULL     # spec 5.1
+cdef uint32_t MAP_HASH_A = 2654435761U               # spec 4.2
+DEF MAP_INDEX_SIZE = 262144                          # 2**18 uint32 slots per ngram-map slot
+DEF MAP_INDEX_MASK = 262143
+DEF MAP_MAX_VALUES = 4
+DEF MAP_MAX_COUNT = 16380
+# Kernels whose work exceeds this many tokens release the GIL (below it the release costs more
+# than it buys).
+DEF NOGIL_MIN_TOKENS = 4096
+
+
+cdef inline int64_t now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+# --------------------------------------------------------------------------------------------
+# Argument validation (the one boundary every public entry goes through)
+# --------------------------------------------------------------------------------------------
+
+cdef inline Py_ssize_t first_negative(const token_t* t, Py_ssize_t n) noexcept nogil:
+    """Index of the first negative id, or -1. The OR-reduction vectorizes; the scan runs only
+    when it found one."""
+    cdef Py_ssize_t i
+    cdef int32_t acc = 0
+    for i in range(n):
+        acc |= t[i]
+    if acc >= 0:
+        return -1
+    for i in range(n):
+        if t[i] < 0:
+            return i
+    return -1
+
+
+def _tokens_slow(obj, str name):
+    """Convert any 1-D integer array-like to a C-contiguous int32 array, or raise."""
+    try:
+        arr = np.asarray(obj)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a 1-D sequence of integer token ids ({exc})") from None
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int32)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+    lo = int(arr.min())
+    hi = int(arr.max())
+    if lo < 0 or hi > TOKEN_MAX:
+        bad = lo if lo < 0 else hi
+        pos = int(np.flatnonzero(arr == bad)[0])
+        raise ValueError(f"{name}[{pos}] = {bad} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+cdef cnp.ndarray as_tokens(object obj, str name):
+    """`obj` as a validated C-contiguous int32 array (zero-copy when it already is one)."""
+    cdef cnp.ndarray arr
+    cdef Py_ssize_t bad
+    if (cnp.PyArray_CheckExact(obj) and cnp.PyArray_TYPE(<cnp.ndarray>obj) == cnp.NPY_INT32
+            and cnp.PyArray_NDIM(<cnp.ndarray>obj) == 1
+            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>obj)):
+        arr = <cnp.ndarray>obj
+        bad = first_negative(<const token_t*>cnp.PyArray_DATA(arr), cnp.PyArray_DIMS(arr)[0])
+        if bad >= 0:
+            raise ValueError(f"{name}[{bad}] = {arr[bad]} is not a token id: ids must be in "
+                             f"0 .. {TOKEN_MAX}")
+        return arr
+    return _tokens_slow(obj, name)
+
+
+cdef inline const token_t* tok_ptr(cnp.ndarray arr) noexcept:
+    return <const token_t*>cnp.PyArray_DATA(arr)
+
+
+cdef token_t as_token(object value, str name) except? -1:
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer token id, got {type(value).__name__}") from None
+    if v < 0 or v > TOKEN_MAX:
+        raise ValueError(f"{name} = {v} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
+    return <token_t>v
+
+
+def check_int(name, value, lo, hi=None):
+    """Validate an integer parameter against llama.cpp's range; return it as int."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        rng = f"{lo} .. {hi}" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} = {value} is out of range: allowed {rng}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Proposer base classes
+# --------------------------------------------------------------------------------------------
+
+cdef class Proposer:
+    """Base class of every proposer the engine chains.
+
+    Subclasses implement the ``c_begin`` / ``c_draft`` / ``c_accept`` cdef methods (Cython) or,
+    through `PyProposer`, ``on_begin`` / ``on_draft`` / ``on_accept`` (Python). Use a proposer
+    through `SpecEngine`, which validates the arguments and keeps llama.cpp's statistics.
+
+    Thread-safety: per-slot state may be used by one thread per slot at a time; state shared
+    across slots is documented by each subclass.
+    """
+
+    def __init__(self, str name, Py_ssize_t n_slots, Py_ssize_t max_draft):
+        if n_slots < 1:
+            raise ValueError(f"n_slots = {n_slots} is out of range: allowed >= 1")
+        if max_draft < 1:
+            raise ValueError(f"max_draft = {max_draft} is out of range: allowed >= 1")
+        self.name = name
+        self.n_slots = n_slots
+        self.max_draft = max_draft
+
+    cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
+        return 0
+
+    cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
+                            token_t sampled, token_t* out) except -1:
+        return 0
+
+    cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
+        return 0
+
+    def memory_bytes(self):
+        """Bytes of memory this proposer holds (all slots; a shared ModPool not included)."""
+        return 0
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name!r} n_slots={self.n_slots}>"
+
+
+cdef class PyProposer(Proposer):
+    """A proposer written in Python (e.g. a draft model).
+
+    Override ``on_begin(slot, prompt)``, ``on_draft(slot, inp, sampled) -> sequence of ids`` and
+    ``on_accept(slot, n_accepted, is_other)``. ``prompt`` and ``inp`` are fresh int32 copies the
+    method may keep. A draft longer than ``max_draft`` raises ValueError.
+
+    Thread-safety: the ``on_*`` methods run with the GIL held; one thread per slot at a time.
+    """
+
+    def on_begin(self, slot, prompt):
+        pass
+
+    def on_draft(self, slot, inp, sampled):
+        return ()
+
+    def on_accept(self, slot, n_accepted, is_other):
+        pass
+
+    cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
+        self.on_begin(slot, copy_tokens(prompt, n))
+        return 0
+
+    cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
+                            token_t sampled, token_t* out) except -1:
+        cdef cnp.ndarray arr = as_tokens(self.on_draft(slot, copy_tokens(inp, n), sampled),
+                                         f"{self.name} draft")
+        cdef Py_ssize_t length = cnp.PyArray_DIMS(arr)[0]
+        if length > self.max_draft:
+            raise ValueError(f"{self.name} drafted {length} tokens: allowed 0 .. {self.max_draft}")
+        if length:
+            memcpy(out, tok_ptr(arr), length * sizeof(token_t))
+        return length
+
+    cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
+        self.on_accept(slot, n_accepted, is_other)
+        return 0
+
+
+cdef cnp.ndarray copy_tokens(const token_t* t, Py_ssize_t n):
+    cdef cnp.npy_intp dims = n
+    cdef cnp.ndarray arr = cnp.PyArray_SimpleNew(1, &dims, cnp.NPY_INT32)
+    if n:
+        memcpy(cnp.PyArray_DATA(arr), t, n * sizeof(token_t))
+    return arr
+
+
+# --------------------------------------------------------------------------------------------
+# ngram-simple (spec 3): stateless backward scan
+# --------------------------------------------------------------------------------------------
+
+cdef Py_ssize_t simple_draft(const token_t* inp, Py_ssize_t L, token_t sampled,
+                             Py_ssize_t n, Py_ssize_t m, token_t* out) noexcept nogil:
+    if L <= n + m + 1:                       # '<=' as in llama.cpp
+        return 0
+    cdef const token_t* pattern = inp + L - n + 1     # first n-1 tokens of the pattern
+    cdef size_t head = (n - 1) * sizeof(token_t)
+    cdef Py_ssize_t j, match = 0, copy_max
+    j = L - n - 1                            # skips the overlapping positions L-n, L-n+1
+    while j >= 1:                            # position 0 is never tested
+        # Last pattern token first: a cheap filter that gives the same first match.
+        if inp[j + n - 1] == sampled and memcmp(inp + j, pattern, head) == 0:
+            match = j
+            break
+        j -= 1
+    if match == 0:
+        return 0
+    copy_max = L - (match + n)
+    if copy_max > m:
+        copy_max = m
+    if copy_max < n:                         # the minimum draft is n tokens, not 1
+        return 0
+    memcpy(out, inp + match + n, copy_max * sizeof(token_t))
+    return copy_max
+
+
+cdef class SimpleProposer(Proposer):
+    """ngram-simple: the m tokens after the most recent earlier occurrence of the last n tokens.
+
+    Parameters
+    ----------
+    size_n : int, 1 .. 1024 (llama.cpp default 12)
+    size_m : int, 1 .. 1024 (default 48)
+    min_hits : int, >= 1 (default 1; parsed but unused, as in llama.cpp)
+
+    Memory: none beyond the object. Thread-safety: stateless; any number of threads.
+    """
+    cdef readonly Py_ssize_t size_n, size_m, min_hits
+
+    def __init__(self, size_n=12, size_m=48, min_hits=1, n_slots=1):
+        self.size_n = check_int("size_n", size_n, 1, 1024)
+        self.size_m = check_int("size_m", size_m, 1, 1024)
+        self.min_hits = check_int("min_hits", min_hits, 1)
+        Proposer.__init__(self, "ngram-simple", n_slots, self.size_m)
+
+    cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
+                            token_t sampled, token_t* out) except -1:
+        cdef Py_ssize_t r
+        if n > NOGIL_MIN_TOKENS:
+            with nogil:
+                r = simple_draft(inp, n, sampled, self.size_n, self.size_m, out)
+            return r
+        return simple_draft(inp, n, sampled, self.size_n, self.size_m, out)
+
+
+# --------------------------------------------------------------------------------------------
+# ngram-map-k / ngram-map-k4v (spec 4)
+# --------------------------------------------------------------------------------------------
+
+cdef struct MapValue:
+    size_t value_idx           # start of this m-gram in inp; 0 = unused
+    uint16_t value_num         # occurrences, saturating at 16380
+    int16_t n_accepted         # accepted tokens the last time this value drafted
+
+cdef struct MapKey:
+    size_t key_idx             # position of the occurrence that created the key
+    size_t stat_idx            # k4v statistics scanned up to here (inclusive)
+    uint16_t key_num           # draft calls in which this key matched
+    MapValue values[MAP_MAX_VALUES]
+
+cdef struct MapParams:
+    Py_ssize_t n
+    Py_ssize_t m
+    bint key_only
+    Py_ssize_t min_hits
+
+cdef struct MapState:
+    MapKey* keys               # append-only list, erased from only by begin's cleanup
+    size_t n_keys
+    size_t cap_keys
+    size_t size_last_begin     # S
+    bint last_draft_created
+    size_t last_draft_key_idx
+    uint16_t last_draft_value_idx
+    size_t idx_last_check
+    uint32_t* key_map          # MAP_INDEX_SIZE positions; 0 = empty
+    uint32_t key_map_last_idx  # K
+
+
+cdef inline uint32_t map_hash(const token_t* t, Py_ssize_t n) noexcept nogil:
+    cdef uint32_t h = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        h = h * MAP_HASH_A + <uint32_t>t[i]      # uint32 wraparound is the spec
+    return h
+
+
+cdef inline bint map_key_at(const token_t* inp, Py_ssize_t L, Py_ssize_t j, Py_ssize_t n,
+                            token_t sampled) noexcept nogil:
+    """inp[j : j+n] == inp[L-n+1 : L] + [sampled]; False where the window leaves inp."""
+    if j < 0 or j + n > L:
+        return False
+    return inp[j + n - 1] == sampled and memcmp(inp + j, inp + L - n + 1,
+                                                (n - 1) * sizeof(token_t)) == 0
+
+
+cdef inline void map_index(MapState* s, const token_t* inp, Py_ssize_t j, Py_ssize_t n) noexcept nogil:
+    cdef uint32_t h = map_hash(inp + j, n) & MAP_INDEX_MASK
+    if s.key_map[h] == 0:                    # first writer wins
+        s.key_map[h] = <uint32_t>j
+
+
+cdef inline void map_erase_key(MapState* s, size_t i) noexcept nogil:
+    memmove(s.keys + i, s.keys + i + 1, (s.n_keys - i - 1) * sizeof(MapKey))
+    s.n_keys -= 1
+
+
+cdef void map_begin(MapState* s, const MapParams* p, size_t size_begin) noexcept nogil:
+    cdef size_t n = p.n, m = p.m
+    cdef size_t cleanup = s.size_last_begin
+    cdef Py_ssize_t i, j, k
+    cdef MapKey* key
+    if cleanup > size_begin:                 # the prompt shrank below the previous prompt
+        cleanup = size_begin - n - m if size_begin > n + m else 0
+    if size_begin < s.idx_last_check:        # history rewritten: drop what lies past cleanup
+        for k in range(MAP_INDEX_SIZE):
+            if s.key_map[k] != 0 and s.key_map[k] >= cleanup:
+                s.key_map[k] = 0
+        s.key_map_last_idx = <uint32_t>(cleanup - 1) if cleanup > 0 else 0
+        i = <Py_ssize_t>s.n_keys - 1
+        while i >= 0:
+            key = &s.keys[i]
+            if key.key_idx >= cleanup:
+                map_erase_key(s, i)
+                i -= 1
+                continue
+            if not p.key_only:
+                for j in range(MAP_MAX_VALUES - 1, -1, -1):
+                    if key.values[j].value_idx != 0 and key.values[j].value_idx >= cleanup:
+                        for k in range(j, MAP_MAX_VALUES - 1):
+                            key.values[k] = key.values[k + 1]
+                        # n_accepted of the last record is kept, as in llama.cpp
+                        key.values[MAP_MAX_VALUES - 1].value_idx = 0
+                        key.values[MAP_MAX_VALUES - 1].value_num = 0
+                if key.values[0].value_idx == 0:
+                    map_erase_key(s, i)
+            i -= 1
+    s.idx_last_check = size_begin
+    s.size_last_begin = size_begin
+    s.last_draft_created = False
+
+
+cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, Py_ssize_t L,
+                          token_t sampled, token_t* out) noexcept nogil:
+    """Returns the draft length, or -1 when the key list could not grow (out of memory)."""
+    cdef Py_ssize_t n = p.n, m = p.m
+    cdef Py_ssize_t S, K, j, top, match = 0, last_pos, cnt
+    cdef size_t off, i, v
+    cdef uint32_t idx
+    cdef MapKey* ck
+    cdef MapKey* grown
+    cdef int iv, slot_max
+    cdef uint16_t max_occur
+    cdef uint32_t sum_occur
+    s.last_draft_created = False
+    s.last_draft_key_idx = 0
+    s.last_draft_value_idx = 0
+    if L < 2 * n + m:                        # nothing else is updated in this case
+        return 0
+    s.idx_last_check = L
+    S = <Py_ssize_t>s.size_last_begin
+    K = <Py_ssize_t>s.key_map_last_idx
+    last_pos = L - n - m - 1                 # the last candidate whose m-gram lies inside inp
+
+    # (a) lookup: hash index, then the positions not yet indexed (range A, then range B).
+    # Range A is clamped to last_pos so a context shorter than the prompt stays in bounds.
+    idx = s.key_map[(map_hash(inp + L - n + 1, n - 1) * MAP_HASH_A + <uint32_t>sampled)
+                    & MAP_INDEX_MASK]
+    if idx != 0 and idx < last_pos and map_key_at(inp, L, idx, n, sampled):
+        match = idx
+    top = S - n - m - 1 if S - n - m - 1 < last_pos else last_pos
+    if match == 0 and S > n + m + 1:
+        j = top
+        while j > K:
+            if map_key_at(inp, L, j, n, sampled):
+                match = j
+                break
+            j -= 1
+    if match == 0:
+        j = last_pos
+        while j > S and j > K:
+            if map_key_at(inp, L, j, n, sampled):
+                match = j
+                break
+            j -= 1
+
+    # (b) index maintenance over the same ranges, descending, first writer wins
+    if S > n + m + 1:
+        j = top
+        while j > K:
+            map_index(s, inp, j, n)
+            j -= 1
+    j = last_pos
+    while j > S and j > K:
+        map_index(s, inp, j, n)
+        j -= 1
+    if <uint32_t>last_pos > s.key_map_last_idx:
+        s.key_map_last_idx = <uint32_t>last_pos
+    if match == 0:
+        return 0
+
+    # (c) the key's statistics record: first key whose text (read at key_idx) equals the key
+    off = 0
+    while off < s.n_keys:
+        if map_key_at(inp, L, <Py_ssize_t>s.keys[off].key_idx, n, sampled):
+            break
+        off += 1
+    if off == s.n_keys:
+        if s.n_keys == s.cap_keys:
+            grown = <MapKey*>realloc(s.keys, (s.cap_keys * 2 + 16) * sizeof(MapKey))
+            if grown == NULL:
+                return -1
+            s.keys = grown
+            s.cap_keys = s.cap_keys * 2 + 16
+        ck = &s.keys[s.n_keys]
+        s.n_keys += 1
+        ck.key_idx = match
+        ck.stat_idx = 0
+        ck.key_num = 0
+        for v in range(MAP_MAX_VALUES):
+            ck.values[v].value_idx = 0
+            ck.values[v].value_num = 0
+            ck.values[v].n_accepted = <int16_t>m
+    ck = &s.keys[off]
+    if ck.key_num < MAP_MAX_COUNT:
+        ck.key_num += 1
+
+    slot_max = 0
+    if not p.key_only:                       # (d2) ngram-map-k4v: values seen after the key
+        if ck.key_num < p.min_hits:
+            return 0
+        i = ck.stat_idx
+        while i <= <size_t>match:            # inclusive: the previous match is counted again
+            if map_key_at(inp, L, i, n, sampled):
+                iv = -1
+                for v in range(MAP_MAX_VALUES):
+                    if ck.values[v].value_idx == 0:
+                        ck.values[v].value_idx = i + n
+                        ck.values[v].value_num = 0
+                        ck.values[v].n_accepted = <int16_t>m
+                        iv = v
+                        break
+                    if (ck.values[v].value_idx + m <= <size_t>L and
+                            memcmp(inp + i + n, inp + ck.values[v].value_idx,
+                                   m * sizeof(token_t)) == 0):
+                        iv = v
+                        break
+                if iv >= 0 and ck.values[iv].value_num < MAP_MAX_COUNT:
+                    ck.values[iv].value_num += 1
+            i += 1
+        ck.stat_idx = match
+        max_occur = 0
+        for v in range(MAP_MAX_VALUES):
+            if ck.values[v].value_num > max_occur:
+                max_occur = ck.values[v].value_num
+                slot_max = v
+        sum_occur = 0
+        for v in range(MAP_MAX_VALUES):
+            if v != <size_t>slot_max:
+                sum_occur += ck.values[v].value_num
+        if sum_occur > 0 and max_occur < 2 * sum_occur:
+            return 0
+    # (d1/d2) the draft is always the m tokens after `match`; the value only sets its length
+    cnt = ck.values[slot_max].n_accepted
+    if cnt > m:
+        cnt = m
+    s.last_draft_created = True
+    s.last_draft_key_idx = off
+    s.last_draft_value_idx = <uint16_t>slot_max
+    if cnt <= 0:
+        return 0
+    memcpy(out, inp + match + n, cnt * sizeof(token_t))
+    return cnt
+
+
+cdef void map_accept(MapState* s, uint16_t n_accepted) noexcept nogil:
+    if not s.last_draft_created or s.last_draft_key_idx >= s.n_keys:
+        return
+    s.keys[s.last_draft_key_idx].values[s.last_draft_value_idx].n_accepted = <int16_t>n_accepted
+
+
+cdef class MapProposer(Proposer):
+    """ngram-map-k (``key_only=True``) and ngram-map-k4v (``key_only=False``), spec 4.
+
+    Parameters
+    ----------
+    size_n : int, 1 .. 1024 (default 12) -- key length
+    size_m : int, 1 .. 1024 (default 48) -- value (draft) length
+    min_hits : int, >= 1 (default 1) -- k4v only; ngram-map-k ignores it, as llama.cpp does
+    key_only : bool
+    n_slots : int, >= 1
+
+    Memory: per slot a 2**18-entry uint32 hash index (1 MiB, zero pages until touched) plus
+    one 112-byte record per distinct matched key (unbounded, as in llama.cpp).
+
+    Thread-safety: each slot's map is independent: one thread per slot at a time.
+    """
+    cdef MapParams params
+    cdef MapState* states
+
+    def __cinit__(self):
+        self.states = NULL
+
+    def __init__(self, size_n=12, size_m=48, min_hits=1, key_only=True, n_slots=1):
+        cdef Py_ssize_t i
+        self.params.n = check_int("size_n", size_n, 1, 1024)
+        self.params.m = check_int("size_m", size_m, 1, 1024)
+        self.params.min_hits = check_int("min_hits", min_hits, 1)
+        self.params.key_only = bool(key_only)
+        Proposer.__init__(self, "ngram-map-k" if key_only else "ngram-map-k4v", n_slots,
+                          self.params.m)
+        self.states = <MapState*>calloc(n_slots, sizeof(MapState))
+        if self.states == NULL:
+            raise MemoryError()
+        for i in range(n_slots):
+            self.states[i].key_map = <uint32_t*>calloc(MAP_INDEX_SIZE, sizeof(uint32_t))
+            if self.states[i].key_map == NULL:
+                raise MemoryError()
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.states != NULL:
+            for i in range(self.n_slots):
+                free(self.states[i].keys)
+                free(self.states[i].key_map)
+            free(self.states)
+
+    @property
+    def size_n(self):
+        return self.params.n
+
+    @property
+    def size_m(self):
+        return self.params.m
+
+    @property
+    def min_hits(self):
+        return self.params.min_hits
+
+    def n_keys(self, Py_ssize_t slot):
+        """Number of key records of `slot` (grows by one per distinct matched key)."""
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot = {slot} is out of range: allowed 0 .. {self.n_slots - 1}")
+        return self.states[slot].n_keys
+
+    def memory_bytes(self):
+        cdef Py_ssize_t i
+        cdef size_t total = 0
+        for i in range(self.n_slots):
+            total += MAP_INDEX_SIZE * sizeof(uint32_t) + self.states[i].cap_keys * sizeof(MapKey)
+        return total
+
+    cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
+        with nogil:
+            map_begin(&self.states[slot], &self.params, n)
+        return 0
+
+    cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
+                            token_t sampled, token_t* out) except -1:
+        cdef Py_ssize_t r
+        cdef MapState* s = &self.states[slot]
+        if n - <Py_ssize_t>s.key_map_last_idx > NOGIL_MIN_TOKENS:
+            with nogil:
+                r = map_draft(s, &self.params, inp, n, sampled, out)
+        else:
+            r = map_draft(s, &self.params, inp, n, sampled, out)
+        if r < 0:
+            raise MemoryError()
+        return r
+
+    cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
+        if not is_other:
+            map_accept(&self.states[slot], <uint16_t>n_accepted)
+        return 0
+
+
+# --------------------------------------------------------------------------------------------
+# ngram-mod (spec 5): one shared hash pool, rolling LCG hash
+# --------------------------------------------------------------------------------------------
+
+cdef class ModPool:
+    """ngram-mod's table: 2**22 int32 entries (16 MiB), EMPTY = -1, shared by every slot and
+    every ngram-mod proposer given it. Allocated once, never grown.
+
+    Memory: exactly ``nbytes`` = 16 MiB, whatever the number of slots.
+
+    Thread-safety: every read or write of the table takes the pool's lock, acquired without the
+    GIL when contended; `reset` may run while other threads draft or begin.
+    """
+    cdef int32_t* entries
+    cdef size_t n_used
+    cdef PyThread_type_lock lock
+
+    def __cinit__(self):
+        self.entries = <int32_t*>malloc(MOD_POOL_SIZE * sizeof(int32_t))
+        if self.entries == NULL:
+            raise MemoryError()
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError()
+        memset(self.entries, 0xFF, MOD_POOL_SIZE * sizeof(int32_t))   # all EMPTY (-1)
+        self.n_used = 0
+
+    def __dealloc__(self):
+        free(self.entries)
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+
+    @property
+    def size(self):
+        """Number of entries (2**22)."""
+        return MOD_POOL_SIZE
+
+    @property
+    def nbytes(self):
+        """Bytes of the table (16 MiB)."""
+        return MOD_POOL_SIZE * sizeof(int32_t)
+
+    @property
+    def used(self):
+        """Entries written since the last reset."""
+        return self.n_used
+
+    @property
+    def occupancy(self):
+        """used / size."""
+        return self.n_used / <double>MOD_POOL_SIZE
+
+    def reset(self):
+        """Set every entry to EMPTY (releases the GIL while it runs)."""
+        with nogil:
+            self.lock_nogil()
+            self.reset_locked()
+            PyThread_release_lock(self.lock)
+
+    def get(self, key):
+        """The entry the n-gram `key` hashes to (-1 = EMPTY): llama.cpp's recomputed hash."""
+        cdef cnp.ndarray arr = as_tokens(key, "key")
+        cdef const token_t* t = tok_ptr(arr)
+        cdef uint64_t h = 0
+        cdef Py_ssize_t i
+        cdef int32_t r
+        for i in range(cnp.PyArray_DIMS(arr)[0]):
+            h = h * MOD_LCG_A + <uint64_t><int64_t>t[i]
+        self.lock_gil()
+        r = self.entries[h & MOD_POOL_MASK]
+        PyThread_release_lock(self.lock)
+        return r
+
+    def __reduce__(self):
+        raise TypeError("ModPool cannot be pickled (it is one 16 MiB table shared in-process)")
+
+    cdef void lock_nogil(self) noexcept nogil:
+        PyThread_acquire_lock(self.lock, 1)
+
+    cdef void lock_gil(self) noexcept:
+        """Take the lock from a thread holding the GIL, dropping the GIL only to wait."""
+        if not PyThread_acquire_lock(self.lock, 0):
+            with nogil:
+                PyThread_acquire_lock(self.lock, 1)
+
+    cdef void reset_locked(self) noexcept nogil:
+        memset(self.entries, 0xFF, MOD_POOL_SIZE * sizeof(int32_t))
+        self.n_used = 0
+
+
+cdef inline uint64_t mod_hash(const token_t* t, Py_ssize_t n) noexcept nogil:
+    cdef uint64_t h = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        h = h * MOD_LCG_A + <uint64_t><int64_t>t[i]
+    return h
+
+
+cdef void mod_insert(ModPool pool, const token_t* t, Py_ssize_t start, Py_ssize_t stop,
+                     Py_ssize_t n, uint64_t a_pow) noexcept nogil:
+    """pool_add(t[i : i+n+1]) for i in [start, stop), sliding the hash in O(1) per position.
+
+    h_i = sum_k t[i+k] * A^(n-1-k) (mod 2^64), so h_{i+1} = (h_i - t[i] * A^(n-1)) * A + t[i+n]:
+    the same slots as llama.cpp's recomputed hash. Caller holds the pool's lock.
+    """
+    if start >= stop:
+        return
+    cdef int32_t* entries = pool.entries
+    cdef uint64_t h = mod_hash(t + start, n)
+    cdef size_t used = pool.n_used
+    cdef uint64_t s
+    cdef Py_ssize_t i
+    for i in range(start, stop):
+        s = h & MOD_POOL_MASK
+        if entries[s] == MOD_EMPTY:
+            used += 1
+        entries[s] = t[i + n]                # last writer wins, no collision check
+        h = (h - <uint64_t><int64_t>t[i] * a_pow) * MOD_LCG_A + <uint64_t><int64_t>t[i + n]
+    pool.n_used = used
+
+
+cdef struct ModSlot:
+    Py_ssize_t i_last          # next chunked insertion starts here
+    Py_ssize_t n_draft_last    # last draft's length before the glue's truncation
+    int n_low                  # consecutive low-acceptance drafts
+
+
+cdef class ModProposer(Proposer):
+    """ngram-mod: an LCG hash of the last n tokens -> the next token, chained greedily.
+
+    Parameters
+    ----------
+    n_match : int, 1 .. 1024 (default 24) -- n-gram length
+    n_min : int, 0 .. 1024 (default 48) -- shorter chains give no draft
+    n_max : int, 0 .. 1024 (default 64) -- chain length cap
+    pool : ModPool or None -- the shared table (a new one when None)
+    n_slots : int, >= 1
+
+    Memory: the shared 16 MiB pool plus 24 bytes per slot and an (n_match + n_max)-token buffer
+    per slot. Thread-safety: pool access is locked (see `ModPool`); per-slot state needs one
+    thread per slot at a time. begin() releases the GIL while it inserts the prompt.
+    """
+    cdef readonly ModPool pool
+    cdef readonly Py_ssize_t n_match, n_min, n_max
+    cdef uint64_t a_pow                      # A^(n-1) mod 2^64, to slide the hash
+    cdef ModSlot* slots
+    cdef token_t* bufs                       # per slot n_match + n_max tokens
+
+    def __cinit__(self):
+        self.slots = NULL
+        self.bufs = NULL
+
+    def __init__(self, n_match=24, n_min=48, n_max=64, ModPool pool=None, n_slots=1):
+        cdef Py_ssize_t i
+        self.n_match = check_int("n_match", n_match, 1, 1024)
+        self.n_min = check_int("n_min", n_min, 0, 1024)
+        self.n_max = check_int("n_max", n_max, 0, 1024)
+        Proposer.__init__(self, "ngram-mod", n_slots, max(self.n_max, 1))
+        self.pool = pool if pool is not None else ModPool()
+        self.a_pow = 1
+        for i in range(self.n_match - 1):
+            self.a_pow *= MOD_LCG_A
+        self.slots = <ModSlot*>calloc(n_slots, sizeof(ModSlot))
+        self.bufs = <token_t*>malloc(n_slots * (self.n_match + self.n_max) * sizeof(token_t))
+        if self.slots == NULL or self.bufs == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.slots)
+        free(self.bufs)
+
+    def memory_bytes(self):
+        return self.n_slots * (sizeof(ModSlot) + (self.n_match + self.n_max) * sizeof(token_t))
+
+    def slot_state(self, Py_ssize_t slot):
+        """(i_last, n_draft_last, n_low) of `slot`, for tests and diagnostics."""
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot = {slot} is out of range: allowed 0 .. {self.n_slots - 1}")
+        return (self.slots[slot].i_last, self.slots[slot].n_draft_last, self.slots[slot].n_low)
+
+    cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t P) except -1:
+        cdef ModSlot* st = &self.slots[slot]
+        cdef ModPool pool = self.pool
+        cdef Py_ssize_t n = self.n_match
+        st.i_last = 0
+        st.n_draft_last = 0                  # n_low is kept across requests
+        if P < n:
+            return 0
+        with nogil:
+            pool.lock_nogil()
+            mod_insert(pool, prompt, 0, P - n, n, self.a_pow)
+            st.i_last = P - n
+            # occupancy is checked after the insertion: this prompt's n-grams go too
+            if <double>pool.n_used / <double>MOD_POOL_SIZE > 0.25:
+                pool.reset_locked()
+            PyThread_release_lock(pool.lock)
+        return 0
+
+    cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t L,
+                            token_t sampled, token_t* out) except -1:
+        cdef ModSlot* st = &self.slots[slot]
+        cdef ModPool pool = self.pool
+        cdef Py_ssize_t n = self.n_match, i, length
+        cdef token_t* buf = self.bufs + slot * (n + self.n_max)
+        cdef uint64_t h
+        cdef int32_t t
+        st.n_draft_last = 0
+        if L < n:
+            return 0
+        pool.lock_gil()
+        if st.i_last + 32 < L:               # chunked insertion of the new n-grams
+            if L - n - st.i_last > NOGIL_MIN_TOKENS:
+                with nogil:
+                    mod_insert(pool, inp, st.i_last, L - n, n, self.a_pow)
+            else:
+                mod_insert(pool, inp, st.i_last, L - n, n, self.a_pow)
+            st.i_last = L - n
+        # key = last n tokens of inp + [sampled]; the window then slides over its own output
+        memcpy(buf, inp + L - n + 1, (n - 1) * sizeof(token_t))
+        buf[n - 1] = sampled
+        h = mod_hash(buf, n)
+        length = 0
+        for i in range(self.n_max):
+            t = pool.entries[h & MOD_POOL_MASK]
+            if t == MOD_EMPTY:
+                if i < self.n_min:
+                    length = -1
+                break
+            buf[n + i] = t
+            h = (h - <uint64_t><int64_t>buf[i] * self.a_pow) * MOD_LCG_A + <uint64_t><int64_t>t
+            length = i + 1
+        PyThread_release_lock(pool.lock)
+        if length <= 0:                      # -1: fewer than n_min chained tokens
+            return 0
+        st.n_draft_last = length             # before the glue's truncation
+        memcpy(out, buf + n, length * sizeof(token_t))
+        return length
+
+    cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
+        cdef ModSlot* st = &self.slots[slot]
+        cdef ModPool pool = self.pool
+        if is_other or st.n_draft_last <= 0:
+            return 0
+        if <double>n_accepted / <double>st.n_draft_last < 0.25:
+            st.n_low += 1
+            if st.n_low >= 5:                # 5 poor drafts in a row wipe the shared pool
+                with nogil:
+                    pool.lock_nogil()
+                    pool.reset_locked()
+                    PyThread_release_lock(pool.lock)
+                st.n_low = 0
+                st.i_last = 0
+        else:
+            st.n_low = 0
+        return 0
+
+
+# --------------------------------------------------------------------------------------------
+# The engine: llama.cpp's glue (spec 7)
+# --------------------------------------------------------------------------------------------
+
+cdef struct Counters:
+    uint64_t calls_b, calls_g, calls_a
+    uint64_t gen_drafts, acc_drafts, gen_tokens, acc_tokens
+    int64_t t_begin_ns, t_draft_ns, t_accept_ns
+    Py_ssize_t n_pos           # positions used in acc_per_pos
+    uint64_t* acc_per_pos      # accepts with k > i, for i < max_draft
+
+
+cdef class SpecEngine:
+    """A chain of proposers driven as llama-server drives them (spec 1 and 7).
+
+    Parameters
+    ----------
+    spec_type : str
+        llama-server's ``--spec-type`` comma list, e.g. ``"ngram-mod,ngram-map-k4v"``. The
+        proposers run in llama.cpp's fixed priority order, whatever the list's order; the first
+        non-empty draft wins.
+    n_slots : int, >= 1
+        Server slots. Per-slot state is separate; the ngram-mod pool is shared by all slots.
+    pool : ModPool, optional
+        The ngram-mod table to use (shared with other engines given the same pool).
+    **params
+        Flat keywords named after the server flags: ``ngram_simple_size_n``,
+        ``ngram_map_k4v_min_hits``, ``ngram_mod_n_match``, ... (see `ngramspec.spec_types`).
+
+    Methods ``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max=None)`` and
+    ``accept(slot, n_accepted)`` follow llama-server: begin once per request with the full
+    prompt; draft with the tokens in the KV cache and the last sampled token; accept after every
+    non-empty draft (also with 0). Token arrays may be any 1-D integer array-like.
+
+    Memory: see each proposer; the engine adds ``n_slots * max_draft`` int32 of output buffers.
+
+    Thread-safety: calls for different slots may come from different threads at once (one
+    thread per slot at a time); statistics are updated with the GIL held.
+    """
+    cdef readonly tuple proposers
+    cdef readonly Py_ssize_t n_slots
+    cdef readonly object pool
+    cdef Py_ssize_t n_prop
+    cdef Py_ssize_t max_draft
+    cdef Counters* counters
+    cdef int* impl_last                      # per slot: proposer of the last non-empty draft
+    cdef Py_ssize_t* pending                 # per slot: length of a draft awaiting accept, or -1
+    cdef token_t* out                        # per slot output buffer of max_draft tokens
+
+    def __cinit__(self):
+        self.counters = NULL
+        self.impl_last = NULL
+        self.pending = NULL
+        self.out = NULL
+
+    def __init__(self, spec_type=None, n_slots=1, pool=None, *, proposers=None, **params):
+        cdef Py_ssize_t i
+        n_slots = check_int("n_slots", n_slots, 1)
+        if pool is not None and not isinstance(pool, ModPool):
+            raise TypeError(f"pool must be a ModPool, got {type(pool).__name__}")
+        if proposers is None:
+            if spec_type is None:
+                raise TypeError("SpecEngine needs spec_type (or proposers=)")
+            from ngramspec.spec_types import build_proposers
+            proposers = build_proposers(spec_type, n_slots, pool, params)
+        elif params or spec_type is not None:
+            raise TypeError("pass either spec_type with parameters, or proposers=")
+        proposers = tuple(proposers)
+        for p in proposers:
+            if not isinstance(p, Proposer):
+                raise TypeError(f"proposers must be Proposer instances, got {type(p).__name__}")
+            if (<Proposer>p).n_slots < n_slots:
+                raise ValueError(f"proposer {p.name} has {p.n_slots} slots, the engine needs "
+                                 f"{n_slots}")
+        self.proposers = proposers
+        self.n_slots = n_slots
+        if pool is None:
+            pool = next((p.pool for p in proposers if isinstance(p, ModProposer)), None)
+        self.pool = pool
+        self.n_prop = len(proposers)
+        self.max_draft = max([(<Proposer>p).max_draft for p in proposers] or [1])
+        self.counters = <Counters*>calloc(max(self.n_prop, 1), sizeof(Counters))
+        self.impl_last = <int*>malloc(n_slots * sizeof(int))
+        self.pending = <Py_ssize_t*>malloc(n_slots * sizeof(Py_ssize_t))
+        self.out = <token_t*>malloc(n_slots * self.max_draft * sizeof(token_t))
+        if (self.counters == NULL or self.impl_last == NULL or self.pending == NULL
+                or self.out == NULL):
+            raise MemoryError()
+        for i in range(self.n_prop):
+            self.counters[i].acc_per_pos = <uint64_t*>calloc(self.max_draft, sizeof(uint64_t))
+            if self.counters[i].acc_per_pos == NULL:
+                raise MemoryError()
+        for i in range(n_slots):
+            self.impl_last[i] = -1
+            self.pending[i] = -1
+
+    @classmethod
+    def from_proposers(cls, proposers, n_slots=1):
+        """An engine over already-built proposers (their priority is the given order)."""
+        return cls(None, n_slots, proposers=proposers)
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.counters != NULL:
+            for i in range(self.n_prop):
+                free(self.counters[i].acc_per_pos)
+            free(self.counters)
+        free(self.impl_last)
+        free(self.pending)
+        free(self.out)
+
+    @property
+    def types(self):
+        """Proposer type names in priority order."""
+        return [p.name for p in self.proposers]
+
+    cdef inline int check_slot(self, slot) except -1:
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+            raise TypeError(f"slot must be an integer, got {type(slot).__name__}")
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot = {slot} is out of range: allowed 0 .. {self.n_slots - 1}")
+        return 0
+
+    def begin(self, slot, prompt):
+        """Start a request on `slot` with its full prompt (calls every proposer's begin)."""
+        self.check_slot(slot)
+        cdef Py_ssize_t s = slot, k
+        cdef cnp.ndarray arr = as_tokens(prompt, "prompt")
+        cdef const token_t* t = tok_ptr(arr)
+        cdef Py_ssize_t n = cnp.PyArray_DIMS(arr)[0]
+        cdef int64_t t0
+        cdef Proposer p
+        self.pending[s] = -1
+        for k in range(self.n_prop):
+            p = <Proposer>self.proposers[k]
+            t0 = now_ns()
+            p.c_begin(s, t, n)
+            self.counters[k].t_begin_ns += now_ns() - t0
+            self.counters[k].calls_b += 1
+
+    def draft(self, slot, context, sampled, n_max=None):
+        """Draft tokens to follow `sampled` (first non-empty draft of the chain wins).
+
+        Parameters
+        ----------
+        slot : int, 0 .. n_slots-1
+        context : 1-D int array-like -- the tokens in the KV cache (prompt + output so far,
+            without `sampled`)
+        sampled : int -- the last token the target emitted
+        n_max : int >= 0 or None -- the server's bound (``n_draft_max``): applied after the
+            proposer ran; 0 returns an empty draft without calling any proposer.
+
+        Returns
+        -------
+        numpy.ndarray of int32 (empty: no draft).
+        """
+        self.check_slot(slot)
+        cdef Py_ssize_t s = slot, k, length = 0, bound = 0
+        cdef cnp.ndarray arr = as_tokens(context, "context")
+        cdef token_t tok = as_token(sampled, "sampled")
+        cdef const token_t* t = tok_ptr(arr)
+        cdef Py_ssize_t L = cnp.PyArray_DIMS(arr)[0]
+        cdef token_t* out = self.out + s * self.max_draft
+        cdef int64_t t0
+        cdef Counters* c
+        cdef Proposer p
+        if n_max is not None:
+            bound = check_int("n_max", n_max, 0)
+            if bound == 0:
+                self.pending[s] = -1
+                return copy_tokens(out, 0)
+        self.pending[s] = -1
+        for k in range(self.n_prop):
+            p = <Proposer>self.proposers[k]
+            c = &self.counters[k]
+            t0 = now_ns()
+            length = p.c_draft(s, t, L, tok, out)
+            c.t_draft_ns += now_ns() - t0
+            c.calls_g += 1
+            if length > 0:
+                if length > p.max_draft:
+                    raise RuntimeError(f"{p.name} overflowed its draft buffer")
+                if bound > 0 and length > bound:
+                    length = bound
+                self.impl_last[s] = k
+                self.pending[s] = length
+                c.gen_drafts += 1
+                c.gen_tokens += length
+                break
+            length = 0
+        return copy_tokens(out, length)
+
+    def accept(self, slot, n_accepted):
+        """Report how many tokens of the slot's last (non-empty) draft the target accepted."""
+        self.check_slot(slot)
+        cdef Py_ssize_t s = slot, i, k
+        cdef Py_ssize_t last = self.pending[s]
+        if last < 0:
+            raise ValueError(f"accept() on slot {s} without a pending non-empty draft: call it "
+                             f"once after each non-empty draft()")
+        cdef Py_ssize_t n = check_int("n_accepted", n_accepted, 0, last)
+        cdef int which = self.impl_last[s]
+        cdef Counters* c = &self.counters[which]
+        cdef Proposer p
+        cdef int64_t t0 = now_ns()
+        self.pending[s] = -1
+        for i in range(n):
+            c.acc_per_pos[i] += 1
+        if n > c.n_pos:
+            c.n_pos = n
+        if n > 0:
+            c.acc_drafts += 1
+            c.acc_tokens += n
+        (<Proposer>self.proposers[which]).c_accept(s, n, False)
+        c.calls_a += 1
+        c.t_accept_ns += now_ns() - t0
+        for k in range(self.n_prop):
+            if k != which:
+                (<Proposer>self.proposers[k]).c_accept(s, n, True)
+
+    def stats(self):
+        """llama.cpp's per-proposer counters (spec 7), one dict per proposer in priority order.
+
+        Keys: type, calls_b, calls_g, calls_a, gen_drafts, acc_drafts, gen_tokens, acc_tokens,
+        acc_per_pos (list), t_begin_us, t_draft_us, t_accept_us.
+        """
+        cdef Py_ssize_t k, i
+        cdef Counters* c
+        result = []
+        for k in range(self.n_prop):
+            c = &self.counters[k]
+            result.append({
+                "type": self.proposers[k].name,
+                "calls_b": c.calls_b, "calls_g": c.calls_g, "calls_a": c.calls_a,
+                "gen_drafts": c.gen_drafts, "acc_drafts": c.acc_drafts,
+                "gen_tokens": c.gen_tokens, "acc_tokens": c.acc_tokens,
+                "acc_per_pos": [c.acc_per_pos[i] for i in range(c.n_pos)],
+                "t_begin_us": c.t_begin_ns // 1000, "t_draft_us": c.t_draft_ns // 1000,
+                "t_accept_us": c.t_accept_ns // 1000,
+            })
+        return result
+
+    def stats_lines(self):
+        """llama.cpp's ``statistics <type>: ...`` lines, one per proposer."""
+        from ngramspec.stats import statistics_line
+        return [statistics_line(s) for s in self.stats()]
+
+    def memory_bytes(self):
+        """Bytes held by the proposers and the engine (the shared ModPool not included)."""
+        return (sum(p.memory_bytes() for p in self.proposers)
+                + self.n_slots * self.max_draft * sizeof(token_t))
+
+    def __repr__(self):
+        return f"<SpecEngine {','.join(self.types) or 'none'} n_slots={self.n_slots}>"

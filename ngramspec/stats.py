@@ -1,0 +1,39 @@
+"""llama.cpp's statistics lines (spec 7.1) from `SpecEngine.stats()` dicts."""
+from __future__ import annotations
+
+
+def statistics_line(s: dict) -> str:
+    """``statistics <type>: #calls(b,g,a) = ...`` exactly as llama.cpp prints it."""
+    line = (f"statistics {s['type']:>16}: #calls(b,g,a) = {s['calls_b']:4d} {s['calls_g']:6d} "
+            f"{s['calls_a']:6d}, #gen drafts = {s['gen_drafts']:6d}, #acc drafts = "
+            f"{s['acc_drafts']:5d}, #gen tokens = {s['gen_tokens']:6d}, #acc tokens = "
+            f"{s['acc_tokens']:5d}")
+    if s["calls_a"] > 0:
+        rates = ", ".join(f"{c / s['calls_a']:.3f}" for c in s["acc_per_pos"])
+        line += (f", #mean acc len = {1 + s['acc_tokens'] / s['calls_a']:.2f}"
+                 f", #acc rate/pos = ({rates})")
+    line += (f", dur(b,g,a) = {s['t_begin_us'] / 1000:.3f}, {s['t_draft_us'] / 1000:.3f}, "
+             f"{s['t_accept_us'] / 1000:.3f} ms")
+    return line
+
+
+def acceptance_line(accepted: int, generated: int, n_drafts: int) -> str:
+    """The per-request server line ``draft acceptance = R (A accepted / G generated), mean len = M``.
+
+    ``mean len`` is the mean number of tokens a verified draft contributed (1 + accepted per
+    draft), like ``#mean acc len`` of the statistics line.
+    """
+    rate = accepted / generated if generated else 0.0
+    mean_len = 1 + accepted / n_drafts if n_drafts else 0.0
+    return (f"draft acceptance = {rate:.5f} ({accepted:5d} accepted / {generated:5d} generated), "
+            f"mean len = {mean_len:5.2f}")
+
+
+def mean_acceptance_length(s: dict) -> float:
+    """1 + accepted tokens per accept call (0 without accepts)."""
+    return 1 + s["acc_tokens"] / s["calls_a"] if s["calls_a"] else 0.0
+
+
+def acceptance_rate_per_position(s: dict) -> list[float]:
+    """Fraction of accept calls that accepted more than i tokens, per draft position i."""
+    return [c / s["calls_a"] for c in s["acc_per_pos"]] if s["calls_a"] else []

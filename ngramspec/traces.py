@@ -1,0 +1,88 @@
+"""Reading token-trace files (``.jsonl`` / ``.jsonl.gz``, the ``../shared/traces`` format).
+
+Every problem is a `TraceError` whose message names the file and, where there is one, the line.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+TOKEN_MAX = 2**31 - 1
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read: the message is ``FILE[:LINE]: what is wrong``."""
+
+
+@dataclass
+class Request:
+    """One recorded request: the prompt and what the model produced."""
+    id: str
+    prompt: np.ndarray   # int32
+    output: np.ndarray   # int32
+    extra: dict
+
+
+def _tokens(value, path, lineno, field):
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                              for t in value):
+        raise TraceError(f"{path}:{lineno}: field {field!r} must be a list of integer token ids")
+    arr = np.asarray(value, dtype=np.int64) if value else np.empty(0, dtype=np.int64)
+    if arr.size and (arr.min() < 0 or arr.max() > TOKEN_MAX):
+        raise TraceError(f"{path}:{lineno}: field {field!r} holds an id outside 0 .. {TOKEN_MAX}")
+    return arr.astype(np.int32)
+
+
+def _open(path):
+    if path.endswith(".gz"):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def iter_json_lines(path: str) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-empty line; TraceError on any problem."""
+    if not os.path.exists(path):
+        raise TraceError(f"{path}: no such file")
+    lineno = 0
+    try:
+        with _open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TraceError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column "
+                                     f"{exc.colno})") from None
+                if not isinstance(obj, dict):
+                    raise TraceError(f"{path}:{lineno}: expected a JSON object per line")
+                yield lineno, obj
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise TraceError(f"{path}:{lineno + 1}: corrupt or truncated gzip data ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}:{lineno + 1}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: {exc.strerror or exc}") from None
+
+
+def read_requests(path: str, limit: int | None = None) -> list[Request]:
+    """The first `limit` requests of a trace file (all when None), in file order."""
+    requests = []
+    for lineno, obj in iter_json_lines(path):
+        if limit is not None and len(requests) >= limit:
+            break
+        for field in ("prompt", "output"):
+            if field not in obj:
+                raise TraceError(f"{path}:{lineno}: missing field {field!r}")
+        rid = str(obj.get("id", f"{os.path.basename(path)}#{len(requests)}"))
+        extra = {k: v for k, v in obj.items() if k not in ("prompt", "output", "id")}
+        requests.append(Request(rid, _tokens(obj["prompt"], path, lineno, "prompt"),
+                                _tokens(obj["output"], path, lineno, "output"), extra))
+    return requests
