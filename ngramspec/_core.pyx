@@ -14,6 +14,7 @@ import numpy as np
 cimport numpy as cnp
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock)
+from cpython.long cimport PyLong_AsLongLong, PyLong_AsSsize_t, PyLong_CheckExact
 from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memmove, memset
@@ -81,16 +82,24 @@ def _tokens_slow(obj, str name):
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
-cdef cnp.ndarray as_tokens(object obj, str name):
-    """`obj` as a validated C-contiguous int32 array (zero-copy when it already is one)."""
+cdef cnp.ndarray as_tokens(object obj, str name, Py_ssize_t skip=0):
+    """`obj` as a validated C-contiguous int32 array (zero-copy when it already is one).
+
+    The first `skip` tokens of a zero-copy array are taken as already validated (the engine
+    validates each token of a growing context once).
+    """
     cdef cnp.ndarray arr
-    cdef Py_ssize_t bad
+    cdef Py_ssize_t bad, n
     if (cnp.PyArray_CheckExact(obj) and cnp.PyArray_TYPE(<cnp.ndarray>obj) == cnp.NPY_INT32
             and cnp.PyArray_NDIM(<cnp.ndarray>obj) == 1
             and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>obj)):
         arr = <cnp.ndarray>obj
-        bad = first_negative(<const token_t*>cnp.PyArray_DATA(arr), cnp.PyArray_DIMS(arr)[0])
+        n = cnp.PyArray_DIMS(arr)[0]
+        if skip > n or skip < 0:
+            skip = 0
+        bad = first_negative(<const token_t*>cnp.PyArray_DATA(arr) + skip, n - skip)
         if bad >= 0:
+            bad += skip
             raise ValueError(f"{name}[{bad}] = {arr[bad]} is not a token id: ids must be in "
                              f"0 .. {TOKEN_MAX}")
         return arr
@@ -102,10 +111,15 @@ cdef inline const token_t* tok_ptr(cnp.ndarray arr) noexcept:
 
 
 cdef token_t as_token(object value, str name) except? -1:
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer token id, got {type(value).__name__}") from None
+    cdef long long v
+    if PyLong_CheckExact(value):
+        v = PyLong_AsLongLong(value)         # OverflowError for huge ints, fine
+    else:
+        try:
+            v = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name} must be an integer token id, got "
+                            f"{type(value).__name__}") from None
     if v < 0 or v > TOKEN_MAX:
         raise ValueError(f"{name} = {v} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
     return <token_t>v
@@ -203,12 +217,26 @@ cdef class PyProposer(Proposer):
         return 0
 
 
+# Every empty draft is this one read-only array (saves an allocation per draftless step).
+EMPTY_DRAFT = np.empty(0, dtype=np.int32)
+EMPTY_DRAFT.setflags(write=False)
+
+
 cdef cnp.ndarray copy_tokens(const token_t* t, Py_ssize_t n):
     cdef cnp.npy_intp dims = n
     cdef cnp.ndarray arr = cnp.PyArray_SimpleNew(1, &dims, cnp.NPY_INT32)
     if n:
         memcpy(cnp.PyArray_DATA(arr), t, n * sizeof(token_t))
     return arr
+
+
+cdef inline uint64_t mod_hash(const token_t* t, Py_ssize_t n) noexcept nogil:
+    """ngram-mod's LCG polynomial hash of n tokens (uint64 wraparound, spec 5.1)."""
+    cdef uint64_t h = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        h = h * MOD_LCG_A + <uint64_t><int64_t>t[i]
+    return h
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,6 +268,142 @@ cdef Py_ssize_t simple_draft(const token_t* inp, Py_ssize_t L, token_t sampled,
     return copy_max
 
 
+# The incremental index replacing the backward scan: every earlier n-gram position, grouped by
+# the n-gram's 64-bit hash (newest first), so the most recent occurrence is found in O(n)
+# instead of O(L). It finds exactly the match the scan finds.
+
+cdef struct SimpleIndex:
+    Py_ssize_t next_j          # positions 1 .. next_j-1 are indexed (0 is never a candidate)
+    Py_ssize_t cap             # room in prev / hashes
+    int32_t* prev              # prev[j]: the previous position with hashes[j], -1 = none
+    uint64_t* hashes           # hashes[j]: hash of inp[j : j+n]
+    uint64_t* tab_hash         # open addressing on the hash ...
+    int32_t* tab_pos           # ... -> newest position with it; -1 = empty entry
+    Py_ssize_t tab_size        # a power of two, at least twice tab_used
+    Py_ssize_t tab_used
+
+
+cdef inline Py_ssize_t tab_slot(uint64_t h, Py_ssize_t size) noexcept nogil:
+    # The LCG polynomial's low bits are weak: mix before masking (splitmix64's finalizer).
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL
+    return <Py_ssize_t>((h ^ (h >> 31)) & <uint64_t>(size - 1))
+
+
+cdef int index_table_grow(SimpleIndex* ix, Py_ssize_t size) noexcept nogil:
+    cdef uint64_t* th = <uint64_t*>malloc(size * sizeof(uint64_t))
+    cdef int32_t* tp = <int32_t*>malloc(size * sizeof(int32_t))
+    cdef Py_ssize_t i, k
+    if th == NULL or tp == NULL:
+        free(th)
+        free(tp)
+        return -1
+    memset(tp, 0xFF, size * sizeof(int32_t))
+    for i in range(ix.tab_size):
+        if ix.tab_pos[i] >= 0:
+            k = tab_slot(ix.tab_hash[i], size)
+            while tp[k] >= 0:
+                k = (k + 1) & (size - 1)
+            th[k] = ix.tab_hash[i]
+            tp[k] = ix.tab_pos[i]
+    free(ix.tab_hash)
+    free(ix.tab_pos)
+    ix.tab_hash = th
+    ix.tab_pos = tp
+    ix.tab_size = size
+    return 0
+
+
+cdef void index_clear(SimpleIndex* ix) noexcept nogil:
+    ix.next_j = 1
+    ix.tab_used = 0
+    if ix.tab_pos != NULL:
+        memset(ix.tab_pos, 0xFF, ix.tab_size * sizeof(int32_t))
+
+
+cdef void index_free(SimpleIndex* ix) noexcept nogil:
+    free(ix.prev)
+    free(ix.hashes)
+    free(ix.tab_hash)
+    free(ix.tab_pos)
+
+
+cdef int index_extend(SimpleIndex* ix, const token_t* inp, Py_ssize_t last, Py_ssize_t n,
+                      uint64_t a_pow) noexcept nogil:
+    """Index positions next_j .. last (rolling hash). -1 when out of memory."""
+    cdef Py_ssize_t j, k, cap
+    cdef uint64_t h
+    cdef void* grown
+    if last < ix.next_j:
+        return 0
+    if last >= ix.cap:
+        cap = ix.cap * 2 if ix.cap * 2 > last + 1 else last + 1024
+        grown = realloc(ix.prev, cap * sizeof(int32_t))
+        if grown == NULL:
+            return -1
+        ix.prev = <int32_t*>grown
+        grown = realloc(ix.hashes, cap * sizeof(uint64_t))
+        if grown == NULL:
+            return -1
+        ix.hashes = <uint64_t*>grown
+        ix.cap = cap
+    h = mod_hash(inp + ix.next_j, n)
+    for j in range(ix.next_j, last + 1):
+        if 2 * (ix.tab_used + 1) > ix.tab_size:
+            if index_table_grow(ix, ix.tab_size * 2 if ix.tab_size else 4096) < 0:
+                ix.next_j = j
+                return -1
+        k = tab_slot(h, ix.tab_size)
+        while ix.tab_pos[k] >= 0 and ix.tab_hash[k] != h:
+            k = (k + 1) & (ix.tab_size - 1)
+        if ix.tab_pos[k] < 0:
+            ix.tab_hash[k] = h
+            ix.tab_used += 1
+        ix.prev[j] = ix.tab_pos[k]
+        ix.tab_pos[k] = <int32_t>j
+        ix.hashes[j] = h
+        if j < last:
+            h = (h - <uint64_t><int64_t>inp[j] * a_pow) * MOD_LCG_A + <uint64_t><int64_t>inp[j + n]
+    ix.next_j = last + 1
+    return 0
+
+
+cdef Py_ssize_t simple_draft_indexed(SimpleIndex* ix, const token_t* inp, Py_ssize_t L,
+                                     token_t sampled, Py_ssize_t n, Py_ssize_t m,
+                                     uint64_t a_pow, token_t* out) noexcept nogil:
+    """simple_draft's result through the index; -1 when out of memory."""
+    if L <= n + m + 1:
+        return 0
+    cdef Py_ssize_t last = L - n - 1, j, k, match = 0, copy_max
+    cdef uint64_t h
+    if ix.next_j > last + 1:                 # the context shrank without begin(): start over
+        index_clear(ix)
+    if index_extend(ix, inp, last, n, a_pow) < 0:
+        return -1
+    h = mod_hash(inp + L - n + 1, n - 1) * MOD_LCG_A + <uint64_t><int64_t>sampled
+    if ix.tab_size == 0:
+        return 0
+    k = tab_slot(h, ix.tab_size)
+    while ix.tab_pos[k] >= 0 and ix.tab_hash[k] != h:
+        k = (k + 1) & (ix.tab_size - 1)
+    j = ix.tab_pos[k]
+    while j >= 1:                            # newest first: the first true match is the answer
+        if inp[j + n - 1] == sampled and memcmp(inp + j, inp + L - n + 1,
+                                                (n - 1) * sizeof(token_t)) == 0:
+            match = j
+            break
+        j = ix.prev[j]
+    if match == 0:
+        return 0
+    copy_max = L - (match + n)
+    if copy_max > m:
+        copy_max = m
+    if copy_max < n:
+        return 0
+    memcpy(out, inp + match + n, copy_max * sizeof(token_t))
+    return copy_max
+
+
 cdef class SimpleProposer(Proposer):
     """ngram-simple: the m tokens after the most recent earlier occurrence of the last n tokens.
 
@@ -248,25 +412,81 @@ cdef class SimpleProposer(Proposer):
     size_n : int, 1 .. 1024 (llama.cpp default 12)
     size_m : int, 1 .. 1024 (default 48)
     min_hits : int, >= 1 (default 1; parsed but unused, as in llama.cpp)
+    n_slots : int, >= 1
+    indexed : bool (default True)
+        Find the match through a per-slot incremental index of earlier n-gram positions
+        (O(n) per call) instead of llama.cpp's backward scan (O(L)). Same drafts either way.
 
-    Memory: none beyond the object. Thread-safety: stateless; any number of threads.
+    Memory: with the index, per slot 12 bytes per context token plus a hash table of at most
+    24 bytes per distinct n-gram; the scan needs nothing.
+
+    Thread-safety: one thread per slot at a time (the index is per slot). Drafts that index
+    many new positions (the first after begin) release the GIL.
     """
     cdef readonly Py_ssize_t size_n, size_m, min_hits
+    cdef readonly bint indexed
+    cdef uint64_t a_pow
+    cdef SimpleIndex* index
 
-    def __init__(self, size_n=12, size_m=48, min_hits=1, n_slots=1):
+    def __cinit__(self):
+        self.index = NULL
+
+    def __init__(self, size_n=12, size_m=48, min_hits=1, n_slots=1, indexed=True):
+        cdef Py_ssize_t i
         self.size_n = check_int("size_n", size_n, 1, 1024)
         self.size_m = check_int("size_m", size_m, 1, 1024)
         self.min_hits = check_int("min_hits", min_hits, 1)
         Proposer.__init__(self, "ngram-simple", n_slots, self.size_m)
+        self.indexed = bool(indexed)
+        self.a_pow = 1
+        for i in range(self.size_n - 1):
+            self.a_pow *= MOD_LCG_A
+        self.index = <SimpleIndex*>calloc(n_slots, sizeof(SimpleIndex))
+        if self.index == NULL:
+            raise MemoryError()
+        for i in range(n_slots):
+            self.index[i].next_j = 1
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.index != NULL:
+            for i in range(self.n_slots):
+                index_free(&self.index[i])
+            free(self.index)
+
+    def memory_bytes(self):
+        cdef Py_ssize_t i
+        cdef size_t total = 0
+        for i in range(self.n_slots):
+            total += (self.index[i].cap * (sizeof(int32_t) + sizeof(uint64_t))
+                      + self.index[i].tab_size * (sizeof(int32_t) + sizeof(uint64_t)))
+        return total
+
+    cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
+        with nogil:
+            index_clear(&self.index[slot])   # rebuilt lazily by the next draft
+        return 0
 
     cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
                             token_t sampled, token_t* out) except -1:
         cdef Py_ssize_t r
-        if n > NOGIL_MIN_TOKENS:
+        cdef SimpleIndex* ix = &self.index[slot]
+        if not self.indexed:
+            if n > NOGIL_MIN_TOKENS:
+                with nogil:
+                    r = simple_draft(inp, n, sampled, self.size_n, self.size_m, out)
+                return r
+            return simple_draft(inp, n, sampled, self.size_n, self.size_m, out)
+        if n - ix.next_j > NOGIL_MIN_TOKENS:
             with nogil:
-                r = simple_draft(inp, n, sampled, self.size_n, self.size_m, out)
-            return r
-        return simple_draft(inp, n, sampled, self.size_n, self.size_m, out)
+                r = simple_draft_indexed(ix, inp, n, sampled, self.size_n, self.size_m,
+                                         self.a_pow, out)
+        else:
+            r = simple_draft_indexed(ix, inp, n, sampled, self.size_n, self.size_m, self.a_pow,
+                                     out)
+        if r < 0:
+            raise MemoryError()
+        return r
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,6 +521,15 @@ cdef struct MapState:
     size_t idx_last_check
     uint32_t* key_map          # MAP_INDEX_SIZE positions; 0 = empty
     uint32_t key_map_last_idx  # K
+    # Lookup of key records by text, replacing llama.cpp's linear search (same result): the
+    # smallest key index per 64-bit hash of the key's text. Rebuilt after begin(), since a new
+    # prompt changes the text found at each key_idx.
+    uint64_t* kt_hash
+    int64_t* kt_idx            # -1 = empty entry
+    Py_ssize_t kt_size         # a power of two, at least twice kt_used
+    Py_ssize_t kt_used
+    bint kt_stale              # rebuild before the next lookup
+    bint kt_linear             # some key's text lies past the context: search linearly
 
 
 cdef inline uint32_t map_hash(const token_t* t, Py_ssize_t n) noexcept nogil:
@@ -329,6 +558,71 @@ cdef inline void map_index(MapState* s, const token_t* inp, Py_ssize_t j, Py_ssi
 cdef inline void map_erase_key(MapState* s, size_t i) noexcept nogil:
     memmove(s.keys + i, s.keys + i + 1, (s.n_keys - i - 1) * sizeof(MapKey))
     s.n_keys -= 1
+
+
+cdef Py_ssize_t keytab_find(MapState* s, uint64_t h) noexcept nogil:
+    cdef Py_ssize_t k
+    if s.kt_size == 0:
+        return -1
+    k = tab_slot(h, s.kt_size)
+    while s.kt_idx[k] >= 0:
+        if s.kt_hash[k] == h:
+            return <Py_ssize_t>s.kt_idx[k]
+        k = (k + 1) & (s.kt_size - 1)
+    return -1
+
+
+cdef int keytab_insert(MapState* s, uint64_t h, int64_t idx) noexcept nogil:
+    """Add (h -> idx) unless h is present (the smallest index stays). -1: out of memory."""
+    cdef Py_ssize_t k, size, i
+    cdef uint64_t* th
+    cdef int64_t* ti
+    if 2 * (s.kt_used + 1) > s.kt_size:
+        size = s.kt_size * 2 if s.kt_size else 256
+        th = <uint64_t*>malloc(size * sizeof(uint64_t))
+        ti = <int64_t*>malloc(size * sizeof(int64_t))
+        if th == NULL or ti == NULL:
+            free(th)
+            free(ti)
+            return -1
+        memset(ti, 0xFF, size * sizeof(int64_t))
+        for i in range(s.kt_size):
+            if s.kt_idx[i] >= 0:
+                k = tab_slot(s.kt_hash[i], size)
+                while ti[k] >= 0:
+                    k = (k + 1) & (size - 1)
+                th[k] = s.kt_hash[i]
+                ti[k] = s.kt_idx[i]
+        free(s.kt_hash)
+        free(s.kt_idx)
+        s.kt_hash = th
+        s.kt_idx = ti
+        s.kt_size = size
+    k = tab_slot(h, s.kt_size)
+    while s.kt_idx[k] >= 0:
+        if s.kt_hash[k] == h:
+            return 0
+        k = (k + 1) & (s.kt_size - 1)
+    s.kt_hash[k] = h
+    s.kt_idx[k] = idx
+    s.kt_used += 1
+    return 0
+
+
+cdef int keytab_rebuild(MapState* s, const token_t* inp, Py_ssize_t L, Py_ssize_t n) noexcept nogil:
+    cdef size_t i
+    s.kt_used = 0
+    s.kt_linear = False
+    s.kt_stale = False
+    if s.kt_idx != NULL:
+        memset(s.kt_idx, 0xFF, s.kt_size * sizeof(int64_t))
+    for i in range(s.n_keys):
+        if <Py_ssize_t>s.keys[i].key_idx + n > L:
+            s.kt_linear = True               # its text is not there yet: rare, stay exact
+            return 0
+        if keytab_insert(s, mod_hash(inp + s.keys[i].key_idx, n), i) < 0:
+            return -1
+    return 0
 
 
 cdef void map_begin(MapState* s, const MapParams* p, size_t size_begin) noexcept nogil:
@@ -364,6 +658,7 @@ cdef void map_begin(MapState* s, const MapParams* p, size_t size_begin) noexcept
     s.idx_last_check = size_begin
     s.size_last_begin = size_begin
     s.last_draft_created = False
+    s.kt_stale = True
 
 
 cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, Py_ssize_t L,
@@ -375,6 +670,8 @@ cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, P
     cdef uint32_t idx
     cdef MapKey* ck
     cdef MapKey* grown
+    cdef uint64_t key_hash
+    cdef Py_ssize_t found
     cdef int iv, slot_max
     cdef uint16_t max_occur
     cdef uint32_t sum_occur
@@ -426,11 +723,21 @@ cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, P
         return 0
 
     # (c) the key's statistics record: first key whose text (read at key_idx) equals the key
-    off = 0
-    while off < s.n_keys:
-        if map_key_at(inp, L, <Py_ssize_t>s.keys[off].key_idx, n, sampled):
-            break
-        off += 1
+    if s.kt_stale:
+        if keytab_rebuild(s, inp, L, n) < 0:
+            return -1
+    key_hash = mod_hash(inp + L - n + 1, n - 1) * MOD_LCG_A + <uint64_t><int64_t>sampled
+    found = -1 if s.kt_linear else keytab_find(s, key_hash)
+    if found >= 0 and map_key_at(inp, L, <Py_ssize_t>s.keys[found].key_idx, n, sampled):
+        off = found
+    elif found < 0 and not s.kt_linear:
+        off = s.n_keys                       # no key has this text
+    else:                                    # a 64-bit collision, or kt_linear: llama.cpp's search
+        off = 0
+        while off < s.n_keys:
+            if map_key_at(inp, L, <Py_ssize_t>s.keys[off].key_idx, n, sampled):
+                break
+            off += 1
     if off == s.n_keys:
         if s.n_keys == s.cap_keys:
             grown = <MapKey*>realloc(s.keys, (s.cap_keys * 2 + 16) * sizeof(MapKey))
@@ -447,6 +754,8 @@ cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, P
             ck.values[v].value_idx = 0
             ck.values[v].value_num = 0
             ck.values[v].n_accepted = <int16_t>m
+        if not s.kt_linear and keytab_insert(s, key_hash, off) < 0:
+            return -1
     ck = &s.keys[off]
     if ck.key_num < MAP_MAX_COUNT:
         ck.key_num += 1
@@ -516,8 +825,9 @@ cdef class MapProposer(Proposer):
     key_only : bool
     n_slots : int, >= 1
 
-    Memory: per slot a 2**18-entry uint32 hash index (1 MiB, zero pages until touched) plus
-    one 112-byte record per distinct matched key (unbounded, as in llama.cpp).
+    Memory: per slot a 2**18-entry uint32 hash index (1 MiB, zero pages until touched) plus,
+    per distinct matched key (unbounded, as in llama.cpp), a 112-byte record and at most 32
+    bytes of lookup table.
 
     Thread-safety: each slot's map is independent: one thread per slot at a time.
     """
@@ -549,6 +859,8 @@ cdef class MapProposer(Proposer):
             for i in range(self.n_slots):
                 free(self.states[i].keys)
                 free(self.states[i].key_map)
+                free(self.states[i].kt_hash)
+                free(self.states[i].kt_idx)
             free(self.states)
 
     @property
@@ -573,7 +885,8 @@ cdef class MapProposer(Proposer):
         cdef Py_ssize_t i
         cdef size_t total = 0
         for i in range(self.n_slots):
-            total += MAP_INDEX_SIZE * sizeof(uint32_t) + self.states[i].cap_keys * sizeof(MapKey)
+            total += (MAP_INDEX_SIZE * sizeof(uint32_t) + self.states[i].cap_keys * sizeof(MapKey)
+                      + self.states[i].kt_size * (sizeof(uint64_t) + sizeof(int64_t)))
         return total
 
     cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
@@ -688,14 +1001,6 @@ cdef class ModPool:
     cdef void reset_locked(self) noexcept nogil:
         memset(self.entries, 0xFF, MOD_POOL_SIZE * sizeof(int32_t))
         self.n_used = 0
-
-
-cdef inline uint64_t mod_hash(const token_t* t, Py_ssize_t n) noexcept nogil:
-    cdef uint64_t h = 0
-    cdef Py_ssize_t i
-    for i in range(n):
-        h = h * MOD_LCG_A + <uint64_t><int64_t>t[i]
-    return h
 
 
 cdef void mod_insert(ModPool pool, const token_t* t, Py_ssize_t start, Py_ssize_t stop,
@@ -889,7 +1194,13 @@ cdef class SpecEngine:
     Methods ``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max=None)`` and
     ``accept(slot, n_accepted)`` follow llama-server: begin once per request with the full
     prompt; draft with the tokens in the KV cache and the last sampled token; accept after every
-    non-empty draft (also with 0). Token arrays may be any 1-D integer array-like.
+    non-empty draft (also with 0). Token arrays may be any 1-D integer array-like; ids must be
+    in 0 .. 2**31-1.
+
+    Between two begin() calls a slot's context only grows (llama-server appends to the KV
+    cache), which is what the proposers' incremental state relies on, as in llama.cpp. The
+    engine therefore checks each context token once: a zero-copy int32 context is validated
+    from where the previous call ended; any other array-like is converted and checked whole.
 
     Memory: see each proposer; the engine adds ``n_slots * max_draft`` int32 of output buffers.
 
@@ -904,12 +1215,14 @@ cdef class SpecEngine:
     cdef Counters* counters
     cdef int* impl_last                      # per slot: proposer of the last non-empty draft
     cdef Py_ssize_t* pending                 # per slot: length of a draft awaiting accept, or -1
+    cdef Py_ssize_t* checked                 # per slot: leading context tokens already validated
     cdef token_t* out                        # per slot output buffer of max_draft tokens
 
     def __cinit__(self):
         self.counters = NULL
         self.impl_last = NULL
         self.pending = NULL
+        self.checked = NULL
         self.out = NULL
 
     def __init__(self, spec_type=None, n_slots=1, pool=None, *, proposers=None, **params):
@@ -941,9 +1254,10 @@ cdef class SpecEngine:
         self.counters = <Counters*>calloc(max(self.n_prop, 1), sizeof(Counters))
         self.impl_last = <int*>malloc(n_slots * sizeof(int))
         self.pending = <Py_ssize_t*>malloc(n_slots * sizeof(Py_ssize_t))
+        self.checked = <Py_ssize_t*>calloc(n_slots, sizeof(Py_ssize_t))
         self.out = <token_t*>malloc(n_slots * self.max_draft * sizeof(token_t))
         if (self.counters == NULL or self.impl_last == NULL or self.pending == NULL
-                or self.out == NULL):
+                or self.checked == NULL or self.out == NULL):
             raise MemoryError()
         for i in range(self.n_prop):
             self.counters[i].acc_per_pos = <uint64_t*>calloc(self.max_draft, sizeof(uint64_t))
@@ -966,6 +1280,7 @@ cdef class SpecEngine:
             free(self.counters)
         free(self.impl_last)
         free(self.pending)
+        free(self.checked)
         free(self.out)
 
     @property
@@ -973,23 +1288,31 @@ cdef class SpecEngine:
         """Proposer type names in priority order."""
         return [p.name for p in self.proposers]
 
-    cdef inline int check_slot(self, slot) except -1:
-        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+    cdef inline Py_ssize_t slot_index(self, object slot) except -1:
+        cdef Py_ssize_t s = -1
+        if PyLong_CheckExact(slot):
+            try:
+                s = PyLong_AsSsize_t(slot)
+            except OverflowError:
+                s = -1
+        elif isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
             raise TypeError(f"slot must be an integer, got {type(slot).__name__}")
-        if not 0 <= slot < self.n_slots:
+        else:
+            s = int(slot) if -1 <= slot < self.n_slots else -1
+        if not 0 <= s < self.n_slots:
             raise IndexError(f"slot = {slot} is out of range: allowed 0 .. {self.n_slots - 1}")
-        return 0
+        return s
 
     def begin(self, slot, prompt):
         """Start a request on `slot` with its full prompt (calls every proposer's begin)."""
-        self.check_slot(slot)
-        cdef Py_ssize_t s = slot, k
+        cdef Py_ssize_t s = self.slot_index(slot), k
         cdef cnp.ndarray arr = as_tokens(prompt, "prompt")
         cdef const token_t* t = tok_ptr(arr)
         cdef Py_ssize_t n = cnp.PyArray_DIMS(arr)[0]
         cdef int64_t t0
         cdef Proposer p
         self.pending[s] = -1
+        self.checked[s] = n
         for k in range(self.n_prop):
             p = <Proposer>self.proposers[k]
             t0 = now_ns()
@@ -1013,9 +1336,8 @@ cdef class SpecEngine:
         -------
         numpy.ndarray of int32 (empty: no draft).
         """
-        self.check_slot(slot)
-        cdef Py_ssize_t s = slot, k, length = 0, bound = 0
-        cdef cnp.ndarray arr = as_tokens(context, "context")
+        cdef Py_ssize_t s = self.slot_index(slot), k, length = 0, bound = 0
+        cdef cnp.ndarray arr = as_tokens(context, "context", self.checked[s])
         cdef token_t tok = as_token(sampled, "sampled")
         cdef const token_t* t = tok_ptr(arr)
         cdef Py_ssize_t L = cnp.PyArray_DIMS(arr)[0]
@@ -1023,12 +1345,12 @@ cdef class SpecEngine:
         cdef int64_t t0
         cdef Counters* c
         cdef Proposer p
+        self.checked[s] = L
+        self.pending[s] = -1
         if n_max is not None:
             bound = check_int("n_max", n_max, 0)
             if bound == 0:
-                self.pending[s] = -1
-                return copy_tokens(out, 0)
-        self.pending[s] = -1
+                return EMPTY_DRAFT
         for k in range(self.n_prop):
             p = <Proposer>self.proposers[k]
             c = &self.counters[k]
@@ -1046,13 +1368,13 @@ cdef class SpecEngine:
                 c.gen_drafts += 1
                 c.gen_tokens += length
                 break
-            length = 0
+        if length <= 0:
+            return EMPTY_DRAFT
         return copy_tokens(out, length)
 
     def accept(self, slot, n_accepted):
         """Report how many tokens of the slot's last (non-empty) draft the target accepted."""
-        self.check_slot(slot)
-        cdef Py_ssize_t s = slot, i, k
+        cdef Py_ssize_t s = self.slot_index(slot), i, k
         cdef Py_ssize_t last = self.pending[s]
         if last < 0:
             raise ValueError(f"accept() on slot {s} without a pending non-empty draft: call it "
