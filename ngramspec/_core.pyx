@@ -509,6 +509,7 @@ cdef struct MapParams:
     Py_ssize_t m
     bint key_only
     Py_ssize_t min_hits
+    bint reindex
 
 cdef struct MapState:
     MapKey* keys               # append-only list, erased from only by begin's cleanup
@@ -530,6 +531,10 @@ cdef struct MapState:
     Py_ssize_t kt_used
     bint kt_stale              # rebuild before the next lookup
     bint kt_linear             # some key's text lies past the context: search linearly
+    # reindex option: fingerprint of the context seen so far, to tell an extension from a new
+    # prompt at begin()
+    uint64_t seen_hash
+    size_t seen_len
 
 
 cdef inline uint32_t map_hash(const token_t* t, Py_ssize_t n) noexcept nogil:
@@ -623,6 +628,41 @@ cdef int keytab_rebuild(MapState* s, const token_t* inp, Py_ssize_t L, Py_ssize_
         if keytab_insert(s, mod_hash(inp + s.keys[i].key_idx, n), i) < 0:
             return -1
     return 0
+
+
+cdef void map_clear(MapState* s) noexcept nogil:
+    """Back to a new map (what a fresh speculative context has), keeping the allocations."""
+    memset(s.key_map, 0, MAP_INDEX_SIZE * sizeof(uint32_t))
+    s.n_keys = 0
+    s.key_map_last_idx = 0
+    s.size_last_begin = 0
+    s.idx_last_check = 0
+    s.last_draft_created = False
+    s.kt_stale = True
+
+
+cdef inline uint64_t extend_hash(uint64_t h, const token_t* t, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        h = h * MOD_LCG_A + <uint64_t><int64_t>t[i]
+    return h
+
+
+cdef void map_track(MapState* s, const token_t* inp, size_t L) noexcept nogil:
+    """Fold the context's new tokens into the fingerprint (append-only between begins)."""
+    if L > s.seen_len:
+        s.seen_hash = extend_hash(s.seen_hash, inp + s.seen_len, L - s.seen_len)
+        s.seen_len = L
+
+
+cdef void map_begin_reindex(MapState* s, const token_t* prompt, size_t size_begin) noexcept nogil:
+    """The reindex option: a prompt that does not extend the context seen so far starts the
+    slot's map afresh, instead of keeping stale entries and skipping positions <= K."""
+    if s.seen_len > 0 and (size_begin < s.seen_len or
+                           extend_hash(0, prompt, s.seen_len) != s.seen_hash):
+        map_clear(s)
+    s.seen_hash = extend_hash(0, prompt, size_begin)
+    s.seen_len = size_begin
 
 
 cdef void map_begin(MapState* s, const MapParams* p, size_t size_begin) noexcept nogil:
@@ -824,6 +864,10 @@ cdef class MapProposer(Proposer):
     min_hits : int, >= 1 (default 1) -- k4v only; ngram-map-k ignores it, as llama.cpp does
     key_only : bool
     n_slots : int, >= 1
+    reindex : bool (default False; not llama.cpp's behaviour)
+        On begin(), a prompt that does not extend the slot's previous context resets the slot's
+        map, so the new prompt is indexed from position 1. llama.cpp keeps the stale entries
+        and never scans positions <= K of the new prompt (its "server-state collapse").
 
     Memory: per slot a 2**18-entry uint32 hash index (1 MiB, zero pages until touched) plus,
     per distinct matched key (unbounded, as in llama.cpp), a 112-byte record and at most 32
@@ -837,8 +881,10 @@ cdef class MapProposer(Proposer):
     def __cinit__(self):
         self.states = NULL
 
-    def __init__(self, size_n=12, size_m=48, min_hits=1, key_only=True, n_slots=1):
+    def __init__(self, size_n=12, size_m=48, min_hits=1, key_only=True, n_slots=1,
+                 reindex=False):
         cdef Py_ssize_t i
+        self.params.reindex = bool(reindex)
         self.params.n = check_int("size_n", size_n, 1, 1024)
         self.params.m = check_int("size_m", size_m, 1, 1024)
         self.params.min_hits = check_int("min_hits", min_hits, 1)
@@ -875,6 +921,10 @@ cdef class MapProposer(Proposer):
     def min_hits(self):
         return self.params.min_hits
 
+    @property
+    def reindex(self):
+        return self.params.reindex
+
     def n_keys(self, Py_ssize_t slot):
         """Number of key records of `slot` (grows by one per distinct matched key)."""
         if not 0 <= slot < self.n_slots:
@@ -891,6 +941,8 @@ cdef class MapProposer(Proposer):
 
     cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
         with nogil:
+            if self.params.reindex:
+                map_begin_reindex(&self.states[slot], prompt, n)
             map_begin(&self.states[slot], &self.params, n)
         return 0
 
@@ -898,6 +950,8 @@ cdef class MapProposer(Proposer):
                             token_t sampled, token_t* out) except -1:
         cdef Py_ssize_t r
         cdef MapState* s = &self.states[slot]
+        if self.params.reindex:
+            map_track(s, inp, n)
         if n - <Py_ssize_t>s.key_map_last_idx > NOGIL_MIN_TOKENS:
             with nogil:
                 r = map_draft(s, &self.params, inp, n, sampled, out)

@@ -81,7 +81,7 @@ def _map(prefix, key_only):
     def build(n_slots, pool, v):
         from ngramspec._core import MapProposer
         return MapProposer(v[prefix + "size_n"], v[prefix + "size_m"], v[prefix + "min_hits"],
-                           key_only=key_only, n_slots=n_slots)
+                           key_only=key_only, n_slots=n_slots, reindex=bool(v[prefix + "reindex"]))
     return build
 
 
@@ -106,8 +106,15 @@ def register(spec: SpecType) -> None:
 
 
 register(SpecType("ngram-simple", _nm("ngram_simple_"), _simple))
-register(SpecType("ngram-map-k", _nm("ngram_map_k_"), _map("ngram_map_k_", True)))
-register(SpecType("ngram-map-k4v", _nm("ngram_map_k4v_"), _map("ngram_map_k4v_", False)))
+def _reindex(prefix):
+    return Param(prefix + "reindex", 0, 0, 1, help="ngramspec option, not llama.cpp: 1 = a new "
+                 "prompt that does not extend the previous one re-indexes the slot's map")
+
+
+register(SpecType("ngram-map-k", _nm("ngram_map_k_") + (_reindex("ngram_map_k_"),),
+                  _map("ngram_map_k_", True)))
+register(SpecType("ngram-map-k4v", _nm("ngram_map_k4v_") + (_reindex("ngram_map_k4v_"),),
+                  _map("ngram_map_k4v_", False)))
 register(SpecType("ngram-mod", (
     Param("ngram_mod_n_match", 24, 1, 1024, help="n-gram length"),
     Param("ngram_mod_n_min", 48, 0, 1024, help="minimum draft length"),

@@ -166,3 +166,18 @@ def test_simple_index_matches_scan(n):
         assert a.tolist() == b.tolist()
         if L == 2000:                           # a shorter context without begin(): rebuilt
             assert fast.draft(0, seq[:300], 1).tolist() == scan.draft(0, seq[:300], 1).tolist()
+
+
+@pytest.mark.parametrize("spec", ["ngram-map-k", "ngram-map-k4v"])
+def test_map_reindex_option_makes_a_new_prompt_fresh(spec):
+    from ngramspec.replay import replay
+    from ngramspec.traces import read_requests
+    from conftest import TRACES
+    reqs = read_requests(str(TRACES / "code-edit.jsonl.gz"), 3)
+    key = spec.replace("-", "_") + "_reindex"
+    fresh = replay(reqs, spec, {}, state="fresh").requests
+    shared = replay(reqs, spec, {key: 1}, state="shared").requests
+    compat = replay(reqs, spec, {}, state="shared").requests
+    for f, s in zip(fresh, shared):
+        assert f["steps"] == s["steps"]
+    assert compat[1]["steps"] != fresh[1]["steps"]     # llama.cpp's stale state differs
