@@ -1,0 +1,292 @@
+"""Property tests: the Cython engine against the pure-Python reference (tests/reference.py).
+
+Random token streams over small alphabets (so n-grams repeat), small parameters, several requests
+per slot (continuing, shrunk and unrelated prompts), interleaved slots, random and realistic
+accept counts and optional n_max truncation. Every draft and the final statistics must agree.
+The reference itself is checked against llama.cpp's golden files by check_reference_golden.py.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference import PRIORITY, STAT_KEYS, RefChain, RefPool, ref_replay  # noqa: E402
+
+ngramspec = pytest.importorskip("ngramspec._core", reason="extension not built "
+                                "(python setup.py build_ext --inplace)")
+from ngramspec import ModPool, SpecEngine  # noqa: E402
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                       HealthCheck.data_too_large])
+COMPARED = ("type",) + STAT_KEYS + ("acc_per_pos",)
+
+
+# ---------------------------------------------------------------------------------------------
+# strategies
+# ---------------------------------------------------------------------------------------------
+
+@st.composite
+def alphabets(draw):
+    k = draw(st.integers(2, 6))
+    kind = draw(st.sampled_from(["small", "wide", "colliding"]))
+    if kind == "small":
+        return list(range(k))
+    if kind == "wide":  # large ids exercise the uint32 / uint64 wraparound
+        return draw(st.lists(st.integers(0, 2**31 - 1), min_size=k, max_size=k, unique=True))
+    # Adding a multiple of 2^22 to any token of a window changes neither the low 18 bits of the
+    # map hash nor the low 22 bits of the mod hash: these alphabets force hash-slot collisions.
+    bases = draw(st.lists(st.integers(0, 2**22 - 1), min_size=1, max_size=3, unique=True))
+    return [b + j * 2**22 for j in range(4) for b in bases][:k]
+
+
+@st.composite
+def configs(draw):
+    types = draw(st.lists(st.sampled_from(PRIORITY), min_size=1, max_size=4, unique=True))
+    params = {}
+    for pre in ("ngram_simple", "ngram_map_k", "ngram_map_k4v"):
+        params[pre + "_size_n"] = draw(st.integers(1, 4))
+        params[pre + "_size_m"] = draw(st.integers(1, 8))
+    for pre in ("ngram_map_k", "ngram_map_k4v"):
+        params[pre + "_min_hits"] = draw(st.integers(1, 3))
+    params["ngram_mod_n_match"] = draw(st.integers(1, 6))
+    params["ngram_mod_n_min"] = draw(st.integers(0, 8))
+    params["ngram_mod_n_max"] = draw(st.integers(0, 12))
+    return types, params
+
+
+# ---------------------------------------------------------------------------------------------
+# lock-step driver
+# ---------------------------------------------------------------------------------------------
+
+class Pair:
+    """The engine and the reference driven with the same calls; every draft is compared."""
+
+    def __init__(self, types, n_slots, params, eng_pool=None, ref_pool=None):
+        self.types, self.params = types, params
+        self.eng = SpecEngine(",".join(types), n_slots=n_slots, pool=eng_pool, **params)
+        self.ref = RefChain(types, n_slots, params, pool=ref_pool)
+        self.log = []  # calls so far, printed on a mismatch
+
+    def begin(self, slot, prompt):
+        self.log.append(("begin", slot, list(prompt)))
+        self.eng.begin(slot, np.asarray(prompt, dtype=np.int32))
+        self.ref.begin(slot, prompt)
+
+    def draft(self, slot, ctx, sampled, n_max=None):
+        self.log.append(("draft", slot, len(ctx), sampled, n_max))
+        got = self.eng.draft(slot, np.asarray(ctx, dtype=np.int32), sampled, n_max=n_max)
+        assert got.dtype == np.int32
+        got = got.tolist()
+        exp = self.ref.draft(slot, ctx, sampled, n_max=n_max)
+        if got != exp:
+            raise AssertionError(
+                f"draft mismatch\n types={self.types} params={self.params}\n slot={slot} "
+                f"n_max={n_max}\n context={list(ctx)}\n sampled={sampled}\n engine={got}\n "
+                f"reference={exp}\n calls={self.log}")
+        return exp
+
+    def accept(self, slot, k):
+        self.log.append(("accept", slot, k))
+        self.eng.accept(slot, k)
+        self.ref.accept(slot, k)
+
+    def check_stats(self):
+        got = [{k: s[k] for k in COMPARED} for s in self.eng.stats()]
+        exp = [{k: s[k] for k in COMPARED} for s in self.ref.stats()]
+        for s in got + exp:  # the trailing zero positions are a representation detail
+            while s["acc_per_pos"] and s["acc_per_pos"][-1] == 0:
+                s["acc_per_pos"].pop()
+        assert got == exp, f"stats mismatch\n engine={got}\n reference={exp}"
+
+
+def next_prompt(data, alphabet, history):
+    """A new request's prompt given the slot's last context: continue it, shrink it, or start
+    an unrelated one (longer or shorter)."""
+    sym = st.sampled_from(alphabet)
+    mode = data.draw(st.sampled_from(["continue", "shrink", "new"]) if history else st.just("new"))
+    if mode == "continue":
+        return history + data.draw(st.lists(sym, max_size=12))
+    if mode == "shrink":
+        cut = data.draw(st.integers(1, len(history)))
+        return history[:cut] + data.draw(st.lists(sym, max_size=4))
+    return data.draw(st.lists(sym, min_size=1, max_size=60))
+
+
+def run_requests(data, pair, alphabet, n_slots, n_requests, rnd):
+    """Interleave requests over the slots as a server would, one step at a time."""
+    queue = {s: n_requests[s] for s in range(n_slots)}
+    history = {s: [] for s in range(n_slots)}
+    active = {}  # slot -> request state
+    while queue and any(queue.values()) or active:
+        slot = rnd.choice(sorted(set(active) | {s for s, q in queue.items() if q}))
+        if slot not in active:
+            queue[slot] -= 1
+            prompt = next_prompt(data, alphabet, history[slot])
+            realistic = rnd.random() < 0.5
+            # realistic: the target's continuation is fixed up front (often a copy of the
+            # prompt, so drafts are long and accepted); accept = the common prefix
+            out_len = rnd.randint(1, 50)
+            if realistic:
+                truth = []
+                while len(truth) < out_len:
+                    src = prompt + truth
+                    if rnd.random() < 0.7 and len(src) > 1:
+                        a = rnd.randrange(len(src))
+                        truth += src[a : a + rnd.randint(1, 20)]
+                    else:
+                        truth.append(rnd.choice(alphabet))
+                truth = truth[:out_len]
+            else:
+                truth = None
+            policy = rnd.choice([None, None, "fixed", "random"])
+            fixed = rnd.randint(1, 12)
+            pair.begin(slot, prompt)
+            active[slot] = {"ctx": list(prompt), "produced": 1, "out_len": out_len,
+                            "truth": truth, "policy": policy, "fixed": fixed,
+                            "sampled": truth[0] if truth else rnd.choice(alphabet)}
+            if out_len == 1:
+                history[slot] = prompt + [active.pop(slot)["sampled"]]
+            continue
+        r = active[slot]
+        n_max = None  # the server's n_draft_max; 0 means no draft call at all
+        if r["policy"] == "fixed":
+            n_max = r["fixed"]
+        elif r["policy"] == "random":
+            n_max = rnd.randint(0, 12)
+        d = pair.draft(slot, r["ctx"], r["sampled"], n_max=n_max)
+        k = 0
+        if d:
+            if r["truth"] is not None:
+                rest = r["truth"][r["produced"]:]
+                while k < len(d) and k < len(rest) and d[k] == rest[k]:
+                    k += 1
+            else:
+                k = rnd.randint(0, len(d))
+                k = min(k, r["out_len"] - r["produced"])
+            pair.accept(slot, k)
+        r["ctx"] += [r["sampled"]] + d[:k]
+        r["produced"] += k
+        if r["produced"] >= r["out_len"]:
+            history[slot] = r["ctx"]
+            del active[slot]
+            continue
+        r["sampled"] = (r["truth"][r["produced"]] if r["truth"] is not None
+                        else rnd.choice(alphabet))
+        r["produced"] += 1
+        if r["produced"] >= r["out_len"]:
+            history[slot] = r["ctx"] + [r["sampled"]]
+            del active[slot]
+
+
+# ---------------------------------------------------------------------------------------------
+# tests
+# ---------------------------------------------------------------------------------------------
+
+@settings(max_examples=300, **SETTINGS)
+@given(data=st.data(), cfg=configs(), alphabet=alphabets(), n_slots=st.integers(1, 3),
+       rnd=st.randoms(use_true_random=False))
+def test_chain_matches_reference(data, cfg, alphabet, n_slots, rnd):
+    types, params = cfg
+    rnd_types = list(types)
+    rnd.shuffle(rnd_types)  # the engine must apply llama.cpp's priority whatever the order
+    n_requests = [data.draw(st.integers(1, 4)) for _ in range(n_slots)]
+    pool = ModPool()
+    pair = Pair(rnd_types, n_slots, params, eng_pool=pool)
+    run_requests(data, pair, alphabet, n_slots, n_requests, rnd)
+    pair.check_stats()
+    assert pool.used == pair.ref.pool.used
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(data=st.data(), typ=st.sampled_from(PRIORITY), cfg=configs(), alphabet=alphabets(),
+       rnd=st.randoms(use_true_random=False))
+def test_single_proposer_matches_reference(data, typ, cfg, alphabet, rnd):
+    """One proposer alone, one slot: every draft call reaches it."""
+    _, params = cfg
+    pair = Pair([typ], 1, params)
+    run_requests(data, pair, alphabet, 1, [data.draw(st.integers(1, 5))], rnd)
+    pair.check_stats()
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(data=st.data(), cfg=configs(), alphabet=alphabets(), rnd=st.randoms(use_true_random=False))
+def test_mod_pool_shared_between_engines(data, cfg, alphabet, rnd):
+    """Two engines given one ModPool behave like two reference chains given one RefPool,
+    including the low-acceptance reset that wipes the other engine's n-grams."""
+    _, params = cfg
+    pool, ref_pool = ModPool(), RefPool()
+    pairs = [Pair(["ngram-mod"], 1, params, eng_pool=pool, ref_pool=ref_pool) for _ in range(2)]
+    ctxs = [None, None]
+    for _ in range(data.draw(st.integers(1, 40))):
+        i = rnd.randrange(2)
+        p = pairs[i]
+        if ctxs[i] is None or rnd.random() < 0.05:
+            ctxs[i] = data.draw(st.lists(st.sampled_from(alphabet), min_size=1, max_size=40))
+            p.begin(0, ctxs[i])
+            continue
+        sampled = rnd.choice(alphabet)
+        d = p.draft(0, ctxs[i], sampled)
+        k = 0
+        if d:
+            k = rnd.choice([0, 0, rnd.randint(0, len(d))])  # low acceptance -> pool resets
+            p.accept(0, k)
+        ctxs[i] = ctxs[i] + [sampled] + d[:k]
+        assert pool.used == ref_pool.used
+    for p in pairs:
+        p.check_stats()
+
+
+def _engine_replay(types, params, requests, state, n_slots):
+    """The golden README's replay loop driven through the engine."""
+    def factory():
+        return Pair(types, n_slots, params)
+
+    pair = factory() if state == "shared" else None
+    out = []
+    for t, (prompt, output) in enumerate(requests):
+        p, slot = (factory(), 0) if state == "fresh" else (pair, t % n_slots)
+        p.begin(slot, prompt)
+        cache, sampled, produced, drafts = list(prompt), output[0], 1, []
+        while produced < len(output):
+            d = p.draft(slot, cache, sampled)
+            drafts.append(d)
+            k = 0
+            if d:
+                rest = output[produced:]
+                while k < len(d) and k < len(rest) and d[k] == rest[k]:
+                    k += 1
+                p.accept(slot, k)
+            cache += [sampled] + output[produced : produced + k]
+            produced += k
+            if produced >= len(output):
+                break
+            sampled = output[produced]
+            produced += 1
+        if state == "fresh":
+            p.check_stats()
+        out.append(drafts)
+    if state == "shared":
+        pair.check_stats()
+    return out
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(data=st.data(), cfg=configs(), alphabet=alphabets(),
+       state=st.sampled_from(["shared", "fresh"]), n_slots=st.integers(1, 2))
+def test_replay_loop_matches_ref_replay(data, cfg, alphabet, state, n_slots):
+    """The golden replay loop through the engine gives ref_replay's drafts."""
+    types, params = cfg
+    n_slots = 1 if state == "fresh" else n_slots
+    sym = st.sampled_from(alphabet)
+    requests = [(data.draw(st.lists(sym, min_size=1, max_size=50)),
+                 data.draw(st.lists(sym, min_size=1, max_size=50)))
+                for _ in range(data.draw(st.integers(1, 4)))]
+    got = _engine_replay(types, params, requests, state, n_slots)
+    exp, _ = ref_replay(lambda: RefChain(types, n_slots, params), requests, state, n_slots)
+    assert got == [r["drafts"] for r in exp]
