@@ -10,7 +10,12 @@ from ngramspec._core import (POOL_SIZE, MapProposer, ModPool, ModProposer, Propo
                              SimpleProposer, SpecEngine)
 from ngramspec.stats import acceptance_line, statistics_line
 
+try:  # the C++ ngram-cache module; absent only in a partial developer build
+    from ngramspec._cache import CacheFileError, NgramCache, NgramCacheProposer
+except ImportError:  # pragma: no cover
+    pass
+
 __all__ = [
     "POOL_SIZE", "MapProposer", "ModPool", "ModProposer", "Proposer", "PyProposer",
-    "SimpleProposer", "SpecEngine", "acceptance_line", "statistics_line", "__version__",
+    "SimpleProposer", "SpecEngine", "CacheFileError", "NgramCache", "NgramCacheProposer", "acceptance_line", "statistics_line", "__version__",
 ]

@@ -1,0 +1,1038 @@
+# distutils: language = c++
+# distutils: extra_compile_args = -std=c++17
+"""ngram-cache: llama.cpp's lookup-decoding proposer (spec section 6), bit-exact.
+
+Three n-gram caches per slot map an n-gram (1 to 4 tokens) to the counts of the tokens that
+followed it: ``context`` (learned online from the slot's token stream), ``dynamic`` (loaded from
+``--lookup-cache-dynamic``) and ``static`` (loaded from ``--lookup-cache-static``, 2-grams).
+
+Bit-exactness hinges on one thing the spec cannot write down as a formula: when two candidate
+tokens tie, llama.cpp keeps the one that comes first in the iteration order of libstdc++'s
+``std::unordered_map<int32_t, int32_t>`` (spec 6.4). That order depends on the prime bucket
+policy and on the insertion history, so this module keeps the counts in that very container
+(compiled with g++/libstdc++) and fills it with the same sequence of insertions as llama.cpp:
+`cache_update` mirrors ``common_ngram_cache_update`` loop for loop, and file loading inserts in
+file order. The outer map (n-gram -> part) uses llama.cpp's own n-gram hash, so iterating it,
+and therefore a saved file, comes out in the same order as ``common_ngram_cache_save``.
+
+Layout: C++ container primitives in the verbatim block below (they catch ``std::bad_alloc`` so
+the Cython kernels can stay ``noexcept nogil``), the algorithms as Cython kernels, and two
+extension classes: `NgramCache` (one cache, file I/O) and `NgramCacheProposer`.
+"""
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cython.operator cimport dereference as deref, preincrement as inc
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libcpp.utility cimport pair
+from libcpp.vector cimport vector
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+from ngramspec._core cimport Proposer, token_t
+
+import os
+import weakref
+
+import numpy as np
+
+
+cdef extern from * nogil:
+    """
+    #include <cstddef>
+    #include <cstdint>
+    #include <new>
+    #include <unordered_map>
+    #include <vector>
+
+    // llama.cpp's common_ngram: 4 token ids, the unused tail is LLAMA_TOKEN_NULL (-1).
+    struct ngs_ngram {
+        int32_t tokens[4];
+        bool operator==(const ngs_ngram & o) const {
+            return tokens[0] == o.tokens[0] && tokens[1] == o.tokens[1]
+                && tokens[2] == o.tokens[2] && tokens[3] == o.tokens[3];
+        }
+    };
+
+    // llama.cpp's common_ngram_hash_function (Fibonacci hashing, XOR-combined). Only the outer
+    // map uses it; keeping it identical makes a saved file come out in llama.cpp's order.
+    // Deliberately not noexcept, like the original: libstdc++ then caches the hash code in each
+    // node, which changes memory use but not the iteration order.
+    struct ngs_ngram_hash {
+        size_t operator()(const ngs_ngram & g) const {
+            const uint64_t fib = 11400714819323198485ull;
+            uint64_t h = (uint64_t)(int64_t)g.tokens[0] * fib;
+            h ^= (uint64_t)(int64_t)g.tokens[1] * fib;
+            h ^= (uint64_t)(int64_t)g.tokens[2] * fib;
+            h ^= (uint64_t)(int64_t)g.tokens[3] * fib;
+            return (size_t)h;
+        }
+    };
+
+    // Must stay exactly llama.cpp's common_ngram_cache_part: its iteration order breaks ties.
+    typedef std::unordered_map<int32_t, int32_t> ngs_part;
+    typedef std::unordered_map<ngs_ngram, ngs_part, ngs_ngram_hash> ngs_cache;
+
+    struct ngs_slot {
+        size_t cache_size = 0;   // tokens of the slot's stream already seen (never reset, spec 6.4)
+        bool busy = false;       // set (with the GIL held) while a call runs without the GIL
+        ngs_cache context;
+    };
+
+    // Counts saturate at INT32_MAX instead of overflowing (llama.cpp's int32 += is undefined
+    // there; a wrapped, negative count would also make the file unloadable).
+    static inline int32_t ngs_sat_add(int32_t a, int32_t b) {
+        const int64_t s = (int64_t)a + (int64_t)b;
+        return s > INT32_MAX ? INT32_MAX : (int32_t)s;
+    }
+
+    static inline ngs_part * ngs_find(ngs_cache * c, const ngs_ngram & g) {
+        auto it = c->find(g);
+        return it == c->end() ? nullptr : &it->second;
+    }
+
+    // cache[g][tok] += count, inserting absent keys. Same container operations, hence the same
+    // node placement, as common_ngram_cache_update / _merge: a new n-gram gets a part holding
+    // just {tok: count}; a new token is emplaced into the existing part. 0 = ok, -1 = no memory.
+    static inline int ngs_add(ngs_cache * c, const ngs_ngram & g, int32_t tok, int32_t count) {
+        try {
+            auto it = c->find(g);
+            if (it == c->end()) {
+                ngs_part & p = (*c)[g];
+                try {
+                    p.emplace(tok, count);
+                } catch (...) {
+                    c->erase(g);   // never leave an empty part (it would be an invalid record)
+                    throw;
+                }
+                return 0;
+            }
+            auto jt = it->second.find(tok);
+            if (jt == it->second.end()) {
+                it->second.emplace(tok, count);
+            } else {
+                jt->second = ngs_sat_add(jt->second, count);
+            }
+            return 0;
+        } catch (const std::bad_alloc &) {
+            return -1;
+        }
+    }
+
+    // For loading: the part of a new n-gram, or nullptr (*is_new = false) if g is already there;
+    // a file's later duplicate is ignored, as common_ngram_cache_load's emplace ignores it.
+    static inline ngs_part * ngs_new_part(ngs_cache * c, const ngs_ngram & g, int * is_new) {
+        try {
+            auto r = c->try_emplace(g);
+            *is_new = r.second ? 1 : 0;
+            return r.second ? &r.first->second : nullptr;
+        } catch (const std::bad_alloc &) {
+            *is_new = 1;
+            return nullptr;
+        }
+    }
+
+    // emplace (first occurrence wins). 0 = ok, -1 = no memory.
+    static inline int ngs_part_emplace(ngs_part * p, int32_t tok, int32_t count) {
+        try {
+            p->emplace(tok, count);
+            return 0;
+        } catch (const std::bad_alloc &) {
+            return -1;
+        }
+    }
+
+    // Insert a copy of part p under n-gram g (absent): a copy keeps p's bucket count and
+    // iteration order, exactly as common_ngram_cache_merge's emplace(ngram, part) does.
+    static inline int ngs_insert_copy(ngs_cache * c, const ngs_ngram & g, const ngs_part * p) {
+        try {
+            c->emplace(g, *p);
+            return 0;
+        } catch (const std::bad_alloc &) {
+            return -1;
+        }
+    }
+
+    static inline int ngs_copy_cache(ngs_cache * dst, const ngs_cache * src) {
+        try {
+            *dst = *src;
+            return 0;
+        } catch (const std::bad_alloc &) {
+            return -1;
+        }
+    }
+
+    // Thresholds of common_ngram_cache_draft, indexed by n-gram size - 1.
+    static const int ngs_min_n_lax[4]    = { 2,  2,  1,  1};
+    static const int ngs_min_pct_lax[4]  = {66, 50, 50, 50};
+    static const int ngs_min_n_strict[4] = { 4,  3,  2,  2};
+    static const int ngs_min_pct_strict[4] = {75, 66, 66, 66};
+    """
+    cdef cppclass ngs_ngram:
+        int32_t tokens[4]
+
+    ctypedef pair[int32_t, int32_t] ngs_tc
+
+    cdef cppclass ngs_part:
+        cppclass iterator:
+            ngs_tc& operator*()
+            iterator operator++()
+            bint operator==(iterator)
+            bint operator!=(iterator)
+        iterator begin()
+        iterator end()
+        iterator find(int32_t&)
+        size_t size()
+        size_t bucket_count()
+
+    ctypedef pair[ngs_ngram, ngs_part] ngs_item
+
+    cdef cppclass ngs_cache:
+        cppclass iterator:
+            ngs_item& operator*()
+            iterator operator++()
+            bint operator==(iterator)
+            bint operator!=(iterator)
+        iterator begin()
+        iterator end()
+        size_t size()
+        size_t bucket_count()
+        void clear()
+
+    cdef cppclass ngs_slot:
+        size_t cache_size
+        bint busy
+        ngs_cache context
+
+    ngs_part* ngs_find(ngs_cache* c, const ngs_ngram& g)
+    int ngs_add(ngs_cache* c, const ngs_ngram& g, int32_t tok, int32_t count)
+    ngs_part* ngs_new_part(ngs_cache* c, const ngs_ngram& g, int* is_new)
+    int ngs_part_emplace(ngs_part* p, int32_t tok, int32_t count)
+    int ngs_insert_copy(ngs_cache* c, const ngs_ngram& g, const ngs_part* p)
+    int ngs_copy_cache(ngs_cache* dst, const ngs_cache* src)
+    const int* ngs_min_n_lax
+    const int* ngs_min_pct_lax
+    const int* ngs_min_n_strict
+    const int* ngs_min_pct_strict
+
+
+# llama.cpp's constants (common/ngram-cache.h, common/speculative.cpp).
+cdef enum:
+    NGRAM_MIN = 1
+    NGRAM_MAX = 4
+    NGRAM_STATIC = 2
+    CACHE_N_DRAFT = 8       # hard-coded n_draft of the ngram-cache implementation
+    TOKEN_NULL = -1         # LLAMA_TOKEN_NULL
+    RECORD_HEAD = 20        # file: 4 int32 tokens + int32 count of pairs
+    PAIR_SIZE = 8           # file: int32 token + int32 count
+    # Contexts whose unseen tail is at least this long are hashed without the GIL (a few ms).
+    NOGIL_UPDATE_TOKENS = 2048
+
+# Error codes of parse_cache (also used by the Python-level message builder).
+cdef enum:
+    PARSE_OK = 0
+    PARSE_TRUNC_HEAD = 1
+    PARSE_BAD_NTOKENS = 2
+    PARSE_TRUNC_PAIRS = 3
+    PARSE_BAD_COUNT = 4
+    PARSE_BAD_KEY = 5
+    PARSE_BAD_TOKEN = 6
+    PARSE_NOMEM = 7
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------
+
+cdef inline int32_t wrap_mul(int32_t a, int32_t b) noexcept nogil:
+    # llama.cpp compares int32 products; g++ emits a 32-bit multiply that wraps. Doing the same
+    # in unsigned arithmetic gives that result without relying on signed overflow.
+    return <int32_t>(<uint32_t>a * <uint32_t>b)
+
+
+cdef inline int32_t wrap_add(int32_t a, int32_t b) noexcept nogil:
+    return <int32_t>(<uint32_t>a + <uint32_t>b)
+
+
+cdef inline token_t seq_at(const token_t* a, Py_ssize_t na, token_t tail, Py_ssize_t k) noexcept nogil:
+    # The sequence a[0:na] + [tail] without materializing it (llama.cpp copies it).
+    return a[k] if k < na else tail
+
+
+cdef int cache_update(ngs_cache* cache, const token_t* a, Py_ssize_t na, token_t tail,
+                      bint has_tail, int ngram_min, int ngram_max) noexcept nogil:
+    """common_ngram_cache_update(cache, ngram_min, ngram_max, seq, nnew=len(seq)) over
+    seq = a[0:na] (+ [tail] if has_tail). Loop order is llama.cpp's: size outer, position inner;
+    it fixes the insertion sequence and so the tie order. Returns 0, or -1 when out of memory."""
+    cdef Py_ssize_t m = na + (1 if has_tail else 0)
+    cdef Py_ssize_t i, j
+    cdef int size
+    cdef ngs_ngram g
+    for size in range(ngram_min, ngram_max + 1):
+        for j in range(size, NGRAM_MAX):
+            g.tokens[j] = TOKEN_NULL
+        # i_start = max(len - nnew, size) = size, as nnew = len
+        for i in range(size, m):
+            for j in range(size):
+                g.tokens[j] = seq_at(a, na, tail, i - size + j)
+            if ngs_add(cache, g, seq_at(a, na, tail, i), 1) < 0:
+                return -1
+    return 0
+
+
+cdef token_t try_primary(ngs_cache* cache, const ngs_ngram* grams, int n_sizes,
+                         ngs_part* part_static, const int* min_n, const int* min_pct) noexcept nogil:
+    """try_draft(nc_primary, ngrams, part_static, min_sample_size, min_percent) of llama.cpp,
+    without copying the parts: a part is walked in place, in its own iteration order."""
+    cdef int i
+    cdef ngs_part* part
+    cdef ngs_part.iterator it, st
+    cdef int32_t c, s, maxc, maxs, total, tok
+    cdef token_t best
+    if cache.size() == 0:
+        return TOKEN_NULL
+    for i in range(n_sizes - 1, -1, -1):    # longest n-gram first
+        part = ngs_find(cache, grams[i])
+        if part == NULL:
+            continue
+        best = TOKEN_NULL
+        maxc = 0
+        maxs = 0
+        total = 0
+        it = part.begin()
+        while it != part.end():
+            tok = deref(it).first
+            c = deref(it).second
+            s = 1
+            if part_static != NULL:
+                st = part_static.find(tok)
+                if st != part_static.end():
+                    s = wrap_mul(100, deref(st).second)
+            # strict '>': the first token in iteration order wins a tie
+            if wrap_mul(c, s) > wrap_mul(maxc, maxs):
+                best = tok
+                maxc = c
+                maxs = s
+            total = wrap_add(total, c)
+            inc(it)
+        if total < min_n[i]:
+            continue
+        if wrap_mul(100, maxc) < wrap_mul(min_pct[i], total):
+            continue
+        # llama.cpp's loop runs on while the result is LLAMA_TOKEN_NULL, which `best` still is
+        # if no product was positive
+        if best != TOKEN_NULL:
+            return best
+    return TOKEN_NULL
+
+
+cdef token_t try_static(ngs_part* part_static) noexcept nogil:
+    """try_draft(nc_static, ngram_static) of llama.cpp, given the part it looks up."""
+    cdef ngs_part.iterator it
+    cdef int32_t c, maxc = 0, total = 0
+    cdef token_t best = TOKEN_NULL
+    if part_static == NULL:
+        return TOKEN_NULL
+    it = part_static.begin()
+    while it != part_static.end():
+        c = deref(it).second
+        if c > maxc:
+            best = deref(it).first
+            maxc = c
+        total = wrap_add(total, c)
+        inc(it)
+    if total < ngs_min_n_lax[NGRAM_STATIC - 1]:
+        return TOKEN_NULL
+    if wrap_mul(100, maxc) < wrap_mul(ngs_min_pct_lax[NGRAM_STATIC - 1], total):
+        return TOKEN_NULL
+    return best
+
+
+cdef Py_ssize_t cache_draft(ngs_cache* context, ngs_cache* dynamic, ngs_cache* static_,
+                            const token_t* inp, Py_ssize_t L, token_t sampled, token_t* out,
+                            Py_ssize_t n_draft) noexcept nogil:
+    """common_ngram_cache_draft over X = inp + [sampled] + out[0:nd] (spec 6.3), read in place.
+
+    Tiny contexts: for len(inp) + 1 in {2, 3}, llama.cpp builds the 3- and 4-grams from
+    positions before the start of the buffer (undefined behaviour, spec 6.4 item 3). Here an
+    n-gram longer than X does not exist: that size is skipped and the shorter ones are tried,
+    exactly as if its lookup had found nothing. Once the draft has made X long enough, the
+    size is used again.
+    """
+    cdef Py_ssize_t n_e = L + 1
+    cdef Py_ssize_t nd = 0, n_x, j, pos
+    cdef int size, n_sizes
+    cdef token_t tail[NGRAM_MAX]
+    cdef ngs_ngram grams[NGRAM_MAX]
+    cdef ngs_ngram g_static
+    cdef ngs_part* part_static
+    cdef token_t t
+    if n_e < NGRAM_STATIC:
+        return 0
+    while nd < n_draft:
+        n_x = n_e + nd
+        n_sizes = NGRAM_MAX if n_x >= NGRAM_MAX else <int>n_x
+        # tail[j] = X[n_x - NGRAM_MAX + j]; entries before the start of X stay unused
+        for j in range(NGRAM_MAX - n_sizes, NGRAM_MAX):
+            pos = n_x - NGRAM_MAX + j
+            if pos < L:
+                tail[j] = inp[pos]
+            elif pos == L:
+                tail[j] = sampled
+            else:
+                tail[j] = out[pos - n_e]
+        for size in range(1, n_sizes + 1):
+            for j in range(NGRAM_MAX):
+                grams[size - 1].tokens[j] = tail[NGRAM_MAX - size + j] if j < size else TOKEN_NULL
+        g_static = grams[NGRAM_STATIC - 1]
+        part_static = ngs_find(static_, g_static) if static_.size() else NULL
+        t = try_primary(context, grams, n_sizes, part_static, ngs_min_n_lax, ngs_min_pct_lax)
+        if t == TOKEN_NULL:
+            t = try_primary(dynamic, grams, n_sizes, part_static,
+                            ngs_min_n_strict, ngs_min_pct_strict)
+        if t == TOKEN_NULL:
+            t = try_static(part_static)
+        if t == TOKEN_NULL:
+            break
+        out[nd] = t
+        nd += 1
+    return nd
+
+
+cdef inline int32_t rd_i32(const uint8_t* p) noexcept nogil:
+    # little-endian on every host
+    return <int32_t>(<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16)
+                     | (<uint32_t>p[3] << 24))
+
+
+cdef inline void wr_i32(uint8_t* p, int32_t v) noexcept nogil:
+    cdef uint32_t u = <uint32_t>v
+    p[0] = u & 0xFF
+    p[1] = (u >> 8) & 0xFF
+    p[2] = (u >> 16) & 0xFF
+    p[3] = (u >> 24) & 0xFF
+
+
+cdef int parse_cache(ngs_cache* c, const uint8_t* buf, Py_ssize_t n,
+                     Py_ssize_t* err_off, int64_t* err_val) noexcept nogil:
+    """common_ngram_cache_load from a buffer: records inserted in file order (the order decides
+    ties). Stricter than llama.cpp, which stops silently at a truncated record: every byte must
+    belong to a well-formed record. On error returns a PARSE_* code with the byte offset."""
+    cdef Py_ssize_t off = 0, rec, k, ntok
+    cdef int j, size
+    cdef int32_t tok, cnt
+    cdef ngs_ngram g
+    cdef ngs_part* part
+    cdef int is_new
+    while off < n:
+        rec = off
+        if n - off < RECORD_HEAD:
+            err_off[0] = rec
+            err_val[0] = n - off
+            return PARSE_TRUNC_HEAD
+        size = 0
+        for j in range(NGRAM_MAX):
+            g.tokens[j] = rd_i32(buf + off + 4 * j)
+        # a key is 1..4 token ids (>= 0) followed by -1s, as llama.cpp writes them
+        while size < NGRAM_MAX and g.tokens[size] >= 0:
+            size += 1
+        for j in range(size, NGRAM_MAX):
+            if g.tokens[j] != TOKEN_NULL:
+                size = 0
+        if size == 0:
+            err_off[0] = rec
+            err_val[0] = 0
+            return PARSE_BAD_KEY
+        ntok = rd_i32(buf + off + 16)
+        if ntok <= 0:
+            err_off[0] = off + 16
+            err_val[0] = ntok
+            return PARSE_BAD_NTOKENS
+        off += RECORD_HEAD
+        if (n - off) // PAIR_SIZE < ntok:
+            err_off[0] = off
+            err_val[0] = ntok
+            return PARSE_TRUNC_PAIRS
+        part = ngs_new_part(c, g, &is_new)
+        if is_new and part == NULL:
+            return PARSE_NOMEM
+        for k in range(ntok):
+            tok = rd_i32(buf + off)
+            cnt = rd_i32(buf + off + 4)
+            if tok < 0:
+                err_off[0] = off
+                err_val[0] = tok
+                return PARSE_BAD_TOKEN
+            if cnt <= 0:
+                err_off[0] = off + 4
+                err_val[0] = cnt
+                return PARSE_BAD_COUNT
+            if part != NULL and ngs_part_emplace(part, tok, cnt) < 0:
+                return PARSE_NOMEM
+            off += PAIR_SIZE
+    return PARSE_OK
+
+
+cdef Py_ssize_t serialized_size(ngs_cache* c) noexcept nogil:
+    cdef ngs_cache.iterator it = c.begin()
+    cdef Py_ssize_t total = 0
+    while it != c.end():
+        total += RECORD_HEAD + PAIR_SIZE * <Py_ssize_t>deref(it).second.size()
+        inc(it)
+    return total
+
+
+cdef void serialize(ngs_cache* c, uint8_t* out) noexcept nogil:
+    """common_ngram_cache_save into a buffer: outer then inner iteration order."""
+    cdef ngs_cache.iterator it = c.begin()
+    cdef ngs_part.iterator jt
+    cdef ngs_part* part
+    cdef int j
+    while it != c.end():
+        for j in range(NGRAM_MAX):
+            wr_i32(out + 4 * j, deref(it).first.tokens[j])
+        part = &deref(it).second
+        wr_i32(out + 16, <int32_t>part.size())
+        out += RECORD_HEAD
+        jt = part.begin()
+        while jt != part.end():
+            wr_i32(out, deref(jt).first)
+            wr_i32(out + 4, deref(jt).second)
+            out += PAIR_SIZE
+            inc(jt)
+        inc(it)
+
+
+cdef int cache_merge(ngs_cache* target, ngs_cache* add) noexcept nogil:
+    """common_ngram_cache_merge(target, add): counts add up; new n-grams get a copy of the part.
+    Returns 0, or -1 when out of memory."""
+    cdef ngs_cache.iterator it = add.begin()
+    cdef ngs_part.iterator jt
+    cdef ngs_part* part
+    cdef ngs_part* dst
+    while it != add.end():
+        part = &deref(it).second
+        dst = ngs_find(target, deref(it).first)
+        if dst == NULL:
+            if ngs_insert_copy(target, deref(it).first, part) < 0:
+                return -1
+        else:
+            jt = part.begin()
+            while jt != part.end():
+                if ngs_add(target, deref(it).first, deref(jt).first, deref(jt).second) < 0:
+                    return -1
+                inc(jt)
+        inc(it)
+    return 0
+
+
+cdef Py_ssize_t cache_bytes(ngs_cache* c) noexcept nogil:
+    """Approximate heap bytes of a cache (libstdc++ node and bucket sizes, malloc rounding)."""
+    cdef ngs_cache.iterator it = c.begin()
+    cdef Py_ssize_t total = 8 * <Py_ssize_t>c.bucket_count()
+    while it != c.end():
+        # outer node: next + key + part object + cached hash; inner node: next + pair -> 32
+        total += 96 + 32 * <Py_ssize_t>deref(it).second.size()
+        total += 8 * <Py_ssize_t>deref(it).second.bucket_count()
+        inc(it)
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Python layer
+# ---------------------------------------------------------------------------------------------
+
+class CacheFileError(ValueError):
+    """A corrupt or truncated n-gram cache file.
+
+    Attributes ``path`` (the file, or a description of the buffer) and ``offset`` (the byte
+    offset of the offending field) are set; the message names both.
+    """
+
+    def __init__(self, path, offset, message):
+        super().__init__(f"{path}: {message} at byte offset {offset}")
+        self.path = path
+        self.offset = offset
+
+
+def _as_tokens(tokens, str what="tokens"):
+    """A C-contiguous int32 array of valid token ids (0 .. 2**31-1); no copy if it is one."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    if arr.dtype != np.int32:
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"{what} must hold integers, got dtype {arr.dtype}")
+        if arr.min() < 0 or arr.max() > 0x7FFFFFFF:
+            raise ValueError(f"{what}: token ids must be in 0 .. 2**31-1")
+        arr = arr.astype(np.int32)
+    elif arr.min() < 0:
+        raise ValueError(f"{what}: token ids must be in 0 .. 2**31-1")
+    return np.ascontiguousarray(arr)
+
+
+cdef ngs_ngram make_key(object ngram) except *:
+    cdef ngs_ngram g
+    cdef int j
+    items = tuple(ngram)
+    if not 1 <= len(items) <= NGRAM_MAX:
+        raise ValueError(f"an n-gram has 1 .. {NGRAM_MAX} tokens, got {len(items)}")
+    for j in range(NGRAM_MAX):
+        g.tokens[j] = TOKEN_NULL
+    for j, t in enumerate(items):
+        if not 0 <= t <= 0x7FFFFFFF:
+            raise ValueError(f"token id {t} out of range 0 .. 2**31-1")
+        g.tokens[j] = t
+    return g
+
+
+cdef tuple key_tuple(const ngs_ngram& g):
+    cdef int j
+    return tuple([g.tokens[j] for j in range(NGRAM_MAX) if g.tokens[j] != TOKEN_NULL])
+
+
+cdef list part_list(ngs_part* part):
+    cdef ngs_part.iterator it = part.begin()
+    out = []
+    while it != part.end():
+        out.append((deref(it).first, deref(it).second))
+        inc(it)
+    return out
+
+
+cdef class NgramCache:
+    """One llama.cpp n-gram cache: n-gram (1..4 token ids) -> {next token: count}.
+
+    The in-memory layout is llama.cpp's own (``std::unordered_map`` of libstdc++), so the
+    iteration order of every part, which breaks ties between equally likely tokens, is the one
+    llama.cpp has after the same sequence of updates, loads and merges.
+
+    Memory: about 100 bytes per n-gram plus 40 bytes per (n-gram, token) entry. A static cache
+    built from N corpus tokens holds at most N 2-grams; a context cache holds up to 4 n-grams
+    per token seen.
+
+    Thread-safety: reads (draft lookups, ``get``, ``to_bytes``, merging it into another
+    cache) may run concurrently. ``update``, ``merge`` and ``clear`` release the GIL for long
+    work and must not overlap any other call on the same cache: an overlap is detected and
+    raises RuntimeError. A cache attached to a `NgramCacheProposer` is frozen: mutating it
+    raises RuntimeError, so the proposer's lookups never race with a writer.
+    """
+    cdef ngs_cache c
+    cdef bint _frozen
+    cdef bint writing           # a mutating call is running (possibly without the GIL)
+    cdef int readers            # reading calls running without the GIL
+    cdef object __weakref__
+
+    def __len__(self):
+        return self.c.size()
+
+    @property
+    def n_entries(self):
+        """Number of (n-gram, next token) pairs."""
+        self._check_read()
+        cdef ngs_cache.iterator it = self.c.begin()
+        cdef Py_ssize_t total = 0
+        while it != self.c.end():
+            total += deref(it).second.size()
+            inc(it)
+        return total
+
+    @property
+    def frozen(self):
+        """True once attached to a proposer (then read-only)."""
+        return self._frozen
+
+    def memory_bytes(self):
+        """Approximate heap bytes held."""
+        self._check_read()
+        return cache_bytes(&self.c)
+
+    # The flags are only read and written with the GIL held, which makes check-and-set atomic.
+    cdef int _check_read(self) except -1:
+        if self.writing:
+            raise RuntimeError("NgramCache read while another thread modifies it")
+        return 0
+
+    cdef int _begin_write(self) except -1:
+        if self._frozen:
+            raise RuntimeError("this NgramCache is attached to a proposer and is read-only")
+        if self.writing or self.readers:
+            raise RuntimeError("NgramCache modified while another thread uses it")
+        self.writing = True
+        return 0
+
+    def update(self, tokens, int ngram_min=NGRAM_MIN, int ngram_max=NGRAM_MAX):
+        """Count the n-grams of one token sequence, like ``common_ngram_cache_update`` with
+        ``nnew = len(tokens)``: every n-gram of size ngram_min..ngram_max inside ``tokens``
+        (none crossing its ends) and the token after it. Releases the GIL."""
+        if not 1 <= ngram_min <= ngram_max <= NGRAM_MAX:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max <= {NGRAM_MAX}")
+        arr = _as_tokens(tokens)
+        cdef const token_t[::1] view = arr
+        cdef Py_ssize_t n = view.shape[0]
+        cdef int rc
+        if n == 0:
+            return
+        self._begin_write()
+        try:
+            with nogil:
+                rc = cache_update(&self.c, &view[0], n, 0, False, ngram_min, ngram_max)
+        finally:
+            self.writing = False
+        if rc < 0:
+            raise MemoryError("out of memory while updating the n-gram cache")
+
+    def merge(self, NgramCache other not None):
+        """Add every count of ``other`` to this cache (``common_ngram_cache_merge``)."""
+        cdef int rc
+        if other is self:
+            raise ValueError("cannot merge a cache into itself")
+        other._check_read()
+        self._begin_write()
+        other.readers += 1
+        try:
+            with nogil:
+                rc = cache_merge(&self.c, &other.c)
+        finally:
+            other.readers -= 1
+            self.writing = False
+        if rc < 0:
+            raise MemoryError("out of memory while merging n-gram caches")
+
+    def clear(self):
+        """Remove every n-gram."""
+        self._begin_write()
+        self.c.clear()
+        self.writing = False
+
+    def copy(self):
+        """An independent, unfrozen copy (same iteration order)."""
+        self._check_read()
+        cdef NgramCache dup = NgramCache()
+        if ngs_copy_cache(&dup.c, &self.c) < 0:
+            raise MemoryError("out of memory while copying an n-gram cache")
+        return dup
+
+    def get(self, ngram, default=None):
+        """The ``[(token, count), ...]`` following ``ngram`` (a sequence of 1..4 ids), in the
+        container's iteration order (the order that breaks ties), or ``default``."""
+        self._check_read()
+        cdef ngs_ngram g = make_key(ngram)
+        cdef ngs_part* part = ngs_find(&self.c, g)
+        if part == NULL:
+            return default
+        return part_list(part)
+
+    def __contains__(self, ngram):
+        self._check_read()
+        cdef ngs_ngram g = make_key(ngram)
+        return ngs_find(&self.c, g) != NULL
+
+    def items(self):
+        """List of ``(ngram tuple, [(token, count), ...])`` in iteration (= file) order."""
+        self._check_read()
+        cdef ngs_cache.iterator it = self.c.begin()
+        out = []
+        while it != self.c.end():
+            out.append((key_tuple(deref(it).first), part_list(&deref(it).second)))
+            inc(it)
+        return out
+
+    def to_dict(self):
+        """``{ngram tuple: {token: count}}`` (order-free view, for comparisons)."""
+        return {k: dict(v) for k, v in self.items()}
+
+    def to_bytes(self):
+        """The cache in llama.cpp's file format, records in ``common_ngram_cache_save`` order:
+        per n-gram 4 little-endian int32 ids (unused tail -1), int32 N, N (token, count)."""
+        cdef Py_ssize_t size
+        cdef uint8_t* buf
+        self._check_read()
+        size = serialized_size(&self.c)
+        data = PyBytes_FromStringAndSize(NULL, size)
+        buf = <uint8_t*>PyBytes_AS_STRING(data)
+        self.readers += 1
+        try:
+            with nogil:
+                serialize(&self.c, buf)
+        finally:
+            self.readers -= 1
+        return data
+
+    @classmethod
+    def from_bytes(cls, data, source="<bytes>"):
+        """Parse llama.cpp's file format (records inserted in file order, a repeated n-gram or
+        token keeps its first occurrence, like ``common_ngram_cache_load``).
+
+        Raises `CacheFileError` naming ``source`` and the byte offset for a truncated or
+        corrupt buffer. Releases the GIL while parsing."""
+        cdef const uint8_t[::1] view = memoryview(data).cast("B") if len(data) else b"\0"
+        cdef Py_ssize_t n = len(data)
+        cdef Py_ssize_t err_off = 0
+        cdef int64_t err_val = 0
+        cdef int rc
+        cdef NgramCache cache = cls()
+        with nogil:
+            rc = parse_cache(&cache.c, &view[0], n, &err_off, &err_val)
+        if rc == PARSE_OK:
+            return cache
+        if rc == PARSE_NOMEM:
+            raise MemoryError(f"{source}: out of memory while loading the n-gram cache")
+        if rc == PARSE_TRUNC_HEAD:
+            msg = (f"truncated file: n-gram record needs {RECORD_HEAD} bytes, "
+                   f"only {err_val} left")
+        elif rc == PARSE_TRUNC_PAIRS:
+            msg = (f"truncated file: {err_val} (token, count) pairs need {PAIR_SIZE * err_val} "
+                   f"bytes, only {n - err_off} left")
+        elif rc == PARSE_BAD_NTOKENS:
+            msg = f"corrupt file: n-gram record with {err_val} tokens (must be > 0)"
+        elif rc == PARSE_BAD_COUNT:
+            msg = f"corrupt file: token count {err_val} (must be > 0)"
+        elif rc == PARSE_BAD_TOKEN:
+            msg = f"corrupt file: token id {err_val} (must be >= 0)"
+        else:
+            toks = [rd_i32(&view[0] + err_off + 4 * j) for j in range(NGRAM_MAX)]
+            msg = (f"corrupt file: invalid n-gram key {toks} (1..4 token ids >= 0, "
+                   f"then -1s)")
+        raise CacheFileError(source, err_off, msg)
+
+    def __reduce__(self):
+        return (_cache_from_bytes, (self.to_bytes(),))
+
+    def __repr__(self):
+        return f"<NgramCache {self.c.size()} n-grams>"
+
+
+def _cache_from_bytes(data):
+    return NgramCache.from_bytes(data)
+
+
+cdef class NgramCacheProposer(Proposer):
+    """llama.cpp's ``ngram-cache`` speculative type (spec section 6), bit-exact.
+
+    Each slot keeps a context cache learned online and ``cache_size`` (the length of the stream
+    it has seen); the dynamic and static caches are read-only and shared by all slots (llama.cpp
+    gives each slot an identical copy, which behaves the same). Drafts are at most 8 tokens.
+    begin and accept are no-ops, and nothing is reset between requests (spec 6.4).
+
+    Parameters
+    ----------
+    n_slots : int
+        Number of server slots.
+    static, dynamic : NgramCache or None
+        The ``--lookup-cache-static`` / ``--lookup-cache-dynamic`` caches (see
+        `ngramspec.cache_file.load_cache`); they become frozen (read-only).
+
+    Memory: per slot, the context cache grows without bound in a long-lived slot (about four
+    n-grams per token of new context, ~150 bytes each); `reset` empties it. The static and
+    dynamic caches are held once.
+
+    Thread-safety: one thread per slot at a time. A draft whose unseen context is long (the
+    first call of a request) hashes it without the GIL; another thread may then use other
+    slots, while a second call on the same slot raises RuntimeError. The shared caches are
+    frozen, so concurrent reads are safe.
+    """
+    cdef vector[ngs_slot] slots
+    cdef readonly NgramCache static_cache
+    cdef readonly NgramCache dynamic_cache
+    cdef ngs_cache* static_c
+    cdef ngs_cache* dynamic_c
+
+    def __init__(self, Py_ssize_t n_slots=1, NgramCache static=None, NgramCache dynamic=None):
+        super().__init__("ngram-cache", n_slots, CACHE_N_DRAFT)
+        self.static_cache = static if static is not None else NgramCache()
+        self.dynamic_cache = dynamic if dynamic is not None else NgramCache()
+        self.static_cache._frozen = True
+        self.dynamic_cache._frozen = True
+        self.static_c = &self.static_cache.c
+        self.dynamic_c = &self.dynamic_cache.c
+        self.slots.clear()
+        self.slots.resize(n_slots)
+
+    cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
+        return 0    # llama.cpp: begin is a no-op
+
+    cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
+                            token_t sampled, token_t* out) except -1:
+        cdef ngs_slot* st = &self.slots[slot]
+        cdef Py_ssize_t cs, na
+        cdef int rc = 0
+        if st.busy:
+            raise RuntimeError(f"ngram-cache slot {slot} used concurrently from two threads")
+        cs = <Py_ssize_t>st.cache_size
+        # Learn the n-grams inside the unseen chunk inp[cache_size:] + [sampled] only (spec
+        # 6.2/6.4: n-grams crossing the chunk boundary are never counted).
+        if cs < n + 1:
+            na = n - cs
+            if na >= NOGIL_UPDATE_TOKENS:
+                st.busy = True
+                try:
+                    with nogil:
+                        rc = cache_update(&st.context, inp + cs, na, sampled, True,
+                                          NGRAM_MIN, NGRAM_MAX)
+                finally:
+                    st.busy = False
+            else:
+                rc = cache_update(&st.context, inp + cs, na, sampled, True, NGRAM_MIN, NGRAM_MAX)
+            if rc < 0:
+                raise MemoryError("out of memory while updating the ngram-cache context cache")
+            st.cache_size = n + 1
+        return cache_draft(&st.context, self.dynamic_c, self.static_c, inp, n, sampled, out,
+                           CACHE_N_DRAFT)
+
+    cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
+        return 0    # llama.cpp: accept is a no-op
+
+    cdef ngs_slot* _slot(self, Py_ssize_t slot) except NULL:
+        if not 0 <= slot < <Py_ssize_t>self.slots.size():
+            raise IndexError(f"slot {slot} out of range 0 .. {self.slots.size() - 1}")
+        if self.slots[slot].busy:
+            raise RuntimeError(f"ngram-cache slot {slot} used concurrently from two threads")
+        return &self.slots[slot]
+
+    def reset(self, slot=None):
+        """Forget what one slot (or every slot) has learned: empty context cache, cache_size 0.
+        Equivalent to a new proposer with the same static and dynamic caches (the "fresh"
+        state), without reloading them."""
+        cdef Py_ssize_t i
+        cdef ngs_slot* st
+        for i in (range(self.slots.size()) if slot is None else (slot,)):
+            st = self._slot(i)
+            st.context.clear()
+            st.cache_size = 0
+
+    def cache_size(self, Py_ssize_t slot=0):
+        """Number of stream tokens the slot's context cache has seen (never reset by llama.cpp)."""
+        return self._slot(slot).cache_size
+
+    def context_cache(self, Py_ssize_t slot=0):
+        """A copy of the slot's context cache, e.g. to merge into a dynamic cache file as
+        llama.cpp's ``lookup`` example does at exit."""
+        cdef ngs_slot* st = self._slot(slot)
+        cdef NgramCache dup = NgramCache()
+        if ngs_copy_cache(&dup.c, &st.context) < 0:
+            raise MemoryError("out of memory while copying an n-gram cache")
+        return dup
+
+    def memory_bytes(self):
+        """Approximate heap bytes: every slot's context cache plus the shared caches."""
+        cdef Py_ssize_t i, total = 0
+        for i in range(<Py_ssize_t>self.slots.size()):
+            total += cache_bytes(&self._slot(i).context)
+        return total + cache_bytes(self.static_c) + cache_bytes(self.dynamic_c)
+
+    def __repr__(self):
+        return (f"<NgramCacheProposer n_slots={self.n_slots} static={len(self.static_cache)} "
+                f"dynamic={len(self.dynamic_cache)} n-grams>")
+
+
+# Frozen caches loaded from files, by file identity: engines built one after another (the
+# "fresh" replay state, one engine per request) share one copy instead of re-reading the file.
+# Weak values: a cache lives only as long as some proposer uses it. A rewritten file (atomic
+# save = new inode, size, mtime) gets a new key, so a changed file is always re-read.
+_loaded = weakref.WeakValueDictionary()
+
+
+def _load_arg(value, bint missing_ok):
+    if value is None or isinstance(value, NgramCache):
+        return value
+    from ngramspec.cache_file import load_cache
+    path = os.fspath(value)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise FileNotFoundError(2, "No such file or directory", path) from None
+    key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    cache = _loaded.get(key)
+    if cache is None:
+        cache = load_cache(path)
+        (<NgramCache>cache)._frozen = True
+        _loaded[key] = cache
+    return cache
+
+
+def build_ngram_cache(n_slots, values):
+    """Registry factory for ``ngram-cache``: ``values["lookup_cache_static"]`` and
+    ``values["lookup_cache_dynamic"]`` are file paths, `NgramCache` objects or None.
+
+    A static file must exist (llama-server aborts otherwise). A dynamic file that does not
+    exist yet counts as empty, so a first run can start the cache that later runs read.
+
+    Memory: proposers built from the same unchanged file share one frozen copy of it (kept
+    while any of them lives).
+
+    Thread-safety: call with the GIL held (file loading releases it while parsing)."""
+    static = _load_arg(values.get("lookup_cache_static"), False)
+    dynamic = _load_arg(values.get("lookup_cache_dynamic"), True)
+    return NgramCacheProposer(n_slots, static, dynamic)
+
+
+def _draft_once(Proposer p, Py_ssize_t slot, inp, int sampled):
+    """One raw ``c_draft`` call (no engine, no statistics); for tests. Returns a list."""
+    arr = _as_tokens(inp, "inp")
+    cdef const token_t[::1] view = arr
+    cdef vector[token_t] out
+    cdef token_t dummy = 0
+    cdef Py_ssize_t k, i
+    if not 0 <= slot < p.n_slots:
+        raise IndexError(f"slot {slot} out of range")
+    out.resize(p.max_draft)
+    k = p.c_draft(slot, &view[0] if view.shape[0] else &dummy, view.shape[0], sampled, out.data())
+    return [out[i] for i in range(k)]
+
+
+cdef inline int64_t now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+def _replay_request(Proposer p, Py_ssize_t slot, prompt, output, list timings=None):
+    """The golden README's replay loop for one request on one proposer, calling the ``c_*``
+    methods directly (no engine). Returns ``(steps, drafts)`` as the golden files list them;
+    if ``timings`` is a list, the nanoseconds of each ``c_draft`` call are appended to it.
+    For tests and benchmarks; the engine's replay driver is the public way."""
+    P = _as_tokens(prompt, "prompt")
+    O = _as_tokens(output, "output")
+    cdef const token_t[::1] pv = P
+    cdef const token_t[::1] ov = O
+    cdef Py_ssize_t n_out = ov.shape[0], produced, k, n_acc, i
+    cdef vector[token_t] cache
+    cdef vector[token_t] out
+    cdef token_t sampled
+    cdef token_t dummy = 0
+    cdef int64_t t0
+    steps = []
+    drafts = []
+    cache.reserve(pv.shape[0] + n_out + 1)
+    for k in range(pv.shape[0]):
+        cache.push_back(pv[k])
+    out.resize(p.max_draft)
+    p.c_begin(slot, cache.data() if cache.size() else &dummy, cache.size())
+    if n_out == 0:
+        return steps, drafts
+    sampled = ov[0]
+    produced = 1
+    while produced < n_out:
+        t0 = now_ns()
+        k = p.c_draft(slot, cache.data() if cache.size() else &dummy, cache.size(), sampled,
+                      out.data())
+        if timings is not None:
+            timings.append(now_ns() - t0)
+        n_acc = 0
+        if k:
+            while n_acc < k and produced + n_acc < n_out and out[n_acc] == ov[produced + n_acc]:
+                n_acc += 1
+            p.c_accept(slot, n_acc, False)
+        steps.append([k, n_acc, 1])
+        drafts.append([out[i] for i in range(k)])
+        cache.push_back(sampled)
+        for i in range(n_acc):
+            cache.push_back(ov[produced + i])
+        produced += n_acc
+        if produced >= n_out:
+            break
+        sampled = ov[produced]
+        produced += 1
+    return steps, drafts

