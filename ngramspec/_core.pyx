@@ -71,6 +71,11 @@ def _tokens_slow(obj, str name):
         raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {arr.shape}")
     if arr.size == 0:
         return np.empty(0, dtype=np.int32)
+    if arr.dtype.kind == "O" and all(isinstance(v, int) and not isinstance(v, bool) for v in arr):
+        for pos, v in enumerate(arr):        # ints too large for int64 / uint64
+            if v < 0 or v > TOKEN_MAX:
+                raise ValueError(f"{name}[{pos}] = {v} is not a token id: ids must be in "
+                                 f"0 .. {TOKEN_MAX}")
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
     lo = int(arr.min())
@@ -113,13 +118,20 @@ cdef inline const token_t* tok_ptr(cnp.ndarray arr) noexcept:
 cdef token_t as_token(object value, str name) except? -1:
     cdef long long v
     if PyLong_CheckExact(value):
-        v = PyLong_AsLongLong(value)         # OverflowError for huge ints, fine
+        try:
+            v = PyLong_AsLongLong(value)
+        except OverflowError:
+            raise ValueError(f"{name} = {value} is not a token id: ids must be in "
+                             f"0 .. {TOKEN_MAX}") from None
     else:
         try:
-            v = operator.index(value)
+            w = operator.index(value)
         except TypeError:
             raise TypeError(f"{name} must be an integer token id, got "
                             f"{type(value).__name__}") from None
+        if w < 0 or w > TOKEN_MAX:
+            raise ValueError(f"{name} = {w} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
+        v = w
     if v < 0 or v > TOKEN_MAX:
         raise ValueError(f"{name} = {v} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
     return <token_t>v

@@ -142,8 +142,11 @@ def parse_types(spec_type) -> list[str]:
     """The type names of a ``--spec-type`` list, in llama.cpp's priority order."""
     if isinstance(spec_type, str):
         names = [s.strip() for s in spec_type.split(",") if s.strip()]
+    elif isinstance(spec_type, (list, tuple)) and all(isinstance(s, str) for s in spec_type):
+        names = [s.strip() for s in spec_type]
     else:
-        names = [str(s).strip() for s in spec_type]
+        raise TypeError(f"spec_type must be a comma-separated string or a list of names, got "
+                        f"{type(spec_type).__name__}")
     known = set(PRIORITY) | {"none"}
     for name in names:
         if name not in known:

@@ -34,10 +34,9 @@ def _tokens(value, path, lineno, field):
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool)
                                               for t in value):
         raise TraceError(f"{path}:{lineno}: field {field!r} must be a list of integer token ids")
-    arr = np.asarray(value, dtype=np.int64) if value else np.empty(0, dtype=np.int64)
-    if arr.size and (arr.min() < 0 or arr.max() > TOKEN_MAX):
+    if value and (min(value) < 0 or max(value) > TOKEN_MAX):
         raise TraceError(f"{path}:{lineno}: field {field!r} holds an id outside 0 .. {TOKEN_MAX}")
-    return arr.astype(np.int32)
+    return np.asarray(value, dtype=np.int32) if value else np.empty(0, dtype=np.int32)
 
 
 def _open(path):
@@ -61,6 +60,8 @@ def iter_json_lines(path: str) -> Iterator[tuple[int, dict]]:
                 except json.JSONDecodeError as exc:
                     raise TraceError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column "
                                      f"{exc.colno})") from None
+                except RecursionError:
+                    raise TraceError(f"{path}:{lineno}: JSON nested too deeply") from None
                 if not isinstance(obj, dict):
                     raise TraceError(f"{path}:{lineno}: expected a JSON object per line")
                 yield lineno, obj
