@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference import PRIORITY, STAT_KEYS, RefChain, RefPool, ref_replay  # noqa: E402
@@ -34,9 +35,11 @@ COMPARED = ("type",) + STAT_KEYS + ("acc_per_pos",)
 @st.composite
 def alphabets(draw):
     k = draw(st.integers(2, 6))
-    kind = draw(st.sampled_from(["small", "wide", "colliding"]))
+    kind = draw(st.sampled_from(["small", "small", "wide", "colliding", "many"]))
     if kind == "small":
         return list(range(k))
+    if kind == "many":  # few chance matches: drafts come from copied spans only
+        return list(range(draw(st.integers(20, 60))))
     if kind == "wide":  # large ids exercise the uint32 / uint64 wraparound
         return draw(st.lists(st.integers(0, 2**31 - 1), min_size=k, max_size=k, unique=True))
     # Adding a multiple of 2^22 to any token of a window changes neither the low 18 bits of the
@@ -113,7 +116,9 @@ def next_prompt(data, alphabet, history):
     if mode == "continue":
         return history + data.draw(st.lists(sym, max_size=12))
     if mode == "shrink":
-        cut = data.draw(st.integers(1, len(history)))
+        # cuts just below the last context length reach the map's index-bound edge cases
+        cut = max(1, len(history) - data.draw(st.integers(0, 3))) if data.draw(st.booleans()) \
+            else data.draw(st.integers(1, len(history)))
         return history[:cut] + data.draw(st.lists(sym, max_size=4))
     return data.draw(st.lists(sym, min_size=1, max_size=60))
 
@@ -188,7 +193,7 @@ def run_requests(data, pair, alphabet, n_slots, n_requests, rnd):
 # tests
 # ---------------------------------------------------------------------------------------------
 
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=150, **SETTINGS)
 @given(data=st.data(), cfg=configs(), alphabet=alphabets(), n_slots=st.integers(1, 3),
        rnd=st.randoms(use_true_random=False))
 def test_chain_matches_reference(data, cfg, alphabet, n_slots, rnd):
@@ -290,3 +295,162 @@ def test_replay_loop_matches_ref_replay(data, cfg, alphabet, state, n_slots):
     got = _engine_replay(types, params, requests, state, n_slots)
     exp, _ = ref_replay(lambda: RefChain(types, n_slots, params), requests, state, n_slots)
     assert got == [r["drafts"] for r in exp]
+
+
+# ---------------------------------------------------------------------------------------------
+# hand-built quirk cases (spec 4.6, 5.4): rare under random search, so pinned here; each asserts
+# the quirk on the reference and the engine's agreement through Pair
+# ---------------------------------------------------------------------------------------------
+
+def _map_params(n, m, min_hits=1):
+    return {f"ngram_map_{t}_{k}": v for t in ("k", "k4v")
+            for k, v in (("size_n", n), ("size_m", m), ("min_hits", min_hits))}
+
+
+@pytest.mark.parametrize("typ", ["ngram-map-k", "ngram-map-k4v"])
+def test_map_index_bound_is_strict(typ):
+    """An index entry at exactly L-n-m-1 is rejected (`idx < L-n-m-1`) and that position is
+    not rescanned (<= K): the new request, whose prompt is the old context, gets no draft."""
+    pair = Pair([typ], 1, _map_params(1, 1))
+    ctx = [10, 11, 12]
+    pair.begin(0, ctx)
+    for s in (20, 21, 22, 23, 24):
+        assert pair.draft(0, ctx, s) == []
+        ctx = ctx + [s]
+    assert pair.ref.impls[0].maps[0].key_map == {21 & (2**18 - 1): 4}
+    pair.begin(0, ctx[:7])
+    assert pair.draft(0, ctx[:7], 21) == []  # position 4 == L-n-m-1 would give [22]
+    pair.check_stats()
+
+
+@pytest.mark.parametrize("acc,expect", [(0, []), (1, [3]), (3, [3, 4, 5])])
+def test_map_k_draft_length_only_shrinks(acc, expect):
+    """map-k's next draft for a key is min(m, last n_accepted): 0 kills the key (4.6.1)."""
+    pair = Pair(["ngram-map-k"], 1, _map_params(2, 3))
+    prompt = [0, 1, 2, 3, 4, 5, 9, 9, 9, 9, 9, 1]
+    pair.begin(0, prompt)
+    assert pair.draft(0, prompt, 2) == [3, 4, 5]
+    pair.accept(0, acc)
+    assert pair.draft(0, prompt + [2, 7, 7, 7, 7, 1], 2) == expect
+    pair.check_stats()
+
+
+def test_map_blind_window_simple_finds_it():
+    """A key that occurs only in [S-n-m, S] is never found by map-k (4.6.6); simple finds it."""
+    prompt = [50, 51, 52, 53, 1, 2, 60, 61]
+    params = dict(_map_params(2, 2), ngram_simple_size_n=2, ngram_simple_size_m=2)
+    results = {}
+    for typ in ("ngram-map-k", "ngram-simple"):
+        pair = Pair([typ], 1, params)
+        pair.begin(0, prompt)
+        ctx = prompt[:]
+        for s in (70, 71, 72, 73, 1):
+            assert pair.draft(0, ctx, s) == []
+            ctx = ctx + [s]
+        results[typ] = pair.draft(0, ctx, 2)
+        pair.check_stats()
+    assert results == {"ngram-map-k": [], "ngram-simple": [60, 61]}
+
+
+def test_mod_low_acceptance_reset_wipes_other_slots():
+    """Five drafts below 25 % acceptance on slot 0 wipe the shared pool: slot 1's n-grams go
+    too, and slot 1 does not re-insert them (5.4)."""
+    pool = ModPool()
+    pair = Pair(["ngram-mod"], 2, {"ngram_mod_n_match": 2, "ngram_mod_n_min": 1,
+                                   "ngram_mod_n_max": 3}, eng_pool=pool)
+    p1 = [30, 31, 32, 33, 34]
+    pair.begin(1, p1)
+    p0 = [1, 2, 3, 4] * 3
+    pair.begin(0, p0)
+    assert pair.draft(1, p1 + [30], 31) == [32, 33, 34]
+    ctx = p0[:]
+    for _ in range(5):
+        s = ctx[-4]
+        assert len(pair.draft(0, ctx, s)) == 3
+        pair.accept(0, 0)
+        ctx = ctx + [s]
+    assert pool.used == pair.ref.pool.used == 0
+    assert pair.draft(1, p1 + [30], 31) == []
+    assert pair.draft(0, ctx, ctx[-4]) == []
+    pair.check_stats()
+
+
+@pytest.mark.parametrize("extra,reset", [(0, False), (1, True)])
+def test_mod_occupancy_reset_boundary(extra, reset):
+    """begin wipes the pool when used / 2^22 > 0.25 strictly, after inserting (5.2). With
+    n_match = 1 and distinct ids below 2^22 every n-gram gets its own slot (odd multiplier)."""
+    quarter = (1 << 22) // 4
+    prompt = list(range(quarter + 1 + extra))  # quarter + extra insertions
+    pool = ModPool()
+    pair = Pair(["ngram-mod"], 1, {"ngram_mod_n_match": 1, "ngram_mod_n_min": 1,
+                                   "ngram_mod_n_max": 4}, eng_pool=pool)
+    pair.begin(0, prompt)
+    assert pool.used == pair.ref.pool.used == (0 if reset else quarter)
+    assert pair.draft(0, prompt, 7) == ([] if reset else [8, 9, 10, 11])
+    pair.check_stats()
+
+
+# ---------------------------------------------------------------------------------------------
+# stateful: arbitrary interleavings of begin / draft / accept, including requests abandoned
+# mid-way, drafts never accepted, and n_max = 0 (no draft call)
+# ---------------------------------------------------------------------------------------------
+
+
+class EngineVsReference(RuleBasedStateMachine):
+    @initialize(cfg=configs(), n_slots=st.integers(1, 3), alphabet=alphabets())
+    def setup(self, cfg, n_slots, alphabet):
+        types, params = cfg
+        self.pool = ModPool()
+        self.pair = Pair(types, n_slots, params, eng_pool=self.pool)
+        self.alphabet = alphabet
+        self.n_slots = n_slots
+        self.ctx = [None] * n_slots     # KV-cache tokens per slot; None before the first begin
+        self.pending = [None] * n_slots  # (draft, sampled) awaiting accept
+
+    @rule(data=st.data())
+    def begin(self, data):
+        slot = data.draw(st.integers(0, self.n_slots - 1))
+        prompt = next_prompt(data, self.alphabet, self.ctx[slot] or [])
+        self.pair.begin(slot, prompt)
+        self.ctx[slot] = list(prompt)
+        self.pending[slot] = None
+
+    @rule(data=st.data())
+    def draft(self, data):
+        live = [s for s in range(self.n_slots) if self.ctx[s] is not None]
+        if not live:
+            return
+        slot = data.draw(st.sampled_from(live))
+        if self.pending[slot] is not None:  # a draft never accepted: the server would have
+            _, sampled = self.pending[slot]  # verified it, with nothing accepted at worst
+            self.ctx[slot] += [sampled]
+        sampled = data.draw(st.sampled_from(self.alphabet))
+        n_max = data.draw(st.one_of(st.none(), st.integers(0, 12)))
+        d = self.pair.draft(slot, self.ctx[slot], sampled, n_max=n_max)
+        if d:
+            self.pending[slot] = (d, sampled)
+        else:
+            self.pending[slot] = None
+            self.ctx[slot] += [sampled]
+
+    @precondition(lambda self: any(p is not None for p in self.pending))
+    @rule(data=st.data())
+    def accept(self, data):
+        slot = data.draw(st.sampled_from([s for s in range(self.n_slots)
+                                          if self.pending[s] is not None]))
+        d, sampled = self.pending[slot]
+        k = data.draw(st.integers(0, len(d)))
+        self.pair.accept(slot, k)
+        self.ctx[slot] += [sampled] + d[:k]
+        self.pending[slot] = None
+
+    @invariant()
+    def same_stats(self):
+        if hasattr(self, "pair"):
+            self.pair.check_stats()
+            assert self.pool.used == self.pair.ref.pool.used
+
+
+EngineVsReference.TestCase.settings = settings(max_examples=50, stateful_step_count=40,
+                                               **SETTINGS)
+TestEngineVsReference = EngineVsReference.TestCase
