@@ -120,6 +120,17 @@ register(SpecType("ngram-mod", (
     Param("ngram_mod_n_min", 48, 0, 1024, help="minimum draft length"),
     Param("ngram_mod_n_max", 64, 0, 1024, help="maximum draft length"),
 ), _mod, uses_pool=True))
+def _suffix_params():
+    from ngramspec._suffix import PARAMS
+    return tuple(Param(name, d, lo, hi, kind, help)
+                 for name, (d, lo, hi, kind, help) in PARAMS.items())
+
+
+try:  # ngramspec's own proposer (C++ module)
+    register(SpecType("ngram-suffix", _suffix_params(),
+                      _lazy("ngramspec._suffix", "build_ngram_suffix")))
+except ImportError:  # pragma: no cover - partial developer build
+    pass
 register(SpecType("ngram-cache", (
     Param("lookup_cache_static", None, kind=str, help="static n-gram cache file"),
     Param("lookup_cache_dynamic", None, kind=str, help="dynamic n-gram cache file"),

@@ -1,0 +1,1135 @@
+# cython: language_level=3
+# distutils: language = c++
+"""ngram-suffix: ngramspec's own draftless proposer (issue 7).
+
+Compiled as C++ (setup.py's CPP_MODULES); it uses no C++ library, only the C++ toolchain.
+
+Model
+-----
+*Local index.* Every slot keeps a suffix automaton (SAM) of its current request, prompt +
+output so far, extended online one token at a time (amortized O(1) per token, never a rescan).
+The state that the last token's suffix link points to is the longest earlier occurrence of the
+current suffix, so the local match costs O(1) per call whatever its length.
+
+*Global store.* One suffix automaton shared by all slots holds the outputs of finished
+requests, each with the newest few tokens of its prompt (the chat template's assistant header),
+concatenated with a separator that no token matches; a request's output is stored when its
+slot begins the next one. Each slot follows the store with a matching-statistics cursor
+(amortized O(1) per new token). Its budget is fixed in tokens; when full it evicts whole
+sequences, oldest first, and rebuilds over the rest.
+
+*Continuations by frequency.* A draft walks an automaton down from the matched state, taking at
+each step the continuation seen most often after the current context (the latest occurrence
+breaks ties). A local walk that runs into the end of the text goes on copying its own draft
+(the context read as periodic, an LZ77 copy overlapping itself), so a loop of period p is not
+drafted p tokens at a time. The local and global walks run in lockstep.
+
+*Adaptive length.* Every drafted token gets a probability from a per-slot calibration table
+indexed by source, match-length bucket, continuation-frequency bucket, position in the draft
+(for the first token: whether the last call foresaw what came) and whether the other source
+agrees so far. The table learns online from every call, drafted or not (each source's walk is
+scored against the tokens that arrive next), shrinks sparse cells towards coarser ones and
+forgets with a horizon of ~1000 outcomes per cell. A token is drafted while the probability
+that the whole draft so far is accepted stays at or above
+
+    max(min_prob, gain_cost * min(G, 8)) + draft_cost * j
+
+where j is the token's position and G the slot's accepted draft tokens per step (a slow moving
+average): a draft token costs verification work, worth less to a slot that already gains a
+lot per step, and more so the longer the draft. Of the two walks, the one with the larger
+expected number of accepted tokens is the draft; at most ``max_draft`` tokens.
+
+Memory
+------
+An automaton over n tokens has at most 2n states (5 int32 each) and 3n transitions (4 int32
+each), plus a power-of-two hash table of at least 4n int32 and the n tokens: ``sam_bytes(n)``,
+108 bytes per token when n is a power of two, never more than 124. A slot's automaton is
+allocated by doubling as its context grows (from 1024 tokens) and never beyond ``max_context``
+tokens: a longer context is re-indexed over its newest half. The global store likewise grows
+up to ``global_tokens``. Per slot besides: 3600 uint32 of calibration and ~3 * (max_draft + 1)
+int32 of buffers (~15 KiB). Defaults: at most 6.8 MiB per slot (65536 tokens) and 108 MiB for
+a full store (2**20 tokens); `memory_bytes` reports what is held.
+
+Thread-safety
+-------------
+One thread per slot at a time (the engine's rule); per-slot state is not shared. The global
+store is protected by a PyThread lock. ``begin`` inserts the slot's previous request under it
+with the GIL released (an insertion may rebuild the store). A draft only *tries* the lock: when
+another thread holds it, the draft uses the local index alone instead of waiting, so drafting
+never blocks on the store. With one thread, or with the store off, drafts are deterministic.
+"""
+import numpy as np
+
+cimport numpy as cnp
+from cpython.pythread cimport (NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock,
+                               PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock,
+                               PyThread_type_lock)
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy, memmove, memset
+
+from ngramspec._core cimport Proposer, token_t
+
+cnp.import_array()
+
+# Calibration cells: source (local, global) x match-length bucket x frequency bucket x stage
+# x agreement; coarse cells: source x match-length bucket x stage.
+DEF N_SRC = 2
+DEF N_LB = 10
+DEF N_FB = 7
+DEF N_ST = 6
+DEF N_AG = 2
+DEF N_CELLS = 1680
+DEF N_COARSE = 120
+DEF N_CAL = 1800
+# Probabilities are Q16 fixed point, so the kernel and the Python reference agree bit for bit
+# on every platform (no float contraction or rounding-mode questions).
+DEF ONE = 65536
+# Weight, in observations, of the coarse estimate in a fine cell's.
+DEF CAL_PRIOR = 16
+# A cell's counts are halved once it has seen this many outcomes (forgetting).
+DEF CAL_WINDOW = 1024
+# The slot's tokens-per-step average forgets with weight 2**-10 per step (~ the last 1000
+# steps: a property of the workload, not of the current sentence).
+DEF RATE_SHIFT = 10
+# The gain term of the threshold saturates at this many accepted tokens per step.
+DEF GAIN_CAP = 8
+# Global matches are tracked up to this length (longer ones count as this long); after the
+# store changed, a cursor re-reads this many tokens.
+DEF MAX_GLOBAL_MATCH = 512
+# An occurrence is counted in the COUNT_DEPTH longest contexts ending with it only (the first
+# states of the suffix-link chain): this bounds the per-token cost on degenerate text
+# ("aaaa...", whose chain is as long as the text). Counts of shorter contexts then saturate.
+DEF COUNT_DEPTH = 32
+# Smallest automaton allocation (tokens); capacities grow by doubling.
+DEF MIN_CAP = 1024
+# Separator between the global store's sequences: never a valid token, so no match spans two.
+DEF SEP = -1
+# Prompts at least this long are indexed with the GIL released.
+DEF NOGIL_MIN_TOKENS = 4096
+
+N_CALIBRATION_CELLS = N_CELLS
+
+
+# ---------------------------------------------------------------------------------------------
+# Suffix automaton with counted occurrences
+# ---------------------------------------------------------------------------------------------
+
+cdef struct Sam:
+    int32_t* slen          # longest string of the state
+    int32_t* slink         # suffix link (-1 for the root)
+    int32_t* scnt          # occurrences counted (see COUNT_DEPTH)
+    int32_t* spos          # text position of the last token of the latest counted occurrence
+    int32_t* sedge         # first outgoing transition, -1 = none
+    int32_t* efrom         # transition: source state
+    token_t* etok          #             token
+    int32_t* eto           #             target state
+    int32_t* enext         #             next transition of the same source, -1 = none
+    int32_t* htab          # (state, token) -> transition, linear probing; -1 = empty
+    token_t* text
+    int32_t hbits
+    int32_t cap            # tokens the arrays hold
+    int32_t max_cap        # tokens the arrays may grow to
+    int32_t n              # tokens in text
+    int32_t n_states
+    int32_t n_edges
+    int32_t last           # state of the whole text
+    int32_t depth          # COUNT_DEPTH (a field so that tests may lower it)
+
+
+cdef inline uint32_t sam_hash(const Sam* S, int32_t s, token_t c) noexcept nogil:
+    # Fibonacci hashing of the 64-bit key (state, token): the top bits of the product.
+    cdef uint64_t key = ((<uint64_t><uint32_t>s) << 32) | <uint64_t><uint32_t>c
+    return <uint32_t>((key * 0x9E3779B97F4A7C15ULL) >> (64 - S.hbits))
+
+
+cdef inline int32_t sam_find(const Sam* S, int32_t s, token_t c) noexcept nogil:
+    """The transition (s, c), or -1."""
+    cdef uint32_t mask = (<uint32_t>1 << S.hbits) - 1
+    cdef uint32_t i = sam_hash(S, s, c)
+    cdef int32_t e
+    while True:
+        e = S.htab[i]
+        if e < 0:
+            return -1
+        if S.efrom[e] == s and S.etok[e] == c:
+            return e
+        i = (i + 1) & mask
+
+
+cdef inline void sam_hash_insert(Sam* S, int32_t e) noexcept nogil:
+    cdef uint32_t mask = (<uint32_t>1 << S.hbits) - 1
+    cdef uint32_t i = sam_hash(S, S.efrom[e], S.etok[e])
+    while S.htab[i] >= 0:
+        i = (i + 1) & mask
+    S.htab[i] = e
+
+
+cdef inline void sam_add_edge(Sam* S, int32_t s, token_t c, int32_t t) noexcept nogil:
+    cdef int32_t e = S.n_edges
+    S.n_edges += 1
+    S.efrom[e] = s
+    S.etok[e] = c
+    S.eto[e] = t
+    S.enext[e] = S.sedge[s]
+    S.sedge[s] = e
+    sam_hash_insert(S, e)
+
+
+cdef inline int32_t sam_new_state(Sam* S, int32_t length, int32_t link, int32_t cnt,
+                                  int32_t pos) noexcept nogil:
+    cdef int32_t v = S.n_states
+    S.n_states += 1
+    S.slen[v] = length
+    S.slink[v] = link
+    S.scnt[v] = cnt
+    S.spos[v] = pos
+    S.sedge[v] = -1
+    return v
+
+
+cdef void sam_clear(Sam* S) noexcept nogil:
+    """Empty the automaton (root only): O(transitions), not O(table)."""
+    cdef uint32_t mask, i
+    cdef int32_t e
+    if S.cap == 0:
+        return
+    mask = (<uint32_t>1 << S.hbits) - 1
+    if <int64_t>S.n_edges * 8 > mask:
+        memset(S.htab, 0xFF, (<size_t>mask + 1) * sizeof(int32_t))
+    else:
+        for e in range(S.n_edges):
+            # Clearing may have opened holes before e's slot: skip them, e is further on.
+            i = sam_hash(S, S.efrom[e], S.etok[e])
+            while S.htab[i] != e:
+                i = (i + 1) & mask
+            S.htab[i] = -1
+    S.n = 0
+    S.n_states = 0
+    S.n_edges = 0
+    sam_new_state(S, 0, -1, 0, -1)
+    S.last = 0
+
+
+cdef inline size_t sam_bytes_for(size_t cap, int32_t hbits) noexcept nogil:
+    # states (5 int32) + transitions (4 int32) + hash table + text
+    return (2 * cap + 1) * 5 * 4 + 3 * cap * 4 * 4 + ((<size_t>1) << hbits) * 4 + cap * 4
+
+
+cdef int sam_reserve(Sam* S, int32_t need) noexcept nogil:
+    """Grow the arrays to hold `need` <= max_cap tokens (doubling). 0 ok, -1 out of memory."""
+    cdef int32_t cap = S.cap
+    cdef int32_t hbits = 1
+    cdef int32_t e
+    cdef size_t ns, ne, nh
+    cdef void* p
+    if need <= cap:
+        return 0
+    if need > S.max_cap:
+        return -1
+    if cap < MIN_CAP:
+        cap = MIN_CAP
+    while cap < need:
+        cap = cap * 2 if cap <= S.max_cap // 2 else S.max_cap
+    if cap > S.max_cap:
+        cap = S.max_cap
+    ns = 2 * <size_t>cap + 1          # a SAM over n tokens has at most 2n - 1 states + root
+    ne = 3 * <size_t>cap              # ... and at most 3n - 4 transitions (n >= 3)
+    while (<size_t>1 << hbits) < 4 * <size_t>cap:      # load factor <= 3/4
+        hbits += 1
+    nh = <size_t>1 << hbits
+    p = realloc(S.slen, ns * sizeof(int32_t))
+    if p == NULL: return -1
+    S.slen = <int32_t*>p
+    p = realloc(S.slink, ns * sizeof(int32_t))
+    if p == NULL: return -1
+    S.slink = <int32_t*>p
+    p = realloc(S.scnt, ns * sizeof(int32_t))
+    if p == NULL: return -1
+    S.scnt = <int32_t*>p
+    p = realloc(S.spos, ns * sizeof(int32_t))
+    if p == NULL: return -1
+    S.spos = <int32_t*>p
+    p = realloc(S.sedge, ns * sizeof(int32_t))
+    if p == NULL: return -1
+    S.sedge = <int32_t*>p
+    p = realloc(S.efrom, ne * sizeof(int32_t))
+    if p == NULL: return -1
+    S.efrom = <int32_t*>p
+    p = realloc(S.etok, ne * sizeof(token_t))
+    if p == NULL: return -1
+    S.etok = <token_t*>p
+    p = realloc(S.eto, ne * sizeof(int32_t))
+    if p == NULL: return -1
+    S.eto = <int32_t*>p
+    p = realloc(S.enext, ne * sizeof(int32_t))
+    if p == NULL: return -1
+    S.enext = <int32_t*>p
+    p = realloc(S.text, <size_t>cap * sizeof(token_t))
+    if p == NULL: return -1
+    S.text = <token_t*>p
+    p = realloc(S.htab, nh * sizeof(int32_t))
+    if p == NULL: return -1
+    S.htab = <int32_t*>p
+    memset(S.htab, 0xFF, nh * sizeof(int32_t))
+    S.hbits = hbits
+    if S.cap == 0:
+        S.cap = cap
+        sam_clear(S)
+    else:
+        for e in range(S.n_edges):
+            sam_hash_insert(S, e)
+    S.cap = cap
+    return 0
+
+
+cdef void sam_free(Sam* S) noexcept nogil:
+    free(S.slen); free(S.slink); free(S.scnt); free(S.spos); free(S.sedge)
+    free(S.efrom); free(S.etok); free(S.eto); free(S.enext); free(S.htab); free(S.text)
+    S.slen = S.slink = S.scnt = S.spos = S.sedge = S.efrom = S.eto = S.enext = S.htab = NULL
+    S.etok = S.text = NULL
+    S.cap = S.n = S.n_states = S.n_edges = S.last = S.hbits = 0
+
+
+cdef void sam_extend(Sam* S, token_t c) noexcept nogil:
+    """Append one token (the caller reserved room). Amortized O(1) + O(COUNT_DEPTH)."""
+    cdef int32_t pos = S.n
+    cdef int32_t cur, p, q, cl, e, f, s, k
+    S.text[pos] = c
+    S.n += 1
+    cur = sam_new_state(S, S.slen[S.last] + 1, -1, 0, pos)
+    p = S.last
+    while p >= 0 and sam_find(S, p, c) < 0:
+        sam_add_edge(S, p, c, cur)
+        p = S.slink[p]
+    if p < 0:
+        S.slink[cur] = 0
+    else:
+        q = S.eto[sam_find(S, p, c)]
+        if S.slen[p] + 1 == S.slen[q]:
+            S.slink[cur] = q
+        else:
+            cl = sam_new_state(S, S.slen[p] + 1, S.slink[q], S.scnt[q], S.spos[q])
+            f = S.sedge[q]
+            while f >= 0:
+                sam_add_edge(S, cl, S.etok[f], S.eto[f])
+                f = S.enext[f]
+            while p >= 0:
+                e = sam_find(S, p, c)
+                if e < 0 or S.eto[e] != q:
+                    break
+                S.eto[e] = cl
+                p = S.slink[p]
+            S.slink[q] = cl
+            S.slink[cur] = cl
+    S.last = cur
+    # the new occurrence, in the `depth` longest contexts that end with it
+    s = cur
+    k = 0
+    while s > 0 and k < S.depth:
+        S.scnt[s] += 1
+        S.spos[s] = pos
+        s = S.slink[s]
+        k += 1
+
+
+cdef void sam_rebuild_tail(Sam* S, int32_t start) noexcept nogil:
+    """Rebuild S over its own text[start:]."""
+    cdef int32_t n = S.n - start
+    cdef int32_t i
+    memmove(S.text, S.text + start, <size_t>n * sizeof(token_t))
+    sam_clear(S)
+    for i in range(n):
+        sam_extend(S, S.text[i])
+
+
+cdef inline void sam_step(const Sam* S, int32_t* v, int32_t* l, token_t c) noexcept nogil:
+    """Matching statistics: (v, l) = the longest suffix (at most MAX_GLOBAL_MATCH tokens) of
+    the tokens read so far that occurs in S, moved over one more token."""
+    cdef int32_t e
+    while True:
+        e = sam_find(S, v[0], c)
+        if e >= 0:
+            v[0] = S.eto[e]
+            l[0] += 1
+            break
+        if v[0] == 0:
+            l[0] = 0
+            return
+        v[0] = S.slink[v[0]]
+        l[0] = S.slen[v[0]]
+    if l[0] > MAX_GLOBAL_MATCH:
+        l[0] = MAX_GLOBAL_MATCH
+        while S.slen[S.slink[v[0]]] >= MAX_GLOBAL_MATCH:
+            v[0] = S.slink[v[0]]
+
+
+cdef inline int32_t top_child(const Sam* S, int32_t v, int32_t* a, int32_t* n) noexcept nogil:
+    """The transition of v to its most frequent child (the latest occurrence breaks ties), or
+    -1 if v has none; a = that child's count, n = the sum over all children."""
+    cdef int32_t f = S.sedge[v], t, c, best = -1, bc = 0, bp = -1, tot = 0
+    while f >= 0:
+        t = S.eto[f]
+        c = S.scnt[t]
+        tot += c
+        if c > bc or (c == bc and S.spos[t] > bp):
+            best = f
+            bc = c
+            bp = S.spos[t]
+        f = S.enext[f]
+    a[0] = bc
+    n[0] = tot
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration
+# ---------------------------------------------------------------------------------------------
+
+cdef inline int length_bucket(int32_t l) noexcept nogil:
+    # floor(log2(l)): <= 1 | 2-3 | 4-7 | ... | 256-511 | >= 512
+    cdef int b = 0
+    while l > 1 and b < N_LB - 1:
+        l >>= 1
+        b += 1
+    return b
+
+
+cdef inline int freq_bucket(int32_t a, int32_t n) noexcept nogil:
+    # a = occurrences of the chosen continuation, n = occurrences of the context that went on
+    if n == 1:
+        return 0                      # seen once
+    if a == n:
+        return 1 if n < 4 else 2      # unanimous, 2-3 or >= 4 times
+    if 4 * <int64_t>a >= 3 * <int64_t>n:
+        return 3                      # >= 3/4
+    if 2 * <int64_t>a >= n:
+        return 4                      # >= 1/2
+    return 5                          # (6 = N_FB - 1: copied past the end of the text)
+
+
+cdef inline int stage_of(int32_t j, bint streak) noexcept nogil:
+    # first token: after a miss | after a call that foresaw every token; then j = 1 | 2-3 |
+    # 4-7 | >= 8 (a draft that survived j tokens is more likely to survive one more)
+    if j == 0:
+        return 1 if streak else 0
+    if j == 1:
+        return 2
+    if j < 4:
+        return 3
+    if j < 8:
+        return 4
+    return 5
+
+
+cdef inline int cell_index(int src, int32_t l, int fb, int stage, bint agree) noexcept nogil:
+    return ((((src * N_LB + length_bucket(l)) * N_FB + fb) * N_ST + stage) * N_AG
+            + (1 if agree else 0))
+
+
+cdef inline int coarse_index(int cell) noexcept nogil:
+    cdef int st = (cell // N_AG) % N_ST
+    cdef int src_lb = cell // (N_AG * N_ST * N_FB)
+    return N_CELLS + src_lb * N_ST + st
+
+
+cdef inline uint32_t cal_prob(const uint32_t* acc, const uint32_t* tried, int cell) noexcept nogil:
+    """Q16 probability that a prediction of this cell comes true: the cell's record shrunk
+    towards its coarse cell's (worth CAL_PRIOR observations), itself shrunk towards 1/2
+    (worth 2). Sparse cells borrow strength; busy ones speak for themselves."""
+    cdef int c = coarse_index(cell)
+    cdef uint64_t qc = ((<uint64_t>acc[c] << 16) + ONE) // (tried[c] + 2)
+    return <uint32_t>(((<uint64_t>acc[cell] << 16) + CAL_PRIOR * qc)
+                      // (tried[cell] + CAL_PRIOR))
+
+
+cdef inline void cal_count(uint32_t* acc, uint32_t* tried, int cell, bint hit) noexcept nogil:
+    tried[cell] += 1
+    if hit:
+        acc[cell] += 1
+    if tried[cell] >= CAL_WINDOW:
+        tried[cell] >>= 1
+        acc[cell] >>= 1
+
+
+cdef inline void cal_observe(uint32_t* acc, uint32_t* tried, int cell, bint hit) noexcept nogil:
+    cal_count(acc, tried, cell, hit)
+    cal_count(acc, tried, coarse_index(cell), hit)
+
+
+# ---------------------------------------------------------------------------------------------
+# The draft walk
+# ---------------------------------------------------------------------------------------------
+
+cdef struct Walker:
+    # One source's draft, built a token at a time (see draft_walk).
+    const Sam* S
+    int src                 # 0 local, 1 global
+    bint extrapolate        # S holds the context itself: copy the draft past its end
+    bint alive
+    int32_t v, l            # state and match length (context + draft so far)
+    int64_t src_pos         # >= 0: copying the virtual text S.text + tok from here
+    uint32_t p              # probability that the whole draft so far is accepted, Q16
+    int32_t n_draft         # tokens at or above the threshold
+    int32_t n_pred          # n_draft plus the first token under it (learned from, not drafted)
+    uint64_t score          # expected accepted tokens, Q16
+    token_t* tok
+    uint16_t* cell
+    token_t x               # candidate next token, its frequency bucket and state
+    int fb
+    int32_t next_v
+
+
+cdef inline void walker_init(Walker* w, const Sam* S, int src, bint extrapolate, int32_t v,
+                             int32_t l, token_t* tok, uint16_t* cell) noexcept nogil:
+    w.S = S
+    w.src = src
+    w.extrapolate = extrapolate
+    w.alive = v > 0 and l > 0
+    w.v = v
+    w.l = l
+    w.src_pos = -1
+    w.p = ONE
+    w.n_draft = 0
+    w.n_pred = 0
+    w.score = 0
+    w.tok = tok
+    w.cell = cell
+    w.x = 0
+    w.fb = 0
+    w.next_v = 0
+
+
+cdef inline bint walker_next(Walker* w) noexcept nogil:
+    """Find the candidate next token (x, fb); False when the source has no continuation."""
+    cdef const Sam* S = w.S
+    cdef int32_t best, bc, n
+    if w.src_pos < 0:
+        best = top_child(S, w.v, &bc, &n)
+        if best < 0:
+            # the only occurrence ends the text: its continuation is this very draft
+            if not w.extrapolate or w.n_pred == 0:
+                return False
+            w.src_pos = <int64_t>S.spos[w.v] + 1
+        elif S.etok[best] == SEP:
+            return False
+        else:
+            w.x = S.etok[best]
+            w.fb = freq_bucket(bc, n)
+            w.next_v = S.eto[best]
+            return True
+    w.x = S.text[w.src_pos] if w.src_pos < S.n else w.tok[w.src_pos - S.n]
+    w.fb = N_FB - 1
+    return True
+
+
+cdef inline void walker_take(Walker* w, const uint32_t* acc, const uint32_t* tried, int stage,
+                             bint agree, uint64_t threshold) noexcept nogil:
+    """Score the candidate; draft it if the whole draft stays at or above the threshold."""
+    cdef int ce = cell_index(w.src, w.l, w.fb, stage, agree)
+    w.p = <uint32_t>((<uint64_t>w.p * cal_prob(acc, tried, ce)) >> 16)
+    w.tok[w.n_pred] = w.x
+    w.cell[w.n_pred] = <uint16_t>ce
+    w.n_pred += 1
+    if w.p < threshold:
+        w.alive = False
+        return
+    w.n_draft += 1
+    w.score += w.p
+    if w.src_pos < 0:
+        w.v = w.next_v
+    else:
+        w.src_pos += 1
+    w.l += 1
+
+
+cdef void draft_walk(Walker* wl, Walker* wg, const uint32_t* acc, const uint32_t* tried,
+                     bint streak, int32_t cap, uint32_t base, uint32_t step) noexcept nogil:
+    """Both sources' drafts in lockstep (where they agree, each is trusted more); token j is
+    drafted while the draft's probability stays >= base + step * j."""
+    cdef int32_t j
+    cdef bint hl, hg, agree = True
+    cdef int st
+    for j in range(cap):
+        hl = wl.alive and walker_next(wl)
+        hg = wg.alive and walker_next(wg)
+        wl.alive = hl
+        wg.alive = hg
+        if not (hl or hg):
+            break
+        agree = agree and hl and hg and wl.x == wg.x
+        st = stage_of(j, streak)
+        if hl:
+            walker_take(wl, acc, tried, st, agree, base + <uint64_t>step * j)
+        if hg:
+            walker_take(wg, acc, tried, st, agree, base + <uint64_t>step * j)
+
+
+# ---------------------------------------------------------------------------------------------
+# Global store
+# ---------------------------------------------------------------------------------------------
+
+cdef struct Store:
+    Sam sam
+    int32_t budget          # tokens, separators included; 0 = no global store
+    uint64_t gen            # bumped at every change: the slots' cursors re-synchronize
+    int64_t n_evictions
+
+
+cdef int store_insert(Store* G, const token_t* t, int32_t n) noexcept nogil:
+    """Append one sequence and its separator; evict the oldest sequences first when the budget
+    would be exceeded. 0 ok, -1 out of memory."""
+    cdef Sam* S = &G.sam
+    cdef int32_t keep_from, i, room
+    if G.budget < 2 or n <= 0:
+        return 0
+    if n > G.budget - 1:                 # only the newest part of an over-long sequence
+        t += n - (G.budget - 1)
+        n = G.budget - 1
+    if S.n + n + 1 > G.budget:
+        # Keep the newest whole sequences that leave room for this one within 3/4 of the
+        # budget, so that a rebuild, O(budget), happens at most every budget/4 tokens.
+        room = G.budget - G.budget // 4 - (n + 1)
+        keep_from = S.n
+        if room > 0:
+            i = S.n - room
+            while i < S.n and S.text[i - 1] != SEP:     # i > 0: S.n + n + 1 > budget > room
+                i += 1
+            keep_from = i
+        G.n_evictions += 1
+        sam_rebuild_tail(S, keep_from)
+    if sam_reserve(S, S.n + n + 1) < 0:
+        return -1
+    for i in range(n):
+        sam_extend(S, t[i])
+    sam_extend(S, SEP)
+    G.gen += 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Per slot
+# ---------------------------------------------------------------------------------------------
+
+cdef struct Params:
+    int32_t max_draft
+    uint32_t min_p          # Q16
+    uint32_t gain_cost      # Q16
+    uint32_t draft_cost     # Q16 per drafted token
+    int32_t max_context
+    int32_t global_prompt
+
+
+cdef struct Slot:
+    Sam loc                 # the current request (context positions loc_off ..)
+    bint active
+    int64_t ctx_len         # context tokens indexed (prompt + output so far, sampled included)
+    int64_t loc_off         # context position of loc.text[0] (after re-indexing the tail)
+    int64_t out_start       # context position where the output starts
+    # global cursor: the longest suffix (<= MAX_GLOBAL_MATCH) of the context in the store
+    int32_t g_state, g_len
+    int64_t g_pos           # context tokens the cursor has read
+    uint64_t g_gen
+    # the last call's predictions, per source, scored against what arrives next
+    int64_t pred_base       # context length when they were made; -1 = none
+    int32_t n_pred[2]
+    token_t* pred_tok       # 2 x (max_draft + 1)
+    uint16_t* pred_cell     # 2 x (max_draft + 1)
+    bint streak             # the last call's predictions foresaw every token that came
+    int64_t rate            # tokens per step, slow moving average, Q16
+    # the last draft and its accepted length, for the end of the output
+    token_t* last_draft
+    int32_t n_last_draft
+    int32_t n_last_acc      # -1: no accept since the last draft
+    uint32_t cal_acc[N_CAL]     # fine cells, then coarse cells
+    uint32_t cal_tried[N_CAL]
+
+
+cdef inline token_t ctx_at(const token_t* inp, Py_ssize_t n, token_t sampled,
+                           int64_t i) noexcept nogil:
+    return inp[i] if i < n else sampled
+
+
+cdef void slot_restart(Slot* s) noexcept nogil:
+    """Forget the current request (calibration and throughput stay: they describe the slot)."""
+    sam_clear(&s.loc)
+    s.ctx_len = 0
+    s.loc_off = 0
+    s.out_start = 0
+    s.g_state = 0
+    s.g_len = 0
+    s.g_pos = 0
+    s.g_gen = 0
+    s.pred_base = -1
+    s.n_pred[0] = 0
+    s.n_pred[1] = 0
+    s.streak = False
+    s.n_last_draft = 0
+    s.n_last_acc = -1
+
+
+cdef int slot_begin(Slot* s, const token_t* prompt, int64_t n, int64_t off) noexcept nogil:
+    """Index a new request's prompt (its tokens from context position `off`)."""
+    cdef int64_t i
+    slot_restart(s)
+    if sam_reserve(&s.loc, <int32_t>(n if n > 0 else 1)) < 0:
+        return -1
+    for i in range(n):
+        sam_extend(&s.loc, prompt[i])
+    s.loc_off = off
+    s.ctx_len = off + n
+    s.out_start = off + n
+    s.active = True
+    return 0
+
+
+cdef bint slot_follows(const Slot* s, const token_t* inp, Py_ssize_t n) noexcept nogil:
+    """Does inp extend the context indexed so far? (compares the last 8 tokens held)"""
+    cdef int64_t i, lo
+    if n < s.ctx_len:
+        return False
+    lo = s.ctx_len - 8
+    if lo < s.loc_off:
+        lo = s.loc_off
+    for i in range(lo, s.ctx_len):
+        if inp[i] != s.loc.text[i - s.loc_off]:
+            return False
+    return True
+
+
+cdef void slot_learn(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
+                     token_t sampled) noexcept nogil:
+    """Score the last call's predictions against the tokens that came since."""
+    cdef int src, i
+    cdef int64_t avail
+    cdef bint hit
+    cdef int32_t stride = P.max_draft + 1
+    if s.pred_base < 0:
+        return
+    avail = n + 1 - s.pred_base           # accepted draft tokens + the target's own
+    s.rate += ((min(avail, <int64_t>P.max_draft + 1) << 16) - s.rate) >> RATE_SHIFT
+    s.streak = False
+    for src in range(N_SRC):
+        hit = False
+        for i in range(s.n_pred[src]):
+            if i >= avail:
+                break
+            hit = s.pred_tok[src * stride + i] == ctx_at(inp, n, sampled, s.pred_base + i)
+            cal_observe(s.cal_acc, s.cal_tried, s.pred_cell[src * stride + i], hit)
+            if not hit:
+                break
+        if hit and s.n_pred[src] >= avail:
+            s.streak = True
+    s.pred_base = -1
+
+
+cdef int slot_sync(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
+                   token_t sampled) noexcept nogil:
+    """Learn from what came, then bring the local automaton up to inp + [sampled]."""
+    cdef int64_t i, L = n + 1, start
+    cdef Sam* S = &s.loc
+    slot_learn(s, P, inp, n, sampled)
+    if L - s.loc_off > P.max_context:
+        # outgrown: re-index the newest half of the context
+        start = L - P.max_context // 2
+        sam_clear(S)
+        s.loc_off = start
+        if sam_reserve(S, <int32_t>(L - start)) < 0:
+            return -1
+        for i in range(start, L):
+            sam_extend(S, ctx_at(inp, n, sampled, i))
+    else:
+        if sam_reserve(S, <int32_t>(L - s.loc_off)) < 0:
+            return -1
+        for i in range(s.ctx_len, L):
+            sam_extend(S, ctx_at(inp, n, sampled, i))
+    s.ctx_len = L
+    return 0
+
+
+cdef void slot_cursor(Slot* s, const Store* G, const token_t* inp, Py_ssize_t n,
+                      token_t sampled) noexcept nogil:
+    """Advance the global cursor over the context's new tokens."""
+    cdef int64_t L = n + 1, i
+    if s.g_gen != G.gen or L - s.g_pos > MAX_GLOBAL_MATCH:
+        # the store changed (or a long stretch is unread): re-read the newest tokens
+        s.g_state = 0
+        s.g_len = 0
+        s.g_pos = L - MAX_GLOBAL_MATCH if L > MAX_GLOBAL_MATCH else 0
+        s.g_gen = G.gen
+    for i in range(s.g_pos, L):
+        sam_step(&G.sam, &s.g_state, &s.g_len, ctx_at(inp, n, sampled, i))
+    s.g_pos = L
+
+
+cdef void slot_walk(Slot* s, const Params* P, const Store* G, const token_t* inp,
+                    Py_ssize_t n, token_t sampled) noexcept nogil:
+    """Both walks (G = NULL: local only); leaves the predictions in pred_tok / n_pred."""
+    cdef Sam* S = &s.loc
+    cdef int32_t stride = P.max_draft + 1
+    cdef int32_t v = S.slink[S.last]
+    cdef Walker wl, wg
+    cdef uint64_t gain, base
+    walker_init(&wl, S, 0, True, v, S.slen[v] if v > 0 else 0, s.pred_tok, s.pred_cell)
+    if G != NULL:
+        slot_cursor(s, G, inp, n, sampled)
+        walker_init(&wg, &G.sam, 1, False, s.g_state, s.g_len, s.pred_tok + stride,
+                    s.pred_cell + stride)
+    else:
+        walker_init(&wg, S, 1, False, 0, 0, NULL, NULL)
+    gain = <uint64_t>(s.rate - ONE) if s.rate > ONE else 0
+    if gain > GAIN_CAP * ONE:
+        gain = GAIN_CAP * ONE
+    base = (P.gain_cost * gain) >> 16
+    if base < P.min_p:
+        base = P.min_p
+    draft_walk(&wl, &wg, s.cal_acc, s.cal_tried, s.streak, P.max_draft, <uint32_t>base,
+               P.draft_cost)
+    s.n_pred[0] = wl.n_pred
+    s.n_pred[1] = wg.n_pred
+    s.pred_base = n + 1
+    # the draft: the walk expecting more accepted tokens (local on ties)
+    s.n_last_draft = wg.n_draft if wg.score > wl.score else wl.n_draft
+    memcpy(s.last_draft, s.pred_tok + (stride if wg.score > wl.score else 0),
+           s.n_last_draft * sizeof(token_t))
+    s.n_last_acc = -1
+
+
+# ---------------------------------------------------------------------------------------------
+# The proposer
+# ---------------------------------------------------------------------------------------------
+
+cdef class SuffixProposer(Proposer):
+    """ngram-suffix: drafts from a suffix automaton of the request and a global store of past
+    outputs, by continuation frequency, with a calibrated, adaptive length.
+
+    Parameters
+    ----------
+    n_slots : int, >= 1
+    max_draft : int, 1 .. 4096
+        Longest draft (``--spec-ngram-suffix-max-draft``).
+    min_prob : float, 0 .. 1
+        Lowest probability that the whole draft is accepted (``--spec-ngram-suffix-min-prob``).
+    gain_cost : float, 0 .. 1
+        The threshold is at least this times the slot's accepted draft tokens per step (at
+        most 8): a slot that already gains a lot per step drafts only likelier tokens.
+    draft_cost : float, 0 .. 1
+        The threshold rises by this much per token already in the draft.
+    max_context : int, 256 .. 2**26
+        Tokens of a request a slot indexes; a longer context is re-indexed over its newest half.
+    global_tokens : int, 0 .. 2**26
+        Budget of the global store in tokens, separators included (0 or 1: no global store).
+    global_prompt : int, 0 .. 2**20
+        Newest prompt tokens stored with each finished request's output (0 = outputs only).
+        A few cover the chat template's assistant header, so that the start of an answer is
+        matched against the starts of earlier answers; whole prompts mostly repeat what the
+        local index already holds and skew the counts.
+    _count_depth : int
+        Testing only: lowers COUNT_DEPTH (the contexts an occurrence is counted in).
+
+    Memory
+    ------
+    Per slot: a suffix automaton of 108-124 bytes per context token (allocated by doubling as
+    the context grows, at most ``max_context`` tokens: 6.8 MiB by default), 3600 uint32 of
+    calibration, ~3 * (max_draft + 1) int32 of buffers. The global store: 108-124 bytes per
+    token, up to ``global_tokens`` tokens (108 MiB by default; allocated by doubling), oldest
+    sequences evicted first. `memory_bytes` reports what is held, `sam_bytes` the bound.
+
+    Thread-safety
+    -------------
+    One thread per slot at a time. The global store is shared by all slots and protected by a
+    lock: ``begin`` inserts under it with the GIL released; a draft only tries it and, when
+    another thread holds it, drafts from the local index alone (drafts never wait).
+    """
+    cdef Params P
+    cdef Slot* slots
+    cdef Store store
+    cdef PyThread_type_lock lock
+
+    def __cinit__(self):
+        self.slots = NULL
+        self.lock = NULL
+        memset(&self.store, 0, sizeof(Store))
+
+    def __init__(self, Py_ssize_t n_slots=1, Py_ssize_t max_draft=256, double min_prob=0.005,
+                 double gain_cost=0.02, double draft_cost=0.0078125,
+                 Py_ssize_t max_context=65536, Py_ssize_t global_tokens=1048576,
+                 Py_ssize_t global_prompt=8, *, Py_ssize_t _count_depth=COUNT_DEPTH):
+        cdef Py_ssize_t i
+        for name, value, lo, hi in (("max_draft", max_draft, 1, 4096),
+                                    ("min_prob", min_prob, 0.0, 1.0),
+                                    ("gain_cost", gain_cost, 0.0, 1.0),
+                                    ("draft_cost", draft_cost, 0.0, 1.0),
+                                    ("max_context", max_context, 256, 1 << 26),
+                                    ("global_tokens", global_tokens, 0, 1 << 26),
+                                    ("global_prompt", global_prompt, 0, 1 << 20),
+                                    ("_count_depth", _count_depth, 1, 1 << 20)):
+            if not lo <= value <= hi:
+                raise ValueError(f"{name} = {value} is out of range: allowed {lo} .. {hi}")
+        super().__init__("ngram-suffix", n_slots, max_draft)
+        self.P.max_draft = <int32_t>max_draft
+        self.P.min_p = <uint32_t>(min_prob * ONE + 0.5)
+        self.P.gain_cost = <uint32_t>(gain_cost * ONE + 0.5)
+        self.P.draft_cost = <uint32_t>(draft_cost * ONE + 0.5)
+        self.P.max_context = <int32_t>max_context
+        self.P.global_prompt = <int32_t>global_prompt
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError()
+        self.store.budget = <int32_t>global_tokens
+        self.store.sam.max_cap = <int32_t>global_tokens
+        self.store.sam.depth = <int32_t>_count_depth
+        self.store.gen = 1
+        if global_tokens >= 2 and sam_reserve(&self.store.sam, 1) < 0:
+            raise MemoryError()
+        self.slots = <Slot*>malloc(n_slots * sizeof(Slot))
+        if self.slots == NULL:
+            raise MemoryError()
+        memset(self.slots, 0, n_slots * sizeof(Slot))
+        for i in range(n_slots):
+            self.slots[i].loc.max_cap = <int32_t>max_context
+            self.slots[i].loc.depth = <int32_t>_count_depth
+            self.slots[i].pred_base = -1
+            self.slots[i].n_last_acc = -1
+            self.slots[i].rate = ONE
+            self.slots[i].pred_tok = <token_t*>malloc(2 * (max_draft + 1) * sizeof(token_t))
+            self.slots[i].pred_cell = <uint16_t*>malloc(2 * (max_draft + 1) * sizeof(uint16_t))
+            self.slots[i].last_draft = <token_t*>malloc((max_draft + 1) * sizeof(token_t))
+            if (self.slots[i].pred_tok == NULL or self.slots[i].pred_cell == NULL
+                    or self.slots[i].last_draft == NULL):
+                raise MemoryError()
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.slots != NULL:
+            for i in range(self.n_slots):
+                sam_free(&self.slots[i].loc)
+                free(self.slots[i].pred_tok)
+                free(self.slots[i].pred_cell)
+                free(self.slots[i].last_draft)
+            free(self.slots)
+        sam_free(&self.store.sam)
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+
+    # -- the engine's interface ---------------------------------------------------------------
+
+    cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
+        cdef Slot* s = &self.slots[slot]
+        cdef int rc
+        cdef int64_t off = 0
+        if s.active:
+            self.finish(s)
+        if n > self.P.max_context:           # index the newest half, as on outgrowing
+            off = n - self.P.max_context // 2
+        if n - off >= NOGIL_MIN_TOKENS:
+            with nogil:
+                rc = slot_begin(s, prompt + off, n - off, off)
+        else:
+            rc = slot_begin(s, prompt + off, n - off, off)
+        if rc < 0:
+            raise MemoryError()
+        return 0
+
+    cdef int finish(self, Slot* s) except -1:
+        """Insert the slot's finished request (output, prompt tail) into the global store."""
+        cdef Sam* S = &s.loc
+        cdef int64_t a = s.out_start - s.loc_off
+        cdef int32_t n_pr, n_out, k
+        cdef token_t* buf
+        cdef int rc
+        s.active = False
+        if self.store.budget < 2:
+            return 0
+        if a < 0:
+            a = 0
+        n_pr = <int32_t>min(<int64_t>self.P.global_prompt, a)
+        n_out = <int32_t>(S.n - a)
+        # the last draft's accepted tokens never reached a context
+        k = s.n_last_acc if s.n_last_acc > 0 else 0
+        if n_out + k == 0:                   # no output: nothing to learn from
+            return 0
+        buf = <token_t*>malloc((n_pr + n_out + k) * sizeof(token_t))
+        if buf == NULL:
+            raise MemoryError()
+        memcpy(buf, S.text + a - n_pr, (n_pr + n_out) * sizeof(token_t))
+        memcpy(buf + n_pr + n_out, s.last_draft, k * sizeof(token_t))
+        with nogil:
+            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+            rc = store_insert(&self.store, buf, n_pr + n_out + k)
+            PyThread_release_lock(self.lock)
+        free(buf)
+        if rc < 0:
+            raise MemoryError()
+        return 0
+
+    cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
+                            token_t sampled, token_t* out) except -1:
+        cdef Slot* s = &self.slots[slot]
+        if not s.active or not slot_follows(s, inp, n):
+            # a context that did not grow from the last one: start over with it as the prompt
+            if s.active:
+                self.finish(s)
+            slot_restart(s)
+            s.active = True
+            s.out_start = n
+        if slot_sync(s, &self.P, inp, n, sampled) < 0:
+            raise MemoryError()
+        if self.store.budget >= 2 and PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
+            slot_walk(s, &self.P, &self.store, inp, n, sampled)
+            PyThread_release_lock(self.lock)
+        else:
+            slot_walk(s, &self.P, NULL, inp, n, sampled)
+        memcpy(out, s.last_draft, s.n_last_draft * sizeof(token_t))
+        return s.n_last_draft
+
+    cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
+        cdef Slot* s = &self.slots[slot]
+        if not is_other:
+            s.n_last_acc = <int32_t>min(n_accepted, <Py_ssize_t>s.n_last_draft)
+        return 0
+
+    # -- Python conveniences (tests, benchmarks; the engine checks its own arguments) ---------
+
+    def begin(self, Py_ssize_t slot, const token_t[::1] prompt):
+        """Start a request on `slot` with its full prompt (int32, ids >= 0); the slot's previous
+        request goes to the global store."""
+        self._check_slot(slot)
+        if prompt.shape[0] and np.asarray(prompt).min() < 0:
+            raise ValueError("prompt holds a negative token id")
+        self.c_begin(slot, &prompt[0] if prompt.shape[0] else NULL, prompt.shape[0])
+
+    def draft(self, Py_ssize_t slot, const token_t[::1] context, token_t sampled):
+        """The draft (int32 array, possibly empty) to follow context + [sampled]. Only the
+        tokens the slot has not indexed yet are checked (>= 0), as the engine does."""
+        self._check_slot(slot)
+        cdef Py_ssize_t lo = self.slots[slot].ctx_len if self.slots[slot].active else 0
+        if lo > context.shape[0]:
+            lo = 0
+        if sampled < 0 or (context.shape[0] > lo and np.asarray(context[lo:]).min() < 0):
+            raise ValueError("negative token id")
+        cdef cnp.ndarray out = np.empty(self.max_draft, dtype=np.int32)
+        cdef Py_ssize_t k = self.c_draft(slot, &context[0] if context.shape[0] else NULL,
+                                         context.shape[0], sampled,
+                                         <token_t*>cnp.PyArray_DATA(out))
+        return out[:k]
+
+    def accept(self, Py_ssize_t slot, Py_ssize_t n_accepted):
+        """Report how many tokens of the slot's last draft the target accepted."""
+        self._check_slot(slot)
+        if n_accepted < 0:
+            raise ValueError(f"n_accepted = {n_accepted} is out of range: allowed >= 0")
+        self.c_accept(slot, n_accepted, False)
+
+    def _check_slot(self, Py_ssize_t slot):
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot = {slot} is out of range: allowed 0 .. {self.n_slots - 1}")
+
+    def memory_bytes(self):
+        """Bytes held now: every slot and the global store."""
+        cdef size_t total = 0
+        cdef Py_ssize_t i
+        with nogil:
+            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        if self.store.sam.cap:
+            total += sam_bytes_for(self.store.sam.cap, self.store.sam.hbits)
+        PyThread_release_lock(self.lock)
+        for i in range(self.n_slots):
+            if self.slots[i].loc.cap:
+                total += sam_bytes_for(self.slots[i].loc.cap, self.slots[i].loc.hbits)
+            total += sizeof(Slot) + (self.max_draft + 1) * (3 * sizeof(token_t)
+                                                            + 2 * sizeof(uint16_t))
+        return total
+
+    def global_stats(self):
+        """The global store: {'tokens', 'capacity', 'budget', 'states', 'transitions',
+        'evictions', 'generation'}."""
+        with nogil:
+            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        try:
+            return dict(tokens=self.store.sam.n, capacity=self.store.sam.cap,
+                        budget=self.store.budget, states=self.store.sam.n_states,
+                        transitions=self.store.sam.n_edges, evictions=self.store.n_evictions,
+                        generation=self.store.gen)
+        finally:
+            PyThread_release_lock(self.lock)
+
+    def global_text(self):
+        """The global store's tokens (sequences separated by -1), oldest first: a copy."""
+        cdef cnp.ndarray out
+        with nogil:
+            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        try:
+            out = np.empty(self.store.sam.n, dtype=np.int32)
+            if self.store.sam.n:
+                memcpy(cnp.PyArray_DATA(out), self.store.sam.text,
+                       self.store.sam.n * sizeof(token_t))
+            return out
+        finally:
+            PyThread_release_lock(self.lock)
+
+    def slot_stats(self, Py_ssize_t slot):
+        """One slot: {'context', 'indexed', 'capacity', 'tokens_per_step'}."""
+        self._check_slot(slot)
+        cdef Slot* s = &self.slots[slot]
+        return dict(context=s.ctx_len, indexed=s.loc.n, capacity=s.loc.cap,
+                    tokens_per_step=s.rate / ONE)
+
+    def calibration(self, Py_ssize_t slot):
+        """(acc, tried) of the slot's fine calibration cells, uint32 arrays of shape
+        (source, length bucket, frequency bucket, stage, agreement) = (2, 10, 7, 6, 2)."""
+        self._check_slot(slot)
+        acc = np.array([self.slots[slot].cal_acc[i] for i in range(N_CELLS)], dtype=np.uint32)
+        tried = np.array([self.slots[slot].cal_tried[i] for i in range(N_CELLS)],
+                         dtype=np.uint32)
+        shape = (N_SRC, N_LB, N_FB, N_ST, N_AG)
+        return acc.reshape(shape), tried.reshape(shape)
+
+
+def sam_bytes(n_tokens):
+    """Bytes one automaton holds once grown to `n_tokens` tokens (its bound: max_context for a
+    slot, global_tokens for the store)."""
+    cdef int32_t hbits = 1
+    while (1 << hbits) < 4 * n_tokens:
+        hbits += 1
+    return sam_bytes_for(n_tokens, hbits)
+
+
+# The engine keywords of ngram-suffix: name -> (default, lo, hi, kind, help).
+PARAMS = {
+    "ngram_suffix_max_draft": (256, 1, 4096, int, "longest draft (tokens)"),
+    "ngram_suffix_min_prob": (0.005, 0.0, 1.0, float,
+                              "lowest probability that the whole draft is accepted"),
+    "ngram_suffix_gain_cost": (0.02, 0.0, 1.0, float,
+                               "threshold >= this x accepted draft tokens per step (<= 8)"),
+    "ngram_suffix_draft_cost": (0.0078125, 0.0, 1.0, float,
+                                "threshold rise per token already drafted"),
+    "ngram_suffix_max_context": (65536, 256, 1 << 26, int,
+                                 "tokens of a request indexed per slot"),
+    "ngram_suffix_global_tokens": (1048576, 0, 1 << 26, int,
+                                   "global store budget in tokens (0 = off)"),
+    "ngram_suffix_global_prompt": (8, 0, 1 << 20, int,
+                                   "newest prompt tokens stored with each output"),
+}
+
+
+def build_ngram_suffix(n_slots, values):
+    """The ngram-suffix proposer from engine keywords (`values` may hold other types' keys;
+    missing or None ones take their defaults). ValueError names a parameter out of range."""
+    kw = {}
+    for name, (default, lo, hi, kind, _) in PARAMS.items():
+        v = values.get(name) if values else None
+        if v is None:
+            v = default
+        if kind is int:
+            if isinstance(v, bool) or not hasattr(v, "__index__"):
+                raise TypeError(f"{name} must be an integer, got {type(v).__name__}")
+            v = v.__index__()
+        else:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+            v = float(v)
+        if not lo <= v <= hi:
+            raise ValueError(f"{name} = {v} is out of range: allowed {lo} .. {hi}")
+        kw[name[len("ngram_suffix_"):]] = v
+    return SuffixProposer(n_slots, **kw)

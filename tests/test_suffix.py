@@ -1,0 +1,356 @@
+"""ngram-suffix (issue 7): the Cython kernel against its pure-Python reference, bounded memory,
+the shared global store under threads, and the parameter contract.
+
+* hypothesis: random small-alphabet requests (repeats, continued prompts, fresh ones) on one or
+  two slots, every parameter varied (tiny budgets and contexts included, so eviction and
+  re-indexing happen): every draft must equal the reference's;
+* a long stream of requests keeps the global store and every slot within their budgets;
+* one thread per slot on one proposer: no crash or deadlock (in a subprocess with a timeout),
+  drafts deterministic when the store is off, never another slot's tokens when it is on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_suffix import ReferenceSuffix  # noqa: E402
+
+suffix = pytest.importorskip("ngramspec._suffix", reason="extension not built "
+                             "(python setup.py build_ext --inplace)")
+from ngramspec._suffix import PARAMS, SuffixProposer, build_ngram_suffix, sam_bytes  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                       HealthCheck.data_too_large])
+
+
+def lcp(draft, target):
+    k = 0
+    for a, b in zip(draft, target):
+        if a != b:
+            break
+        k += 1
+    return k
+
+
+def replay(prop, slot, prompt, output, accept=None):
+    """The golden replay loop for one request; yields every draft (as a list)."""
+    prop.begin(slot, np.asarray(prompt, dtype=np.int32))
+    if not output:
+        return
+    cache = list(prompt)
+    sampled, produced = output[0], 1
+    while produced < len(output):
+        d = [int(t) for t in prop.draft(slot, np.asarray(cache, dtype=np.int32), sampled)]
+        yield d
+        n_acc = 0
+        if d:
+            n_acc = lcp(d, output[produced:]) if accept is None else min(accept, len(d))
+            prop.accept(slot, n_acc)
+        cache += [sampled] + list(output[produced:produced + n_acc])
+        produced += n_acc
+        if produced >= len(output):
+            break
+        sampled = output[produced]
+        produced += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# kernel == reference
+# ---------------------------------------------------------------------------------------------
+
+@st.composite
+def token_runs(draw, alphabet, max_len):
+    """A token list with repeats: random tokens, copies of earlier stretches, periodic runs."""
+    out = []
+    while len(out) < max_len:
+        kind = draw(st.sampled_from(["random", "copy", "loop"]))
+        if kind == "random" or not out:
+            out += draw(st.lists(st.sampled_from(alphabet), min_size=1, max_size=12))
+        elif kind == "copy":
+            i = draw(st.integers(0, len(out) - 1))
+            out += out[i:i + draw(st.integers(1, 40))]
+        else:
+            period = out[-draw(st.integers(1, min(4, len(out)))):]
+            out += period * draw(st.integers(1, 6))
+        if draw(st.integers(0, 5)) == 0:
+            break
+    return out[:max_len]
+
+
+@st.composite
+def scenarios(draw):
+    k = draw(st.integers(2, 5))
+    alphabet = draw(st.sampled_from([list(range(k)), [7, 2 ** 31 - 1, 40000, 3, 9][:k]]))
+    n_slots = draw(st.integers(1, 2))
+    params = dict(
+        max_draft=draw(st.sampled_from([1, 3, 8, 16])),
+        min_prob=draw(st.sampled_from([0.0, 0.005, 0.1, 0.6])),
+        gain_cost=draw(st.sampled_from([0.0, 0.02, 0.3])),
+        draft_cost=draw(st.sampled_from([0.0, 0.0078125, 0.1])),
+        max_context=draw(st.sampled_from([256, 300, 65536])),
+        global_tokens=draw(st.sampled_from([0, 2, 30, 200, 1 << 20])),
+        global_prompt=draw(st.sampled_from([0, 4])),
+        _count_depth=draw(st.sampled_from([1, 2, 32])),
+    )
+    requests, prev = [], []
+    for _ in range(draw(st.integers(1, 6))):
+        how = draw(st.sampled_from(["fresh", "continue", "repeat"]))
+        if how == "continue" and prev:          # an agent's next turn
+            prompt = prev[0] + prev[1] + draw(token_runs(alphabet, 30))
+        elif how == "repeat" and prev:           # the same prompt again
+            prompt = list(prev[0])
+        else:
+            prompt = draw(token_runs(alphabet, 320))
+        output = draw(token_runs(alphabet, 120))
+        slot = draw(st.integers(0, n_slots - 1))
+        accept = draw(st.sampled_from([None, None, None, 0, 1]))
+        requests.append((slot, prompt, output, accept))
+        prev = (prompt, output)
+    return n_slots, params, requests
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(scenarios())
+def test_kernel_matches_reference(scenario):
+    n_slots, params, requests = scenario
+    kern = SuffixProposer(n_slots, **params)
+    ref = ReferenceSuffix(n_slots, **params)
+    for r, (slot, prompt, output, accept) in enumerate(requests):
+        got = list(replay(kern, slot, prompt, output, accept))
+        want = list(replay(ref, slot, prompt, output, accept))
+        assert got == want, f"request {r}"
+        assert kern.global_text().tolist() == ref.store.sam.text, f"request {r}"
+        assert [kern.slot_stats(s)["indexed"] for s in range(n_slots)] == \
+            [len(rs.loc.text) for rs in ref.slots], f"request {r}"
+
+
+@pytest.mark.parametrize("budget", [50, 333])
+def test_eviction_matches_reference(budget):
+    """Many requests through a small store: oldest whole sequences go first, as specified."""
+    rng = np.random.default_rng(budget)
+    kern = SuffixProposer(1, max_draft=4, global_tokens=budget, global_prompt=3)
+    ref = ReferenceSuffix(1, max_draft=4, global_tokens=budget, global_prompt=3)
+    for r in range(150):
+        prompt = rng.integers(0, 4, rng.integers(1, 12)).tolist()
+        output = rng.integers(0, 4, rng.integers(1, 70)).tolist()
+        assert list(replay(kern, 0, prompt, output)) == list(replay(ref, 0, prompt, output))
+        assert kern.global_text().tolist() == ref.store.sam.text, f"request {r}"
+    assert kern.global_stats()["evictions"] == ref.store.evictions > 20
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(st.data())
+def test_context_that_does_not_grow(data):
+    """A context that does not extend the slot's last one (a restarted or shrunk KV cache, no
+    begin) is indexed afresh, as the reference does."""
+    alphabet = [0, 1, 2]
+    kern, ref = SuffixProposer(1, max_draft=8), ReferenceSuffix(1, max_draft=8)
+    for _ in range(data.draw(st.integers(1, 8))):
+        ctx = data.draw(token_runs(alphabet, 80))
+        sampled = data.draw(st.sampled_from(alphabet))
+        d = [int(t) for t in kern.draft(0, np.asarray(ctx, dtype=np.int32), sampled)]
+        assert d == ref.draft(0, ctx, sampled)
+        if d and data.draw(st.booleans()):
+            k = data.draw(st.integers(0, len(d)))
+            kern.accept(0, k)
+            ref.accept(0, k)
+
+
+@pytest.mark.parametrize("n", [0, 255, 256, 257, 511, 512, 513])
+def test_prompts_around_max_context(n):
+    prompt = (np.arange(n, dtype=np.int32) * 7) % 5
+    kern = SuffixProposer(1, max_context=256)
+    ref = ReferenceSuffix(1, max_context=256)
+    output = [1, 2, 3, 4] * 80
+    assert list(replay(kern, 0, prompt, output)) == list(replay(ref, 0, prompt, output))
+    assert kern.slot_stats(0)["indexed"] <= 256
+
+
+def test_copies_a_loop_past_the_end_of_the_text():
+    """A periodic context is drafted whole, not one period per step."""
+    prop = SuffixProposer(1, max_draft=64, min_prob=0.0, gain_cost=0.0, draft_cost=0.0)
+    loop = [5, 6, 7] * 20
+    prop.begin(0, np.asarray(loop[:-1], dtype=np.int32))
+    d = prop.draft(0, np.asarray(loop[:-1], dtype=np.int32), loop[-1]).tolist()
+    assert len(d) == 64 and d == (loop * 30)[len(loop):len(loop) + 64]
+
+
+def test_global_store_carries_outputs_across_requests():
+    prop = SuffixProposer(1, min_prob=0.0, gain_cost=0.0, draft_cost=0.0)
+    out = list(range(100, 140))
+    for prompt in ([1, 2, 3], [4, 5, 6]):
+        drafts = list(replay(prop, 0, prompt, out))
+    # second request: after the first output token the rest of the old output is drafted (but
+    # its last token: the target's final token never reaches a proposer)
+    assert drafts[0] == out[1:-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# bounded memory
+# ---------------------------------------------------------------------------------------------
+
+def test_memory_stays_bounded_over_a_long_stream():
+    rng = np.random.default_rng(7)
+    budget, max_context, n_slots = 3000, 1024, 2
+    prop = SuffixProposer(n_slots, max_draft=16, max_context=max_context, global_tokens=budget,
+                          global_prompt=50)
+    bound = (sam_bytes(budget) + n_slots * sam_bytes(max_context)
+             + n_slots * (65536 + 17 * 3 * 4 + 17 * 2 * 2))   # + Slot structs, buffers
+    phrases = [rng.integers(0, 500, 30).astype(np.int32) for _ in range(20)]
+    seen_evictions = 0
+    for r in range(400):
+        slot = r % n_slots
+        prompt = np.concatenate([phrases[i] for i in rng.integers(0, 20, 8)])
+        output = np.concatenate([phrases[i] for i in rng.integers(0, 20, 6)] +
+                                [rng.integers(0, 500, 40).astype(np.int32)])
+        if r % 50 == 0:      # now and then a context longer than max_context
+            output = np.concatenate([output] + [phrases[i] for i in rng.integers(0, 20, 40)])
+        for _ in replay(prop, slot, prompt, output.tolist()):
+            pass
+        g = prop.global_stats()
+        assert g["tokens"] <= budget and g["capacity"] <= budget
+        seen_evictions = g["evictions"]
+        for s in range(n_slots):
+            st_ = prop.slot_stats(s)
+            assert st_["indexed"] <= max_context and st_["capacity"] <= max_context
+        assert prop.memory_bytes() <= bound
+    assert seen_evictions > 10
+
+
+def test_sam_bytes_matches_the_documented_bound():
+    # 108 bytes per token for a power of two, at most 124 (hash table rounded up)
+    for n in (1024, 65536, 1 << 20):
+        assert sam_bytes(n) == 108 * n + 20
+    for n in (1000, 3000, 65537, 100000):
+        assert 108 * n < sam_bytes(n) <= 124 * n + 20
+
+
+# ---------------------------------------------------------------------------------------------
+# threads
+# ---------------------------------------------------------------------------------------------
+
+THREAD_SCRIPT = textwrap.dedent("""
+    import faulthandler, json, sys, threading
+    import numpy as np
+    sys.path.insert(0, {root!r})
+    from ngramspec._suffix import SuffixProposer
+    faulthandler.dump_traceback_later(50, exit=True)
+    N = 4
+    def requests(slot):
+        # slot s only uses tokens t with t % N == s: no stored sequence of another slot can
+        # match its context, so any drafted token of another class is cross-talk
+        rng = np.random.default_rng(slot)
+        words = [(rng.integers(0, 40, 12) * N + slot).astype(np.int32) for _ in range(8)]
+        for r in range(60):
+            prompt = np.concatenate([words[i] for i in rng.integers(0, 8, 30)])
+            output = np.concatenate([words[i] for i in rng.integers(0, 8, 12)])
+            yield prompt, output
+    def run(prop, slot, log):
+        for prompt, output in requests(slot):
+            prop.begin(slot, prompt)
+            cache, sampled, produced = list(prompt), int(output[0]), 1
+            while produced < len(output):
+                d = prop.draft(slot, np.asarray(cache, dtype=np.int32), sampled)
+                log.append(d.tolist())
+                k = 0
+                while k < len(d) and produced + k < len(output) and d[k] == output[produced + k]:
+                    k += 1
+                if len(d):
+                    prop.accept(slot, k)
+                cache += [sampled] + output[produced:produced + k].tolist()
+                produced += k
+                if produced >= len(output):
+                    break
+                sampled = int(output[produced]); produced += 1
+    result = {{}}
+    for budget in (0, 1 << 20, 400):
+        prop = SuffixProposer(N, max_draft=32, global_tokens=budget)
+        logs = [[] for _ in range(N)]
+        threads = [threading.Thread(target=run, args=(prop, s, logs[s])) for s in range(N)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        serial = []
+        if budget == 0:
+            alone = SuffixProposer(N, max_draft=32, global_tokens=0)
+            for s in range(N):
+                serial.append([]); run(alone, s, serial[s])
+        result[str(budget)] = dict(
+            n_drafts=sum(len(l) for l in logs),
+            foreign=sum(1 for s in range(N) for d in logs[s] for t in d if t % N != s),
+            same_as_serial=(logs == serial) if budget == 0 else None,
+            tokens=prop.global_stats()["tokens"])
+    print(json.dumps(result))
+""")
+
+
+def test_threads_share_the_global_store():
+    out = subprocess.run([sys.executable, "-c", THREAD_SCRIPT.format(root=str(ROOT))],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["0"]["same_as_serial"] is True
+    for budget, r in res.items():
+        assert r["n_drafts"] > 1000
+        assert r["foreign"] == 0, budget
+        assert int(budget) == 0 or r["tokens"] <= int(budget)
+
+
+def test_docstrings_state_memory_and_thread_safety():
+    for text in (suffix.__doc__, SuffixProposer.__doc__):
+        assert "Memory" in text and "Thread-safety" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# parameters and the engine
+# ---------------------------------------------------------------------------------------------
+
+def test_factory_defaults_and_ranges():
+    p = build_ngram_suffix(3, {})
+    assert (p.name, p.n_slots, p.max_draft) == ("ngram-suffix", 3, 256)
+    assert build_ngram_suffix(1, {"ngram_suffix_max_draft": 7, "other_type_key": 1}).max_draft == 7
+    for name, (default, lo, hi, kind, _) in PARAMS.items():
+        assert name.startswith("ngram_suffix_") and lo <= default <= hi
+        for bad in (lo - 1, hi + 1):
+            with pytest.raises(ValueError, match=f"{name} = .* allowed {lo} .. {hi}"):
+                build_ngram_suffix(1, {name: bad})
+        with pytest.raises(TypeError, match=name):
+            build_ngram_suffix(1, {name: "3"})
+    with pytest.raises(TypeError):
+        build_ngram_suffix(1, {"ngram_suffix_max_draft": 2.5})
+
+
+def test_python_methods_check_their_arguments():
+    p = SuffixProposer(2)
+    with pytest.raises(IndexError, match="slot = 2"):
+        p.begin(2, np.zeros(3, dtype=np.int32))
+    with pytest.raises(ValueError, match="negative"):
+        p.begin(0, np.array([1, -1], dtype=np.int32))
+    with pytest.raises(ValueError, match="negative"):
+        p.draft(0, np.array([1, 2], dtype=np.int32), -5)
+    with pytest.raises(ValueError, match="n_accepted"):
+        p.accept(0, -1)
+
+
+def test_through_the_engine():
+    core = pytest.importorskip("ngramspec._core")
+    rng = np.random.default_rng(3)
+    words = [rng.integers(0, 50, 8).astype(np.int32) for _ in range(6)]
+    reqs = [(np.concatenate([words[i] for i in rng.integers(0, 6, 20)]),
+             np.concatenate([words[i] for i in rng.integers(0, 6, 10)]).tolist())
+            for _ in range(5)]
+    direct = SuffixProposer(1, max_draft=32)
+    engine = core.SpecEngine.from_proposers([SuffixProposer(1, max_draft=32)], n_slots=1)
+    for prompt, output in reqs:
+        assert [list(map(int, d)) for d in replay(engine, 0, prompt, output)] == \
+            list(replay(direct, 0, prompt, output))
