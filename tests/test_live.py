@@ -1,0 +1,341 @@
+"""Live generation against the real embedded model (SmolLM2-135M-Instruct Q4_1): no mocks.
+
+Speculative greedy decoding must give the plain greedy output. Where it does not, the test does not
+skip: it checks that at the first difference the target's two best logits are closer than the
+float noise between llama.cpp's one-token and multi-token kernels (`divergence_report`), and fails
+otherwise.
+
+Kept small (n_ctx 768, <= 96 output tokens, one thread, one prompt pass per model) so that the
+module runs in about a minute on two cores.
+"""
+import itertools
+import json
+import os
+import pathlib
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+import ngramspec  # noqa: E402
+from ngramspec import SpecEngine  # noqa: E402
+from ngramspec.cli import main as cli_main  # noqa: E402
+from ngramspec.draft_model import (DraftModelProposer, VocabMismatchError,  # noqa: E402
+                                   check_vocab_compatible)
+from ngramspec.live import (divergence_report, generate_plain,  # noqa: E402
+                            generate_speculative, load_model, tokenize_prompt)
+from ngramspec.model import default_model_path  # noqa: E402
+
+N_CTX = 768
+N_PREDICT = 96
+EXAMPLE = pathlib.Path(ngramspec.__file__).parent / "examples" / "code_edit_prompt.txt"
+NGRAM_TYPES = ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
+               "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod"]
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    return default_model_path()  # a missing model package fails the module, it does not skip
+
+
+@pytest.fixture(scope="module")
+def llm(model_path):
+    return load_model(model_path, n_ctx=N_CTX, n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def prompt(llm):
+    toks = tokenize_prompt(llm, EXAMPLE.read_text(encoding="utf-8"))
+    assert 100 < len(toks) < N_CTX - N_PREDICT - 8
+    return toks
+
+
+@pytest.fixture(scope="module")
+def plain(llm, prompt):
+    res = generate_plain(llm, prompt, n_predict=N_PREDICT)
+    assert res.n_output == N_PREDICT and res.stop_reason == "n_predict"
+    return res
+
+
+def assert_same_greedy(llm, prompt, spec_tokens, plain_tokens):
+    """Equal outputs, or a first difference explained by float noise between the two paths."""
+    spec_tokens, plain_tokens = list(spec_tokens), list(plain_tokens)
+    if spec_tokens == plain_tokens:
+        return
+    rep = divergence_report(llm, prompt, spec_tokens, plain_tokens)
+    assert rep is not None and rep.within_noise(), (
+        f"speculative output leaves plain greedy beyond float noise: {rep}")
+
+
+def check_steps(res, n_prompt, n_ctx, n_predict):
+    """llama-server's n_draft_max bound held at every step, and the emitted tokens add up."""
+    for L, sampled, draft, k in res.steps:
+        n_decoded = L - n_prompt + 1          # output tokens emitted so far, `sampled` included
+        if draft:
+            assert len(draft) <= n_ctx - L - 2
+            if n_predict > 0:
+                assert len(draft) <= n_predict - n_decoded - 1
+        assert 0 <= k <= len(draft)
+        assert res.output_tokens[n_decoded - 1] == sampled
+    assert 1 + sum(k + 1 for *_, k in res.steps) >= res.n_output
+
+
+@pytest.mark.parametrize("spec_type", NGRAM_TYPES)
+def test_ngram_types_match_plain_greedy(llm, prompt, plain, spec_type):
+    eng = SpecEngine(spec_type)
+    res = generate_speculative(llm, prompt, eng, n_predict=N_PREDICT, record_steps=True)
+    assert_same_greedy(llm, prompt, res.output_tokens, plain.output_tokens)
+    assert res.n_output == N_PREDICT and res.stop_reason == "n_predict"
+    check_steps(res, len(prompt), N_CTX, N_PREDICT)
+
+    # The driver's view and the engine's counters agree (llama.cpp statistics, spec 7).
+    stats = eng.stats()
+    drafted = [s for s in res.steps if s[2]]
+    assert [s["calls_b"] for s in stats] == [1] * len(stats)
+    assert sum(s["calls_a"] for s in stats) == len(drafted)
+    assert sum(s["gen_drafts"] for s in stats) == len(drafted)
+    assert sum(s["gen_tokens"] for s in stats) == res.n_drafted == sum(len(s[2]) for s in drafted)
+    assert sum(s["acc_tokens"] for s in stats) == res.n_accepted == sum(s[3] for s in drafted)
+    assert len(res.stats_lines) == len(stats)
+    assert all(line.startswith("statistics ") for line in res.stats_lines)
+    # A code edit copies the file: speculation must have saved target decodes.
+    assert res.n_accepted > 0
+    assert res.n_target_decodes < N_PREDICT - 1
+    t = res.timings()
+    assert t["target_s"] > 0 and t["proposers_s"] >= 0 and t["draft_model_s"] == 0
+    assert t["target_s"] + t["proposers_s"] <= t["gen_s"] * 1.01 + 1e-3
+
+
+def test_context_limit_stops_like_plain(llm, prompt):
+    """n_predict = -1: the run ends when the KV cache is full, drafts bounded by n_ctx - L - 2."""
+    n_ctx = llm.n_ctx()
+    plain = generate_plain(llm, prompt, n_predict=-1)
+    res = generate_speculative(llm, prompt, SpecEngine("ngram-simple,ngram-mod"), n_predict=-1,
+                               record_steps=True)
+    assert_same_greedy(llm, prompt, res.output_tokens, plain.output_tokens)
+    check_steps(res, len(prompt), n_ctx, -1)
+    if res.output_tokens == plain.output_tokens and plain.stop_reason == "n_ctx":
+        assert res.stop_reason == "n_ctx"
+        assert res.n_output == n_ctx - len(prompt) + 1
+
+
+def test_draft_model_same_model_accepts_every_token(llm, model_path, prompt, plain):
+    """The target as its own draft model: every drafted token is the target's own greedy choice."""
+    n = 40
+    eng = SpecEngine("draft-simple", model_draft=model_path, spec_draft_n_max=4)
+    res = generate_speculative(llm, prompt, eng, n_predict=n, record_steps=True)
+    assert_same_greedy(llm, prompt, res.output_tokens, plain.output_tokens[:n])
+    check_steps(res, len(prompt), N_CTX, n)
+    (st,) = eng.stats()
+    assert st["type"] == "draft-simple" and st["gen_drafts"] > 0
+    assert res.t_draft_model_s > 0
+    out = res.output_tokens
+    for L, sampled, draft, k in res.steps:
+        assert len(draft) <= 4
+        if k < len(draft):
+            # A rejection is allowed only where the two kernels' logits tie within float noise.
+            idx = L - len(prompt) + 1 + k
+            rep = divergence_report(llm, prompt, out[:idx] + [draft[k]], out[:idx + 1])
+            assert rep is not None and rep.within_noise(), f"draft token rejected: {rep}"
+    if st["acc_tokens"] == st["gen_tokens"]:
+        assert res.n_target_decodes < n - 1
+
+
+def test_draft_model_behind_ngram_proposers(llm, prompt, plain):
+    """draft-simple (a loaded Llama here) is last in the chain: n-gram drafts take precedence."""
+    n = 64
+    eng = SpecEngine("draft-simple,ngram-simple", model_draft=llm, spec_draft_n_max=3)
+    assert eng.types == ["ngram-simple", "draft-simple"]
+    res = generate_speculative(llm, prompt, eng, n_predict=n, record_steps=True)
+    assert_same_greedy(llm, prompt, res.output_tokens, plain.output_tokens[:n])
+    ngram, dm = eng.stats()
+    assert ngram["gen_drafts"] > 0 and dm["gen_drafts"] > 0
+    # The draft model is asked only on iterations where ngram-simple had nothing (spec 7).
+    assert dm["calls_g"] == ngram["calls_g"] - ngram["gen_drafts"]
+    assert res.t_draft_model_s > 0 and res.t_target_s > 0
+
+
+def test_draft_model_parameters(model_path, llm, prompt):
+    prop = DraftModelProposer(model_path, 1, n_max=5, n_ctx=N_CTX, n_threads=1)
+    ctx = prompt[:160]                      # short: each proposer decodes it once
+    inp, sampled = np.asarray(ctx[:-1]), int(ctx[-1])
+    full = prop.on_draft(0, inp, sampled)
+    assert len(full) == 5
+    # The cache follows the context: it holds the context plus the drafted tokens but the last.
+    assert prop._n[0] == len(ctx) + 4
+    again = prop.on_draft(0, inp, sampled)  # nothing new to decode but the last context token
+    assert again == full
+    strict = DraftModelProposer(llm, 1, n_max=5, p_min=0.9, n_ctx=N_CTX, n_threads=1)
+    short = strict.on_draft(0, inp, sampled)
+    assert short == full[:len(short)]       # p_min only ever cuts the draft short
+    assert DraftModelProposer(llm, 1, n_max=2, n_min=3, n_ctx=N_CTX,
+                              n_threads=1).on_draft(0, inp, sampled) == []
+    with pytest.raises(ValueError):
+        DraftModelProposer(llm, 1, p_min=1.5)
+    with pytest.raises(ValueError):
+        SpecEngine("draft-simple")          # no model_draft
+
+
+@pytest.fixture(scope="module")
+def other_vocab_gguf(tmp_path_factory, model_path, llm):
+    """A copy of the embedded model with one token's text changed (same size, valid GGUF)."""
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    data = bytearray(pathlib.Path(model_path).read_bytes())
+    for tok in range(30000, 30200):
+        text = llama_cpp.llama_vocab_get_text(vocab, tok)
+        pattern = struct.pack("<Q", len(text)) + text
+        at = data.find(pattern)
+        if len(text) >= 6 and at >= 0 and data.find(pattern, at + 1) < 0:
+            data[at + len(pattern) - 1] = ord("Q") if text[-1:] != b"Q" else ord("Z")
+            break
+    else:
+        pytest.fail("no unique token text found to patch")
+    path = tmp_path_factory.mktemp("gguf") / "other-vocab.gguf"
+    path.write_bytes(bytes(data))
+    return str(path)
+
+
+def test_vocab_mismatch_is_refused(llm, prompt, other_vocab_gguf):
+    eng = SpecEngine("draft-simple", model_draft=other_vocab_gguf)
+    with pytest.raises(VocabMismatchError, match="token"):
+        generate_speculative(llm, prompt, eng, n_predict=4)
+    with pytest.raises(VocabMismatchError):
+        check_vocab_compatible(llm, eng.proposers[0].model_ptr)
+    check_vocab_compatible(llm, llm)  # same model: fine
+
+
+def test_cli_refuses_other_vocab(other_vocab_gguf, capsys):
+    rc = cli_main(["generate", "--prompt", "hi", "-n", "2", "-c", "256", "-t", "1",
+                   "--spec-type", "ngram-simple", "--model-draft", other_vocab_gguf])
+    err = capsys.readouterr().err
+    assert rc == 2 and "vocabulary" in err and len(err.strip().splitlines()) == 1
+
+
+def test_plugin_in_create_completion(model_path, prompt):
+    from llama_cpp import Llama
+
+    from ngramspec.plugin import NgramspecDraftModel
+
+    draft = NgramspecDraftModel("ngram-simple,ngram-mod", n_ctx=N_CTX)
+    kw = dict(n_ctx=N_CTX, n_threads=1, n_threads_batch=1, verbose=False)
+    # logits_all: llama-cpp-python sizes its score buffer from it, not from draft_model.
+    spec_llm = Llama(model_path=model_path, draft_model=draft, logits_all=True, **kw)
+    plain_llm = Llama(model_path=model_path, **kw)
+    gen = dict(max_tokens=64, temperature=0.0, top_k=1, repeat_penalty=1.0)
+    ids = [int(t) for t in prompt]
+    spec_text = spec_llm.create_completion(ids, **gen)["choices"][0]["text"]
+    plain_text = plain_llm.create_completion(ids, **gen)["choices"][0]["text"]
+    if spec_text != plain_text:
+        def tokens(model):
+            return list(itertools.islice(model.generate(ids, temp=0.0, top_k=1), 64))
+        ref = load_model(model_path, n_ctx=N_CTX, n_threads=1)
+        assert_same_greedy(ref, prompt, tokens(spec_llm), tokens(plain_llm))
+    assert draft.n_requests == 1
+    stats = draft.stats()
+    assert [s["calls_b"] for s in stats] == [1, 1]
+    assert sum(s["gen_drafts"] for s in stats) > 0
+    assert sum(s["calls_a"] for s in stats) > 0 and sum(s["acc_tokens"] for s in stats) > 0
+    assert all(line.startswith("statistics ") for line in draft.stats_lines())
+    # A second request is recognized as one (not an extension of the first): begin again.
+    spec_llm.create_completion(ids[:-5], **dict(gen, max_tokens=8))
+    assert draft.n_requests == 2
+    assert [s["calls_b"] for s in draft.stats()] == [2, 2]
+
+
+def test_plugin_infers_acceptance_from_calls():
+    """The call pattern of Llama.generate, replayed on a periodic stream the drafts predict."""
+    from ngramspec.plugin import NgramspecDraftModel
+
+    period = list(range(100, 117))
+    stream = (period * 20)[:300]
+    draft_model = NgramspecDraftModel("ngram-simple", ngram_simple_size_n=2,
+                                      ngram_simple_size_m=5)
+    # The target's "truth" is the stream, with a change at 200 so some drafts are rejected.
+    truth = stream[:200] + [7] + stream[201:]
+    ids = truth[:41]
+    expect_calls_a = expect_acc = 0
+    pending = False
+    while len(ids) < 280:
+        d = [int(t) for t in draft_model(np.array(ids, dtype=np.intc))]
+        if pending:
+            expect_calls_a += 1
+        k = 0
+        while k < len(d) and d[k] == truth[len(ids) + k]:
+            k += 1
+        expect_acc += k
+        pending = bool(d)
+        ids = truth[:len(ids) + k + 1]
+    (st,) = draft_model.stats()
+    assert draft_model.n_requests == 1 and st["calls_b"] == 1
+    assert st["calls_a"] == expect_calls_a
+    assert st["acc_tokens"] == expect_acc - (k if pending else 0)
+    assert st["gen_drafts"] > st["acc_drafts"] > 0
+    draft_model(np.array(stream[:30], dtype=np.intc))  # not an extension: a new request
+    assert draft_model.n_requests == 2
+
+
+def test_cli_generate_json_compare():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(pathlib.Path(ngramspec.__file__).parent.parent), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "ngramspec", "generate", "--prompt-file", str(EXAMPLE),
+           "-n", "48", "-c", str(N_CTX), "-t", "1", "--spec-type", "ngram-simple,ngram-map-k4v",
+           "--json", "--compare"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    for key in ("output_tokens", "text", "n_output", "tokens_per_s", "stats",
+                "plain_output_tokens", "plain_tokens_per_s", "speedup", "outputs_match"):
+        assert key in res
+    assert res["n_output"] == len(res["output_tokens"]) == 48
+    assert res["text"] and res["tokens_per_s"] > 0 and res["plain_tokens_per_s"] > 0
+    assert res["speedup"] == pytest.approx(res["tokens_per_s"] / res["plain_tokens_per_s"])
+    assert [s["type"] for s in res["stats"]] == ["ngram-simple", "ngram-map-k4v"]
+    assert res["outputs_match"] == (res["output_tokens"] == res["plain_output_tokens"])
+    if not res["outputs_match"]:
+        assert res["divergence"]["within_float_noise"], res["divergence"]
+
+
+def test_cli_text_report(capsys, tmp_path, prompt):
+    toks = tmp_path / "prompt.json"
+    toks.write_text(json.dumps([int(t) for t in prompt]))
+    rc = cli_main(["generate", "--prompt-tokens", str(toks), "-n", "16", "-c", str(N_CTX),
+                   "-t", "1", "--spec-type", "ngram-mod"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "statistics        ngram-mod:" in out and "tokens/s" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--prompt-file", "/nonexistent/prompt.txt"], "No such file"),
+    (["--prompt-tokens", __file__], "not JSON"),
+    (["--prompt", "x", "--model", "/nonexistent.gguf"], "not found"),
+    (["--prompt", "x", "--spec-type", "draft-simple"], "--model-draft"),
+    (["--prompt", "x", "--spec-type", "ngram-bogus"], "unknown spec type"),
+    (["--prompt", "x", "-n", "-5"], "--n-predict"),
+])
+def test_cli_errors_are_one_line(capsys, argv, needle):
+    rc = cli_main(["generate", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_divergence_report_tells_noise_from_a_wrong_token(llm, prompt, plain):
+    """The check the equivalence tests rely on fails for a token that is not a near tie."""
+    out = list(plain.output_tokens[:12])
+    assert divergence_report(llm, prompt, out, out) is None
+    for wrong in (out[10] + 1, out[10] + 2):
+        rep = divergence_report(llm, prompt, out[:10] + [wrong], out)
+        assert rep.index == 10 and rep.token_b == out[10]
+        assert rep.logit_b == rep.top1            # plain greedy took the single-path argmax
+        assert 0 < rep.noise < 5                  # the kernels differ, but only a little
+        if rep.logit_a < rep.top2:                # not even second best: never float noise
+            assert not rep.within_noise()
+    # The reports keep the prompt cache valid: a repeat of the plain run gives the same tokens.
+    again = generate_plain(llm, prompt, n_predict=12)
+    assert again.prompt_reused and again.output_tokens == out
