@@ -15,6 +15,7 @@ cimport numpy as cnp
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock)
 from cpython.long cimport PyLong_AsLongLong, PyLong_AsSsize_t, PyLong_CheckExact
+from cpython.ref cimport PyObject
 from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memmove, memset
@@ -71,8 +72,11 @@ def _tokens_slow(obj, str name):
         raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {arr.shape}")
     if arr.size == 0:
         return np.empty(0, dtype=np.int32)
-    if arr.dtype.kind == "O" and all(isinstance(v, int) and not isinstance(v, bool) for v in arr):
-        for pos, v in enumerate(arr):        # ints too large for int64 / uint64
+    if (arr.dtype.kind == "O" or arr.dtype.kind == "f" and isinstance(obj, (list, tuple))) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in obj):
+        # ints too large for int64 / uint64: numpy makes an object array of them, or (numpy 2,
+        # ints in [2**63, 2**64) mixed with small ones) a float64 array
+        for pos, v in enumerate(obj):
             if v < 0 or v > TOKEN_MAX:
                 raise ValueError(f"{name}[{pos}] = {v} is not a token id: ids must be in "
                                  f"0 .. {TOKEN_MAX}")
@@ -84,7 +88,9 @@ def _tokens_slow(obj, str name):
         bad = lo if lo < 0 else hi
         pos = int(np.flatnonzero(arr == bad)[0])
         raise ValueError(f"{name}[{pos}] = {bad} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
-    return np.ascontiguousarray(arr, dtype=np.int32)
+    # ascontiguousarray keeps a misaligned int32 buffer as it is: the kernels need int32
+    # alignment (C's rules; vectorized loops may assume it)
+    return np.require(arr, np.int32, ("C", "A"))
 
 
 cdef cnp.ndarray as_tokens(object obj, str name, Py_ssize_t skip=0):
@@ -109,6 +115,13 @@ cdef cnp.ndarray as_tokens(object obj, str name, Py_ssize_t skip=0):
                              f"0 .. {TOKEN_MAX}")
         return arr
     return _tokens_slow(obj, name)
+
+
+cdef inline object buffer_owner(cnp.ndarray arr):
+    """The array's base object (the buffer a view such as ``buf[:L]`` looks into), or the
+    array itself; C-level, no attribute lookups."""
+    cdef PyObject* base = cnp.PyArray_BASE(arr)
+    return <object>base if base != NULL else arr
 
 
 cdef inline const token_t* tok_ptr(cnp.ndarray arr) noexcept:
@@ -159,6 +172,8 @@ cdef class Proposer:
     through `PyProposer`, ``on_begin`` / ``on_draft`` / ``on_accept`` (Python). Use a proposer
     through `SpecEngine`, which validates the arguments and keeps llama.cpp's statistics.
 
+    Memory: the base class holds nothing per slot; each subclass documents its own.
+
     Thread-safety: per-slot state may be used by one thread per slot at a time; state shared
     across slots is documented by each subclass.
     """
@@ -196,6 +211,8 @@ cdef class PyProposer(Proposer):
     Override ``on_begin(slot, prompt)``, ``on_draft(slot, inp, sampled) -> sequence of ids`` and
     ``on_accept(slot, n_accepted, is_other)``. ``prompt`` and ``inp`` are fresh int32 copies the
     method may keep. A draft longer than ``max_draft`` raises ValueError.
+
+    Memory: whatever the subclass keeps; the wrapper itself holds nothing per slot.
 
     Thread-safety: the ``on_*`` methods run with the GIL held; one thread per slot at a time.
     """
@@ -1265,8 +1282,10 @@ cdef class SpecEngine:
 
     Between two begin() calls a slot's context only grows (llama-server appends to the KV
     cache), which is what the proposers' incremental state relies on, as in llama.cpp. The
-    engine therefore checks each context token once: a zero-copy int32 context is validated
-    from where the previous call ended; any other array-like is converted and checked whole.
+    engine therefore checks each context token once: when a call passes the same int32 buffer
+    as the previous call on the slot (same data address and owner, e.g. growing views
+    ``buf[:L]``), only the tokens past the previous length are validated; any other array-like
+    is converted and checked whole.
 
     Memory: see each proposer; the engine adds ``n_slots * max_draft`` int32 of output buffers.
 
@@ -1282,6 +1301,9 @@ cdef class SpecEngine:
     cdef int* impl_last                      # per slot: proposer of the last non-empty draft
     cdef Py_ssize_t* pending                 # per slot: length of a draft awaiting accept, or -1
     cdef Py_ssize_t* checked                 # per slot: leading context tokens already validated
+    cdef list checked_owner                  # per slot: the buffer those tokens are in (kept
+    cdef size_t* checked_data                # alive, so its address cannot be reused) and its
+                                             # data address; any other array is checked whole
     cdef token_t* out                        # per slot output buffer of max_draft tokens
 
     def __cinit__(self):
@@ -1289,6 +1311,7 @@ cdef class SpecEngine:
         self.impl_last = NULL
         self.pending = NULL
         self.checked = NULL
+        self.checked_data = NULL
         self.out = NULL
 
     def __init__(self, spec_type=None, n_slots=1, pool=None, *, proposers=None, **params):
@@ -1321,9 +1344,11 @@ cdef class SpecEngine:
         self.impl_last = <int*>malloc(n_slots * sizeof(int))
         self.pending = <Py_ssize_t*>malloc(n_slots * sizeof(Py_ssize_t))
         self.checked = <Py_ssize_t*>calloc(n_slots, sizeof(Py_ssize_t))
+        self.checked_data = <size_t*>calloc(n_slots, sizeof(size_t))
+        self.checked_owner = [None] * n_slots
         self.out = <token_t*>malloc(n_slots * self.max_draft * sizeof(token_t))
         if (self.counters == NULL or self.impl_last == NULL or self.pending == NULL
-                or self.checked == NULL or self.out == NULL):
+                or self.checked == NULL or self.checked_data == NULL or self.out == NULL):
             raise MemoryError()
         for i in range(self.n_prop):
             self.counters[i].acc_per_pos = <uint64_t*>calloc(self.max_draft, sizeof(uint64_t))
@@ -1347,6 +1372,7 @@ cdef class SpecEngine:
         free(self.impl_last)
         free(self.pending)
         free(self.checked)
+        free(self.checked_data)
         free(self.out)
 
     @property
@@ -1378,7 +1404,8 @@ cdef class SpecEngine:
         cdef int64_t t0
         cdef Proposer p
         self.pending[s] = -1
-        self.checked[s] = n
+        self.checked[s] = 0                  # the next context is checked whole
+        self.checked_owner[s] = None
         for k in range(self.n_prop):
             p = <Proposer>self.proposers[k]
             t0 = now_ns()
@@ -1403,7 +1430,12 @@ cdef class SpecEngine:
         numpy.ndarray of int32 (empty: no draft).
         """
         cdef Py_ssize_t s = self.slot_index(slot), k, length = 0, bound = 0
-        cdef cnp.ndarray arr = as_tokens(context, "context", self.checked[s])
+        cdef Py_ssize_t skip = 0
+        if (self.checked[s] > 0 and cnp.PyArray_CheckExact(context)
+                and <size_t>cnp.PyArray_DATA(<cnp.ndarray>context) == self.checked_data[s]
+                and buffer_owner(<cnp.ndarray>context) is self.checked_owner[s]):
+            skip = self.checked[s]           # the same buffer, grown: check the new tokens
+        cdef cnp.ndarray arr = as_tokens(context, "context", skip)
         cdef token_t tok = as_token(sampled, "sampled")
         cdef const token_t* t = tok_ptr(arr)
         cdef Py_ssize_t L = cnp.PyArray_DIMS(arr)[0]
@@ -1411,12 +1443,20 @@ cdef class SpecEngine:
         cdef int64_t t0
         cdef Counters* c
         cdef Proposer p
-        self.checked[s] = L
-        self.pending[s] = -1
         if n_max is not None:
-            bound = check_int("n_max", n_max, 0)
-            if bound == 0:
-                return EMPTY_DRAFT
+            # any bound >= max_draft truncates nothing (and fits a Py_ssize_t)
+            bound = min(check_int("n_max", n_max, 0), self.max_draft)
+        # every argument is valid: only now change the slot's state
+        if arr is context:
+            self.checked[s] = L
+            self.checked_data[s] = <size_t>cnp.PyArray_DATA(arr)
+            self.checked_owner[s] = buffer_owner(arr)
+        else:
+            self.checked[s] = 0
+            self.checked_owner[s] = None
+        self.pending[s] = -1
+        if n_max is not None and bound == 0:
+            return EMPTY_DRAFT
         for k in range(self.n_prop):
             p = <Proposer>self.proposers[k]
             c = &self.counters[k]

@@ -17,6 +17,13 @@ def positive(text):
     return value
 
 
+def nonnegative(text):
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def add_parser(subparsers):
     p = subparsers.add_parser(
         "replay", help="replay token traces through a proposer chain",
@@ -32,7 +39,7 @@ def add_parser(subparsers):
                    help="replay only the first N requests of each file")
     p.add_argument("--repeat", type=positive, default=1, metavar="R",
                    help="replay R times and report the fastest timings")
-    p.add_argument("--ctx-size", type=int, default=0, metavar="N",
+    p.add_argument("--ctx-size", type=nonnegative, default=0, metavar="N",
                    help="bound drafts by llama-server's n_ctx - L - 2 (0: unbounded)")
     p.add_argument("--drafts", action="store_true", help="record every draft (with --output)")
     p.add_argument("--output", metavar="FILE", help="write golden-format JSON lines to FILE")

@@ -5,7 +5,6 @@ Every problem is a `TraceError` whose message names the file and, where there is
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import os
 import zlib
@@ -40,9 +39,9 @@ def _tokens(value, path, lineno, field):
 
 
 def _open(path):
-    if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+    """The file as bytes: each line is decoded on its own, so an encoding error names its line
+    (a text wrapper decodes whole chunks ahead of the line being read)."""
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
 def iter_json_lines(path: str) -> Iterator[tuple[int, dict]]:
@@ -52,7 +51,11 @@ def iter_json_lines(path: str) -> Iterator[tuple[int, dict]]:
     lineno = 0
     try:
         with _open(path) as f:
-            for lineno, line in enumerate(f, 1):
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise TraceError(f"{path}:{lineno}: not UTF-8 text ({exc.reason})") from None
                 if not line.strip():
                     continue
                 try:
