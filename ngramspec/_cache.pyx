@@ -150,6 +150,12 @@ cdef extern from * nogil:
         }
     }
 
+    // Empty a cache and give its memory back (clear() keeps the bucket array): the old
+    // contents move into a temporary that is destroyed here.
+    static inline void ngs_free(ngs_cache * c) {
+        ngs_cache().swap(*c);
+    }
+
     static inline int ngs_copy_cache(ngs_cache * dst, const ngs_cache * src) {
         try {
             *dst = *src;
@@ -207,6 +213,7 @@ cdef extern from * nogil:
     int ngs_part_emplace(ngs_part* p, int32_t tok, int32_t count)
     int ngs_insert_copy(ngs_cache* c, const ngs_ngram& g, const ngs_part* p)
     int ngs_copy_cache(ngs_cache* dst, const ngs_cache* src)
+    void ngs_free(ngs_cache* c)
     const int* ngs_min_n_lax
     const int* ngs_min_pct_lax
     const int* ngs_min_n_strict
@@ -224,6 +231,8 @@ cdef enum:
     PAIR_SIZE = 8           # file: int32 token + int32 count
     # Contexts whose unseen tail is at least this long are hashed without the GIL (a few ms).
     NOGIL_UPDATE_TOKENS = 2048
+    # Context caches with at least this many n-grams are freed without the GIL (~0.1 ms+).
+    NOGIL_FREE_NGRAMS = 4096
 
 # Error codes of parse_cache (also used by the Python-level message builder).
 cdef enum:
@@ -812,7 +821,8 @@ cdef class NgramCacheProposer(Proposer):
     Each slot keeps a context cache learned online and ``cache_size`` (the length of the stream
     it has seen); the dynamic and static caches are read-only and shared by all slots (llama.cpp
     gives each slot an identical copy, which behaves the same). Drafts are at most 8 tokens.
-    begin and accept are no-ops, and nothing is reset between requests (spec 6.4).
+    begin and accept are no-ops, and nothing is reset between requests (spec 6.4), unless
+    ``restart`` is set.
 
     Parameters
     ----------
@@ -821,24 +831,33 @@ cdef class NgramCacheProposer(Proposer):
     static, dynamic : NgramCache or None
         The ``--lookup-cache-static`` / ``--lookup-cache-dynamic`` caches (see
         `ngramspec.cache_file.load_cache`); they become frozen (read-only).
+    restart : bool (default False; not llama.cpp's behaviour)
+        begin() frees the slot's context cache and sets its size to 0, so the next draft
+        learns the whole new prompt as a new proposer would (the golden files' "fresh" state).
+        Without it, a server slot keeps counting n-grams of unrelated earlier requests and
+        learns nothing from a prompt shorter than what it has already seen.
 
     Memory: per slot, the context cache grows without bound in a long-lived slot (about four
-    n-grams per token of new context, ~150 bytes each); `reset` empties it. The static and
-    dynamic caches are held once.
+    n-grams per token of new context, ~150 bytes each); with ``restart`` it holds one request.
+    `reset` empties it. The static and dynamic caches are held once.
 
     Thread-safety: one thread per slot at a time. A draft whose unseen context is long (the
-    first call of a request) hashes it without the GIL; another thread may then use other
+    first call of a request) hashes it without the GIL, and freeing a large context cache
+    (begin with ``restart``, `reset`) also runs without it; another thread may then use other
     slots, while a second call on the same slot raises RuntimeError. The shared caches are
     frozen, so concurrent reads are safe.
     """
     cdef vector[ngs_slot] slots
     cdef readonly NgramCache static_cache
     cdef readonly NgramCache dynamic_cache
+    cdef readonly bint restart
     cdef ngs_cache* static_c
     cdef ngs_cache* dynamic_c
 
-    def __init__(self, Py_ssize_t n_slots=1, NgramCache static=None, NgramCache dynamic=None):
+    def __init__(self, Py_ssize_t n_slots=1, NgramCache static=None, NgramCache dynamic=None,
+                 restart=False):
         super().__init__("ngram-cache", n_slots, CACHE_N_DRAFT)
+        self.restart = bool(restart)
         self.static_cache = static if static is not None else NgramCache()
         self.dynamic_cache = dynamic if dynamic is not None else NgramCache()
         self.static_cache._frozen = True
@@ -849,7 +868,26 @@ cdef class NgramCacheProposer(Proposer):
         self.slots.resize(n_slots)
 
     cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
+        if self.restart:
+            self._restart_slot(slot)
         return 0    # llama.cpp: begin is a no-op
+
+    cdef int _restart_slot(self, Py_ssize_t slot) except -1:
+        """Free the slot's context cache, cache_size 0: the state of a new proposer."""
+        cdef ngs_slot* st = &self.slots[slot]
+        if st.busy:
+            raise RuntimeError(f"ngram-cache slot {slot} used concurrently from two threads")
+        if st.context.size() >= NOGIL_FREE_NGRAMS:
+            st.busy = True
+            try:
+                with nogil:
+                    ngs_free(&st.context)
+            finally:
+                st.busy = False
+        else:
+            ngs_free(&st.context)
+        st.cache_size = 0
+        return 0
 
     cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
                             token_t sampled, token_t* out) except -1:
@@ -890,15 +928,13 @@ cdef class NgramCacheProposer(Proposer):
         return &self.slots[slot]
 
     def reset(self, slot=None):
-        """Forget what one slot (or every slot) has learned: empty context cache, cache_size 0.
+        """Forget what one slot (or every slot) has learned: context cache freed, cache_size 0.
         Equivalent to a new proposer with the same static and dynamic caches (the "fresh"
-        state), without reloading them."""
+        state), without reloading them. A large cache is freed without the GIL."""
         cdef Py_ssize_t i
-        cdef ngs_slot* st
         for i in (range(self.slots.size()) if slot is None else (slot,)):
-            st = self._slot(i)
-            st.context.clear()
-            st.cache_size = 0
+            self._slot(i)   # range and concurrent-use checks
+            self._restart_slot(i)
 
     def cache_size(self, Py_ssize_t slot=0):
         """Number of stream tokens the slot's context cache has seen (never reset by llama.cpp)."""
@@ -922,7 +958,7 @@ cdef class NgramCacheProposer(Proposer):
 
     def __repr__(self):
         return (f"<NgramCacheProposer n_slots={self.n_slots} static={len(self.static_cache)} "
-                f"dynamic={len(self.dynamic_cache)} n-grams>")
+                f"dynamic={len(self.dynamic_cache)} n-grams restart={bool(self.restart)}>")
 
 
 # Frozen caches loaded from files, by file identity: engines built one after another (the
@@ -965,7 +1001,8 @@ def build_ngram_cache(n_slots, values):
     Thread-safety: call with the GIL held (file loading releases it while parsing)."""
     static = _load_arg(values.get("lookup_cache_static"), False)
     dynamic = _load_arg(values.get("lookup_cache_dynamic"), True)
-    return NgramCacheProposer(n_slots, static, dynamic)
+    return NgramCacheProposer(n_slots, static, dynamic,
+                              restart=bool(values.get("ngram_cache_restart", 0)))
 
 
 def _draft_once(Proposer p, Py_ssize_t slot, inp, int sampled):

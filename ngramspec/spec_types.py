@@ -8,6 +8,7 @@ imported only when used.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -21,6 +22,22 @@ PRIORITY = (
 UNSUPPORTED = {"draft-eagle3", "draft-mtp", "draft-dflash"}
 
 
+class CacheFile:
+    """Param kind of an n-gram cache file: a path (str or os.PathLike) or an already loaded
+    ``ngramspec.NgramCache`` (so that one loaded file can serve many engines)."""
+
+    @staticmethod
+    def check(name: str, value):
+        from ngramspec._cache import NgramCache
+        if isinstance(value, NgramCache):
+            return value
+        if isinstance(value, (str, os.PathLike)):
+            path = os.fspath(value)
+            return os.fsdecode(path) if isinstance(path, bytes) else path
+        raise TypeError(f"{name} must be a file path (str or os.PathLike) or an NgramCache, "
+                        f"got {type(value).__name__}")
+
+
 @dataclass(frozen=True)
 class Param:
     """One engine keyword: its default and allowed range (inclusive; None = unbounded)."""
@@ -28,7 +45,7 @@ class Param:
     default: Any
     lo: Any = None
     hi: Any = None
-    kind: type = int          # int, float, str (a path) or object (passed through)
+    kind: type = int          # int, float, str, CacheFile or object (passed through)
     help: str = ""
 
     @property
@@ -40,6 +57,8 @@ class Param:
     def check(self, value):
         if self.kind is object or value is None and self.default is None:
             return value
+        if self.kind is CacheFile:
+            return CacheFile.check(self.name, value)
         if self.kind is str:
             return str(value)
         if self.kind is int:
@@ -132,8 +151,11 @@ try:  # ngramspec's own proposer (C++ module)
 except ImportError:  # pragma: no cover - partial developer build
     pass
 register(SpecType("ngram-cache", (
-    Param("lookup_cache_static", None, kind=str, help="static n-gram cache file"),
-    Param("lookup_cache_dynamic", None, kind=str, help="dynamic n-gram cache file"),
+    Param("lookup_cache_static", None, kind=CacheFile, help="static n-gram cache file"),
+    Param("lookup_cache_dynamic", None, kind=CacheFile,
+          help="dynamic n-gram cache file (absent = empty)"),
+    Param("ngram_cache_restart", 0, 0, 1, help="ngramspec option, not llama.cpp: 1 = begin() "
+          "restarts the slot's context cache (each request learns only its own tokens)"),
 ), _lazy("ngramspec._cache", "build_ngram_cache")))
 register(SpecType("draft-simple", (
     Param("model_draft", None, kind=object, help="draft model (GGUF path or llama_cpp.Llama)"),
