@@ -39,6 +39,42 @@ def add_spec_flags(parser: argparse.ArgumentParser, include_live: bool = False) 
                                help=f"{spec.name}: {p.help} (default {p.default}{rng})")
 
 
+# The cache-file flags of ngram-cache (--lookup-cache-static / --lookup-cache-dynamic).
+CACHE_FILE_PARAMS = ("lookup_cache_static", "lookup_cache_dynamic")
+
+
+def load_cache_files(spec_type: str, params: dict) -> tuple:
+    """Load the n-gram cache files given on the command line, once, before any model.
+
+    Returns ``(spec_type, params)``: ``ngram-cache`` added to the type list if a cache file is
+    given and it is absent, the paths in ``params`` replaced by the loaded `NgramCache` objects
+    (every engine built from them shares them, e.g. one per request in ``--state fresh``). A
+    dynamic file that does not exist yet is an empty cache (the first run starts it). A static
+    file must exist. A corrupt or truncated file raises `CacheFileError` (a ValueError naming
+    the file and the byte offset).
+    """
+    given = [name for name in CACHE_FILE_PARAMS if params.get(name) is not None]
+    if not given:
+        return spec_type, params
+    from ngramspec._cache import NgramCache
+    from ngramspec.cache_file import load_cache
+    from ngramspec.spec_types import parse_types
+    types = parse_types(spec_type)
+    if "ngram-cache" not in types:
+        spec_type = ",".join(parse_types(types + ["ngram-cache"]))
+    params = dict(params)
+    for name in given:
+        path = params[name]
+        try:
+            params[name] = load_cache(path)
+        except FileNotFoundError:
+            if name != "lookup_cache_dynamic":
+                raise FileNotFoundError(2, f"--{name.replace('_', '-')}: no such file",
+                                        path) from None
+            params[name] = NgramCache()
+    return spec_type, params
+
+
 def engine_params(args: argparse.Namespace) -> dict:
     """The engine keywords of the flags given on the command line."""
     params = {}

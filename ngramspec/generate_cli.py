@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from ngramspec.cli_common import add_spec_flags, engine_params
+from ngramspec.cli_common import add_spec_flags, engine_params, load_cache_files
 
 
 def _positive(text):
@@ -123,8 +123,9 @@ def _execute(args):
         raise ValueError(f"--n-predict must be >= -1, got {args.n_predict}")
     if args.chat and args.prompt_tokens:
         raise ValueError("--chat applies to a text prompt, not to --prompt-tokens")
+    # Cache files are loaded before the model (a bad file fails fast); one adds ngram-cache.
+    args.spec_type, params = load_cache_files(args.spec_type, engine_params(args))
     types = _spec_types(args)
-    params = engine_params(args)
     if args.model is not None and not os.path.isfile(args.model):
         raise ValueError(f"model file not found: {args.model}")
     if args.model_draft is not None and not os.path.isfile(args.model_draft):
@@ -146,8 +147,11 @@ def _execute(args):
     if types:
         engine = _build_engine(llm, types, params, args)
 
-    spec = generate_speculative(llm, prompt, engine, n_predict=args.n_predict)
+    spec = generate_speculative(llm, prompt, engine, n_predict=args.n_predict,
+                                update_dynamic_cache=args.lookup_cache_dynamic)
     res = spec.to_dict()
+    if args.lookup_cache_dynamic is not None:
+        res["dynamic_cache_ngrams"] = spec.dynamic_cache_ngrams
     res["spec_type"] = ",".join(types) if types else "none"
     res["stats_lines"] = spec.stats_lines
     plain = None
@@ -191,6 +195,8 @@ def _print_text(res, spec, plain):
                          f"{div['gap']:.4f}, batched/single-token logit noise {div['noise']:.4f} "
                          f"({'within' if div['within_float_noise'] else 'NOT within'} float noise)")
     lines.extend(res["stats_lines"])
+    if "dynamic_cache_ngrams" in res:
+        lines.append(f"dynamic cache: {res['dynamic_cache_ngrams']} n-grams saved")
     out.write("\n".join(lines) + "\n")
 
 

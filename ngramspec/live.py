@@ -261,6 +261,8 @@ class GenerationResult:
     prompt_reused : bool
         The prompt's KV cache and first token came from the previous request with the same
         prompt (``t_prompt_s`` is then about 0).
+    dynamic_cache_ngrams : int or None
+        With ``update_dynamic_cache``: n-grams in the dynamic cache file after the merge.
 
     Notes
     -----
@@ -283,6 +285,7 @@ class GenerationResult:
     stats_lines: List[str] = field(default_factory=list)
     steps: Optional[List[tuple]] = None
     prompt_reused: bool = False
+    dynamic_cache_ngrams: Optional[int] = None
 
     @property
     def n_output(self) -> int:
@@ -394,7 +397,8 @@ def _check_engine_models(llm, engine) -> None:
 
 
 def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slot: int = 0,
-                         record_steps: bool = False) -> GenerationResult:
+                         record_steps: bool = False,
+                         update_dynamic_cache=None) -> GenerationResult:
     """Greedy generation verified against drafts from ``engine`` (llama-server's loop).
 
     Parameters
@@ -412,6 +416,11 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         Engine slot (llama-server's ``seq_id``) used for this request.
     record_steps : bool
         Keep ``(L, sampled, draft, k)`` for every iteration in ``result.steps``.
+    update_dynamic_cache : str or os.PathLike, optional
+        An ngram-cache dynamic cache file (``--lookup-cache-dynamic``): after the generation,
+        the 1..4-grams of prompt + output are merged into it (created if absent), so the next
+        run drafts from them (`ngramspec.cache_file.merge_into_dynamic`: atomic rewrite under a
+        file lock, concurrent writers lose no counts). Not part of the timings.
 
     Returns
     -------
@@ -421,6 +430,8 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
     -----
     Thread-safety: not thread-safe; one request at a time per ``llm`` and per engine slot.
     """
+    if update_dynamic_cache is not None:
+        update_dynamic_cache = _check_cache_path(update_dynamic_cache)
     if engine is not None:
         _check_engine_models(llm, engine)
     dec = _target_decoder(llm)
@@ -438,9 +449,11 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
     n_decodes = n_drafted = n_accepted = 0
 
     if n_predict == 0:
-        return GenerationResult([], "", int(prompt.size), "n_predict", 0.0, 0.0, 0.0,
-                                stats=engine.stats() if engine is not None else [],
-                                stats_lines=engine.stats_lines() if engine is not None else [])
+        res = GenerationResult([], "", int(prompt.size), "n_predict", 0.0, 0.0, 0.0,
+                               stats=engine.stats() if engine is not None else [],
+                               stats_lines=engine.stats_lines() if engine is not None else [])
+        _save_dynamic(res, update_dynamic_cache, prompt)
+        return res
     t0 = pc()
     sampled, reused = _prompt_pass(llm, dec, prompt)
     if engine is not None:
@@ -517,7 +530,23 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         stats=stats, stats_lines=list(engine.stats_lines()) if engine is not None else [],
         steps=steps, prompt_reused=reused)
     _finish(llm, dec, prompt.size)
+    _save_dynamic(res, update_dynamic_cache, prompt)
     return res
+
+
+def _check_cache_path(path) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"update_dynamic_cache must be a file path (str or os.PathLike), got "
+                        f"{type(path).__name__}")
+    return os.fsdecode(os.fspath(path))
+
+
+def _save_dynamic(res: GenerationResult, path: Optional[str], prompt: np.ndarray) -> None:
+    # The whole stream, as llama.cpp's lookup example merges its context cache at exit.
+    if path is not None:
+        from .cache_file import merge_into_dynamic
+        stream = np.concatenate([prompt, np.asarray(res.output_tokens, dtype=np.int32)])
+        res.dynamic_cache_ngrams = len(merge_into_dynamic(path, stream))
 
 
 def generate_plain(llm, prompt_tokens, *, n_predict: int = -1) -> GenerationResult:

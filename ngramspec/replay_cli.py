@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from ngramspec.cli_common import add_spec_flags, engine_params
+from ngramspec.cli_common import add_spec_flags, engine_params, load_cache_files
 from ngramspec.replay import ProgressBar, replay
 from ngramspec.stats import acceptance_line, statistics_line
 from ngramspec.traces import read_requests
@@ -48,7 +48,9 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    params = engine_params(args)
+    given = engine_params(args)
+    # cache files are read once, for every trace file and every engine of --state fresh
+    args.spec_type, params = load_cache_files(args.spec_type, given)
     out = open(args.output, "w", encoding="utf-8") if args.output else None
     try:
         for path in args.traces:
@@ -57,6 +59,7 @@ def run(args) -> int:
                             n_slots=args.slots, record_drafts=args.drafts, repeat=args.repeat,
                             n_ctx=args.ctx_size,
                             progress=ProgressBar(f"replay {os.path.basename(path)}"))
+            result.summary["params"] = given     # file names, not the loaded caches
             if out is not None:
                 head = {"config": args.spec_type, "family": _family(requests, path),
                         "file": path, "summary": result.summary}

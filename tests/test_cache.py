@@ -27,6 +27,7 @@ from ngramspec.replay import COUNTERS, replay
 from ngramspec.traces import read_requests
 
 from conftest import GOLDEN, TRACES
+from clitools import cli
 from golden import read_golden, replay_args
 
 @pytest.fixture(scope="module")
@@ -611,20 +612,6 @@ def test_any_truncation_is_reported_or_a_record_prefix(cut):
 # --------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------
-
-def cli(capsys, *argv):
-    """``ngramspec ARGV`` in-process (fast); the same result fields as subprocess.run."""
-    from types import SimpleNamespace
-
-    from ngramspec.cli import main
-    capsys.readouterr()
-    try:
-        rc = main([str(a) for a in argv])
-    except SystemExit as exc:
-        rc = exc.code
-    out, err = capsys.readouterr()
-    return SimpleNamespace(returncode=rc, stdout=out, stderr=err)
-
 
 def cli_process(*argv):
     return subprocess.run([sys.executable, "-m", "ngramspec", *map(str, argv)],
