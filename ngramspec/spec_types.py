@@ -151,9 +151,11 @@ try:  # ngramspec's own proposer (C++ module)
 except ImportError:  # pragma: no cover - partial developer build
     pass
 register(SpecType("ngram-cache", (
-    Param("lookup_cache_static", None, kind=CacheFile, help="static n-gram cache file"),
+    Param("lookup_cache_static", None, kind=CacheFile,
+          help="static n-gram cache file; giving it adds ngram-cache"),
     Param("lookup_cache_dynamic", None, kind=CacheFile,
-          help="dynamic n-gram cache file (absent = empty)"),
+          help="dynamic n-gram cache file (absent = empty; generate merges each run into it); "
+               "giving it adds ngram-cache"),
     Param("ngram_cache_restart", 0, 0, 1, help="ngramspec option, not llama.cpp: 1 = begin() "
           "restarts the slot's context cache (each request learns only its own tokens)"),
 ), _lazy("ngramspec._cache", "build_ngram_cache")))
