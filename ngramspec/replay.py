@@ -6,6 +6,7 @@ token that differs from the recording. Results come out in the golden files' for
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -162,6 +163,14 @@ def _run_once(requests, spec_type, params, state, n_slots, record_drafts, n_ctx,
     return records, total or [], timers, engine
 
 
+def _json_params(params: dict) -> dict:
+    """The params as JSON can hold them: paths as strings, loaded objects (an NgramCache, a
+    llama_cpp model) by their repr, so a summary always serialises."""
+    plain = (str, int, float, bool, type(None))
+    return {k: v if isinstance(v, plain) else os.fspath(v) if isinstance(v, os.PathLike)
+            else repr(v) for k, v in params.items()}
+
+
 def replay(requests, spec_type: str, params: dict | None = None, *, state: str = "shared",
            n_slots: int = 1, record_drafts: bool = False, repeat: int = 1, n_ctx: int = 0,
            progress=None) -> ReplayResult:
@@ -198,7 +207,7 @@ def replay(requests, spec_type: str, params: dict | None = None, *, state: str =
     totals = {k: sum(r[k] for r in records) for k in keys}
     summary = {
         "summary": True, "types": spec_type, "state": state, "slots": n_slots, "repeat": repeat,
-        "n_ctx": n_ctx, "params": params, "n_traces": len(records), **totals,
+        "n_ctx": n_ctx, "params": _json_params(params), "n_traces": len(records), **totals,
         "n_accept_calls": totals["n_drafts"],
         "acc_rate": round(totals["n_acc_tokens"] / totals["n_draft_tokens"], 4)
         if totals["n_draft_tokens"] else 0.0,

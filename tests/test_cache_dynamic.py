@@ -175,3 +175,17 @@ def test_merge_into_a_corrupt_dynamic_file_keeps_it(tmp_path):
     with pytest.raises(ValueError, match="byte offset 16"):
         merge_into_dynamic(path, [1, 2, 3])
     assert path.read_bytes() == BAD_FILES["corrupt.bin"][0]
+
+
+def test_replay_api_summary_with_loaded_caches_serialises(tmp_path):
+    """replay() given loaded NgramCache objects and a PathLike: the summary still goes through
+    json.dumps (paths as strings, loaded objects by their repr)."""
+    from ngramspec.replay import replay
+    from ngramspec.traces import read_requests
+    requests = read_requests(str(TRACES / "code-edit.jsonl.gz"), limit=2)
+    static = load_cache(STATIC_BIN)
+    result = replay(requests, "ngram-cache", {"lookup_cache_static": static,
+                                             "lookup_cache_dynamic": tmp_path / "dyn.bin"})
+    params = json.loads(json.dumps(result.summary))["params"]
+    assert params["lookup_cache_static"] == repr(static)
+    assert params["lookup_cache_dynamic"] == str(tmp_path / "dyn.bin")
