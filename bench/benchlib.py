@@ -118,6 +118,13 @@ class PromptLookupProposer(PyProposer):
         return self.lookup(np.append(inp, np.intc(sampled)))
 
 
+def cpp_factory(name: str, n_slots: int = 1):
+    """Fresh llama.cpp C++ baseline engines for a benchmarked configuration (empty pool)."""
+    from llamacpp_baseline import CppEngine     # builds the library on first use
+    spec = PROPOSERS[name]
+    return lambda: CppEngine(spec, n_slots)
+
+
 def uses_pool(name: str) -> bool:
     return "ngram-mod" in PROPOSERS.get(name, "")
 
@@ -263,9 +270,18 @@ def run(engine, steps, slot: int = 0) -> int:
 
 
 def run_timed(engine, steps, slot: int = 0) -> np.ndarray:
-    """`run`, timing each draft call as ``ngramspec replay`` does; returns the ns per call."""
+    """`run`, timing each draft call as ``ngramspec replay`` does; returns the ns per call.
+
+    The C++ baseline's calls are timed inside C++ (its ``last_ns``), not from Python."""
     draft, accept, clock = engine.draft, engine.accept, time.perf_counter_ns
     times = [0] * len(steps)
+    if hasattr(engine, "last_ns"):
+        for i, (view, sampled, acc) in enumerate(steps):
+            draft(slot, view, sampled)
+            times[i] = engine.last_ns
+            if acc >= 0:
+                accept(slot, acc)
+        return np.asarray(times, dtype=np.int64)
     for i, (view, sampled, acc) in enumerate(steps):
         t0 = clock()
         draft(slot, view, sampled)
@@ -335,8 +351,13 @@ def replay_family(factory, requests, n_slots: int = 1) -> dict:
     """``ngramspec.replay.replay``'s shared-state loop (request t on slot t % n_slots, through
     ``replay_request``) over an engine from `factory`: the summary fields of ``ngramspec
     replay``, the mean context length at the draft calls, and every draft call's time
-    (``call_ns``, in call order: the same calls in every run, drafts being deterministic)."""
-    engine = TimedEngine(factory())
+    (``call_ns``, in call order: the same calls in every run, drafts being deterministic).
+    The C++ baseline times its calls itself (``CppEngine.times``)."""
+    engine = factory()
+    if hasattr(engine, "times"):
+        engine.times = []
+    else:
+        engine = TimedEngine(engine)
     timers = Timers()
     keys = ("n_output", "n_steps", "n_draft_calls", "n_drafts", "n_draft_tokens",
             "n_acc_drafts", "n_acc_tokens")
@@ -357,7 +378,7 @@ def replay_family(factory, requests, n_slots: int = 1) -> dict:
     s["call_ns"] = np.asarray(engine.times, dtype=np.int64)
     # the driver's figure, from the calls' own intervals (its Timers also saw the proxy's work)
     s["us_per_gen_call"] = float(s["call_ns"].mean()) / 1000 if len(engine.times) else 0.0
-    s["stats"] = engine.engine.stats()
+    s["stats"] = getattr(engine, "engine", engine).stats()
     return s
 
 
