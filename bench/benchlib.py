@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-try:
-    import ngramspec  # noqa: F401
-except ImportError:            # run from a checkout without an install: use the in-place build
+# The checkout's own in-place build wins over an installed ngramspec (an editable install of
+# another checkout would otherwise be measured); without one, the installed package is used.
+if any((ROOT / "ngramspec").glob("_core*.so")) and str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import ngramspec
@@ -54,6 +54,7 @@ PROPOSERS = {
     "chain": "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod",
 }
 PROMPT_LOOKUP = "prompt-lookup"        # llama-cpp-python's LlamaPromptLookupDecoding
+CPP = "C++ "          # "C++ simple" ...: the configuration on llama.cpp's C++ (llamacpp_baseline)
 
 # Context sizes (tokens). 48k is not one of issue 6's sizes: it matches the spec's python_long
 # trace (44k-50k), the one measured llama.cpp figure above 14k.
@@ -118,6 +119,10 @@ class PromptLookupProposer(PyProposer):
         return self.lookup(np.append(inp, np.intc(sampled)))
 
 
+def is_cpp(name: str) -> bool:
+    return name.startswith(CPP)
+
+
 def cpp_factory(name: str, n_slots: int = 1):
     """Fresh llama.cpp C++ baseline engines for a benchmarked configuration (empty pool)."""
     from llamacpp_baseline import CppEngine     # builds the library on first use
@@ -137,6 +142,8 @@ class Engines:
         self.pool = ModPool()
 
     def factory(self, name: str, n_slots: int = 1):
+        if is_cpp(name):
+            return cpp_factory(name[len(CPP):], n_slots)
         if name == PROMPT_LOOKUP:
             return lambda: SpecEngine.from_proposers([PromptLookupProposer(n_slots)], n_slots)
         spec = PROPOSERS[name]

@@ -94,8 +94,7 @@ def timer_overhead_ns(reps: int = 100000) -> int:
 
 
 def _tokens(arr) -> np.ndarray:
-    a = np.ascontiguousarray(arr, dtype=np.int32)
-    return a
+    return np.ascontiguousarray(arr, dtype=np.int32)
 
 
 class CppEngine:
@@ -139,7 +138,8 @@ class CppEngine:
         self._out_ptr = self._out.ctypes.data
         self._ns = ctypes.c_int64(0)
         self._ns_ref = ctypes.byref(self._ns)
-        self.last_ns = 0
+        self.last_ns = 0                        # C++ time of the last draft call (ns)
+        self.last_begin_ns = 0                  # C++ time of the last begin (ns)
         self.times: list[int] | None = None     # set to [] to record every draft's ns
 
     def __del__(self):
@@ -154,7 +154,8 @@ class CppEngine:
 
     def begin(self, slot: int, prompt) -> None:
         a = _tokens(prompt)
-        self._lib.ngb_begin(self._h, self._slot(slot), a.ctypes.data, len(a))
+        self.last_begin_ns = self._lib.ngb_begin(self._h, self._slot(slot), a.ctypes.data,
+                                                 len(a))
 
     def draft(self, slot: int, context, sampled: int, n_max=None) -> np.ndarray:
         a = context if (isinstance(context, np.ndarray) and context.dtype == np.int32
