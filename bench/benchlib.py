@@ -22,6 +22,7 @@ import json
 import math
 import os
 import pathlib
+import platform
 import subprocess
 import sys
 import time
@@ -407,6 +408,40 @@ def spec_row_for(n_ctx: float) -> str:
     if n_ctx <= 29000:
         return "python_edit"
     return "python_long"
+
+
+def machine(with_cpp: bool = True) -> dict:
+    """CPU model and cores (lscpu), Python and numpy versions, the checkout's revision, the
+    llama-cpp-python version and the C++ baseline's compiler and flags."""
+    info = {"python": platform.python_version(), "numpy": np.__version__}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "Hypervisor vendor",
+                               "L2 cache", "L3 cache"):
+                info[key.strip()] = value.strip()
+    except OSError:
+        pass
+    try:
+        rev = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                             capture_output=True, text=True).stdout.strip()
+        info["revision"] = rev
+    except OSError:
+        pass
+    try:
+        import llama_cpp
+        info["llama-cpp-python"] = llama_cpp.__version__
+    except ImportError:
+        pass
+    if with_cpp:
+        import llamacpp_baseline
+        info["C++ baseline"] = (f"{llamacpp_baseline.compiler_version()}, "
+                                f"{' '.join(llamacpp_baseline.FLAGS)}; an empty steady_clock "
+                                f"interval reads {llamacpp_baseline.timer_overhead_ns()} ns")
+    with open("/proc/loadavg") as f:
+        info["load average at start"] = " ".join(f.read().split()[:3])
+    return info
 
 
 # ------------------------------------------------------------------------------------------

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,34 +28,6 @@ from benchlib import (CPP, LLAMA_CPP_ROWS, LLAMA_CPP_US, MIB, PROMPT_LOOKUP, PRO
 from ngramspec import ModPool
 
 CORE = ["simple", "map-k", "map-k4v", "mod"]
-
-
-def machine() -> dict:
-    """CPU model and cores (lscpu), Python and numpy versions, the checkout's revision."""
-    info = {"python": platform.python_version(), "numpy": np.__version__}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "Hypervisor vendor",
-                               "L2 cache", "L3 cache"):
-                info[key.strip()] = value.strip()
-    except OSError:
-        pass
-    try:
-        rev = subprocess.run(["git", "-C", str(benchlib.ROOT), "describe", "--always", "--dirty"],
-                             capture_output=True, text=True).stdout.strip()
-        info["revision"] = rev
-    except OSError:
-        pass
-    try:
-        import llama_cpp
-        info["llama-cpp-python"] = llama_cpp.__version__
-    except ImportError:
-        pass
-    with open("/proc/loadavg") as f:
-        info["load average at start"] = " ".join(f.read().split()[:3])
-    return info
 
 
 def steady(ctxs, engines, names, rounds, pl_rounds):
@@ -251,12 +221,7 @@ def report(args):
     labels = args.sizes.split(",")
     ngram = [x for n in PROPOSERS for x in ([n] if args.no_cpp else [n, CPP + n])]
     names = ngram + ([PROMPT_LOOKUP] if not args.no_prompt_lookup else [])
-    info = machine()
-    if not args.no_cpp:
-        import llamacpp_baseline
-        info["C++ baseline"] = (f"{llamacpp_baseline.compiler_version()}, "
-                                f"{' '.join(llamacpp_baseline.FLAGS)}; an empty steady_clock "
-                                f"interval reads {llamacpp_baseline.timer_overhead_ns()} ns")
+    info = benchlib.machine(with_cpp=not args.no_cpp)
     corpus = benchlib.Corpus("code-edit")
     ctxs = {label: corpus.context(label, SIZES[label]) for label in labels}
     engines = benchlib.Engines()
