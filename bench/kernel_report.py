@@ -1,15 +1,19 @@
 """Per-call cost by context size, begin/reset costs and memory per slot, as Markdown tables.
 
     python bench/kernel_report.py [--rounds 15] [--sizes 1k,8k,32k,48k,128k] [--json FILE]
+                                  [--md FILE] [--no-cpp] [--no-prompt-lookup]
 
 Everything compared is measured side by side in this one run: each round prepares a fresh,
-warmed engine for every proposer in turn (llama-cpp-python's prompt lookup included) and
-replays the same draft calls on it (see `benchlib`). A draft call is timed as ``ngramspec
+warmed engine for every proposer in turn, each followed by the same configuration on the
+llama.cpp C++ baseline (``llamacpp_baseline``), then llama-cpp-python's prompt lookup, and
+replays the same draft calls on it (see `benchlib`). The C++ baseline times its calls inside
+C++. A draft call is timed as ``ngramspec
 replay`` times it (``us_per_gen_call``: perf_counter_ns around the engine's draft call from
 Python); the table gives each call's minimum over the rounds averaged over the calls (the spec's
 statistic is the minimum over repeats; per call, it is robust to the scheduler pre-empting a
 call on this shared 2-core machine), the same with the median, and the best round's mean. The
-llama.cpp column is the spec's section 9 (its own C++ on its own traces), not measured here.
+ratios to llama.cpp use the C++ baseline measured here; a second table still compares with the
+spec's section 9 (llama.cpp's own C++ on its own traces, not measured here).
 """
 from __future__ import annotations
 

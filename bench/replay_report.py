@@ -1,16 +1,19 @@
 """Replay every trace family through every proposer and llama-cpp-python's prompt lookup.
 
     python bench/replay_report.py [--repeat 3] [--families code-edit,agentic,...]
-                                  [--limit FAMILY=N ...] [--json FILE]
+                                  [--limit FAMILY=N ...] [--json FILE] [--md FILE]
+                                  [--no-cpp] [--no-prompt-lookup]
 
 The loop is ``ngramspec replay``'s (``ngramspec.replay.replay_request``: one server slot,
 shared state, greedy verification against the recorded output); llama-cpp-python's
 `LlamaPromptLookupDecoding` runs in it as an ngramspec `PyProposer`. Per family and proposer
 it prints tokens per verification step, acceptance rate and us per draft call (the driver's
 ``us_per_gen_call`` method, over --repeat runs interleaved so every proposer sees the same
-machine load; each call's minimum over the runs, see `benchlib.per_call_us`), next to
-llama.cpp's C++ per call from the spec's section 9 row whose context
-range is nearest the family's mean context at the draft calls (its traces, not these).
+machine load; each call's minimum over the runs, see `benchlib.per_call_us`), next to the
+llama.cpp C++ baseline (``llamacpp_baseline``) replaying the same requests in the same loop,
+alternately with ngramspec, its calls timed inside C++, and next to the spec's section 9 row
+whose context range is nearest the family's mean context at the draft calls (its traces, not
+these).
 """
 from __future__ import annotations
 
