@@ -22,7 +22,8 @@ def test_golden_prefix(name):
 
 
 def test_golden_counters():
-    res = cpp_baseline.check_file(cpp_baseline.GOLDEN / "model-generated.mod-default.fresh.jsonl.gz")
+    path = cpp_baseline.GOLDEN / "model-generated.mod-default.fresh.jsonl.gz"
+    res = cpp_baseline.check_file(path)
     assert res["requests"] == 40
 
 

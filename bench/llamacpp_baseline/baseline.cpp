@@ -588,13 +588,15 @@ extern "C" {
 void * ngb_create(const int32_t * types, int32_t n_types, int32_t n_seq, const int32_t * p) {
     auto * spec = new speculative();
     for (int32_t i = 0; i < n_types; ++i) {
+        impl_base * impl = nullptr;
         switch (types[i]) {
-            case SIMPLE: spec->impls.emplace_back(new impl_simple(p[0], p[1])); break;
-            case MAP_K: spec->impls.emplace_back(new impl_map(n_seq, p[2], p[3], true, p[4])); break;
-            case MAP_K4V: spec->impls.emplace_back(new impl_map(n_seq, p[5], p[6], false, p[7])); break;
-            case MOD: spec->impls.emplace_back(new impl_mod(n_seq, p[8], p[9], p[10])); break;
+            case SIMPLE: impl = new impl_simple(p[0], p[1]); break;
+            case MAP_K: impl = new impl_map(n_seq, p[2], p[3], true, p[4]); break;
+            case MAP_K4V: impl = new impl_map(n_seq, p[5], p[6], false, p[7]); break;
+            case MOD: impl = new impl_mod(n_seq, p[8], p[9], p[10]); break;
             default: delete spec; return nullptr;
         }
+        spec->impls.emplace_back(impl);
     }
     spec->impl_last.assign(n_seq, nullptr);
     spec->dp.resize(n_seq);
