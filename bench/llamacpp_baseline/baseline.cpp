@@ -8,8 +8,8 @@
 // the linear key list of ngram-map, the non-rolling ngram-mod hash with a runtime modulo by
 // the pool size), so the per-call cost is llama.cpp's algorithmic cost, not an optimised one.
 //
-// Built by bench/llamacpp_baseline/__init__.py with `g++ -O2` (the spec's section 9 flags)
-// into a shared library and driven through ctypes. Each draft call is timed here, with
+// Built by bench/llamacpp_baseline/__init__.py with `g++ -O2` (the spec's section 9 flags,
+// plus -falign-loops=64 for stable timing, see there) into a shared library and driven through ctypes. Each draft call is timed here, with
 // std::chrono::steady_clock around the glue's draft (all implementations and the glue's
 // bookkeeping, as the spec's figures are "including the glue"), so the ctypes call is not
 // counted. The copy of the context into the slot's token vector happens before the timer
