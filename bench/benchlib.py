@@ -22,6 +22,7 @@ import json
 import math
 import os
 import pathlib
+import platform
 import subprocess
 import sys
 import time
@@ -30,9 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-try:
-    import ngramspec  # noqa: F401
-except ImportError:            # run from a checkout without an install: use the in-place build
+# The checkout's own in-place build wins over an installed ngramspec (an editable install of
+# another checkout would otherwise be measured); without one, the installed package is used.
+if any((ROOT / "ngramspec").glob("_core*.so")) and str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import ngramspec
@@ -54,6 +55,7 @@ PROPOSERS = {
     "chain": "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod",
 }
 PROMPT_LOOKUP = "prompt-lookup"        # llama-cpp-python's LlamaPromptLookupDecoding
+CPP = "C++ "          # "C++ simple" ...: the configuration on llama.cpp's C++ (llamacpp_baseline)
 
 # Context sizes (tokens). 48k is not one of issue 6's sizes: it matches the spec's python_long
 # trace (44k-50k), the one measured llama.cpp figure above 14k.
@@ -118,6 +120,17 @@ class PromptLookupProposer(PyProposer):
         return self.lookup(np.append(inp, np.intc(sampled)))
 
 
+def is_cpp(name: str) -> bool:
+    return name.startswith(CPP)
+
+
+def cpp_factory(name: str, n_slots: int = 1):
+    """Fresh llama.cpp C++ baseline engines for a benchmarked configuration (empty pool)."""
+    from llamacpp_baseline import CppEngine     # builds the library on first use
+    spec = PROPOSERS[name]
+    return lambda: CppEngine(spec, n_slots)
+
+
 def uses_pool(name: str) -> bool:
     return "ngram-mod" in PROPOSERS.get(name, "")
 
@@ -130,6 +143,8 @@ class Engines:
         self.pool = ModPool()
 
     def factory(self, name: str, n_slots: int = 1):
+        if is_cpp(name):
+            return cpp_factory(name[len(CPP):], n_slots)
         if name == PROMPT_LOOKUP:
             return lambda: SpecEngine.from_proposers([PromptLookupProposer(n_slots)], n_slots)
         spec = PROPOSERS[name]
@@ -263,9 +278,18 @@ def run(engine, steps, slot: int = 0) -> int:
 
 
 def run_timed(engine, steps, slot: int = 0) -> np.ndarray:
-    """`run`, timing each draft call as ``ngramspec replay`` does; returns the ns per call."""
+    """`run`, timing each draft call as ``ngramspec replay`` does; returns the ns per call.
+
+    The C++ baseline's calls are timed inside C++ (its ``last_ns``), not from Python."""
     draft, accept, clock = engine.draft, engine.accept, time.perf_counter_ns
     times = [0] * len(steps)
+    if hasattr(engine, "last_ns"):
+        for i, (view, sampled, acc) in enumerate(steps):
+            draft(slot, view, sampled)
+            times[i] = engine.last_ns
+            if acc >= 0:
+                accept(slot, acc)
+        return np.asarray(times, dtype=np.int64)
     for i, (view, sampled, acc) in enumerate(steps):
         t0 = clock()
         draft(slot, view, sampled)
@@ -335,8 +359,13 @@ def replay_family(factory, requests, n_slots: int = 1) -> dict:
     """``ngramspec.replay.replay``'s shared-state loop (request t on slot t % n_slots, through
     ``replay_request``) over an engine from `factory`: the summary fields of ``ngramspec
     replay``, the mean context length at the draft calls, and every draft call's time
-    (``call_ns``, in call order: the same calls in every run, drafts being deterministic)."""
-    engine = TimedEngine(factory())
+    (``call_ns``, in call order: the same calls in every run, drafts being deterministic).
+    The C++ baseline times its calls itself (``CppEngine.times``)."""
+    engine = factory()
+    if hasattr(engine, "times"):
+        engine.times = []
+    else:
+        engine = TimedEngine(engine)
     timers = Timers()
     keys = ("n_output", "n_steps", "n_draft_calls", "n_drafts", "n_draft_tokens",
             "n_acc_drafts", "n_acc_tokens")
@@ -357,7 +386,7 @@ def replay_family(factory, requests, n_slots: int = 1) -> dict:
     s["call_ns"] = np.asarray(engine.times, dtype=np.int64)
     # the driver's figure, from the calls' own intervals (its Timers also saw the proxy's work)
     s["us_per_gen_call"] = float(s["call_ns"].mean()) / 1000 if len(engine.times) else 0.0
-    s["stats"] = engine.engine.stats()
+    s["stats"] = getattr(engine, "engine", engine).stats()
     return s
 
 
@@ -379,6 +408,40 @@ def spec_row_for(n_ctx: float) -> str:
     if n_ctx <= 29000:
         return "python_edit"
     return "python_long"
+
+
+def machine(with_cpp: bool = True) -> dict:
+    """CPU model and cores (lscpu), Python and numpy versions, the checkout's revision, the
+    llama-cpp-python version and the C++ baseline's compiler and flags."""
+    info = {"python": platform.python_version(), "numpy": np.__version__}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "Hypervisor vendor",
+                               "L2 cache", "L3 cache"):
+                info[key.strip()] = value.strip()
+    except OSError:
+        pass
+    try:
+        rev = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                             capture_output=True, text=True).stdout.strip()
+        info["revision"] = rev
+    except OSError:
+        pass
+    try:
+        import llama_cpp
+        info["llama-cpp-python"] = llama_cpp.__version__
+    except ImportError:
+        pass
+    if with_cpp:
+        import llamacpp_baseline
+        info["C++ baseline"] = (f"{llamacpp_baseline.compiler_version()}, "
+                                f"{' '.join(llamacpp_baseline.FLAGS)}; an empty steady_clock "
+                                f"interval reads {llamacpp_baseline.timer_overhead_ns()} ns")
+    with open("/proc/loadavg") as f:
+        info["load average at start"] = " ".join(f.read().split()[:3])
+    return info
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,23 +1,25 @@
 """Per-call cost by context size, begin/reset costs and memory per slot, as Markdown tables.
 
     python bench/kernel_report.py [--rounds 15] [--sizes 1k,8k,32k,48k,128k] [--json FILE]
+                                  [--md FILE] [--no-cpp] [--no-prompt-lookup]
 
 Everything compared is measured side by side in this one run: each round prepares a fresh,
-warmed engine for every proposer in turn (llama-cpp-python's prompt lookup included) and
-replays the same draft calls on it (see `benchlib`). A draft call is timed as ``ngramspec
+warmed engine for every proposer in turn, each followed by the same configuration on the
+llama.cpp C++ baseline (``llamacpp_baseline``), then llama-cpp-python's prompt lookup, and
+replays the same draft calls on it (see `benchlib`). The C++ baseline times its calls inside
+C++. A draft call is timed as ``ngramspec
 replay`` times it (``us_per_gen_call``: perf_counter_ns around the engine's draft call from
 Python); the table gives each call's minimum over the rounds averaged over the calls (the spec's
 statistic is the minimum over repeats; per call, it is robust to the scheduler pre-empting a
 call on this shared 2-core machine), the same with the median, and the best round's mean. The
-llama.cpp column is the spec's section 9 (its own C++ on its own traces), not measured here.
+ratios to llama.cpp use the C++ baseline measured here; a second table still compares with the
+spec's section 9 (llama.cpp's own C++ on its own traces, not measured here).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,50 +27,27 @@ import time
 import numpy as np
 
 import benchlib
-from benchlib import (LLAMA_CPP_ROWS, LLAMA_CPP_US, MIB, PROMPT_LOOKUP, PROPOSERS, SIZE_REF,
-                      SIZES, geomean)
+from benchlib import (CPP, LLAMA_CPP_ROWS, LLAMA_CPP_US, MIB, PROMPT_LOOKUP, PROPOSERS,
+                      SIZE_REF, SIZES, geomean, is_cpp)
 from ngramspec import ModPool
 
 CORE = ["simple", "map-k", "map-k4v", "mod"]
 
 
-def machine() -> dict:
-    """CPU model and cores (lscpu), Python and numpy versions, the checkout's revision."""
-    info = {"python": platform.python_version(), "numpy": np.__version__}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "Hypervisor vendor",
-                               "L2 cache", "L3 cache"):
-                info[key.strip()] = value.strip()
-    except OSError:
-        pass
-    try:
-        rev = subprocess.run(["git", "-C", str(benchlib.ROOT), "describe", "--always", "--dirty"],
-                             capture_output=True, text=True).stdout.strip()
-        info["revision"] = rev
-    except OSError:
-        pass
-    try:
-        import llama_cpp
-        info["llama-cpp-python"] = llama_cpp.__version__
-    except ImportError:
-        pass
-    with open("/proc/loadavg") as f:
-        info["load average at start"] = " ".join(f.read().split()[:3])
-    return info
-
-
 def steady(ctxs, engines, names, rounds, pl_rounds):
     """(name, size) -> {"us", "median", "min", "calls", "drafts", "mean_context"}: us per
-    draft call (per-call minimum, per-call median, best round's mean)."""
+    draft call (per-call minimum, per-call median, best round's mean). `names` alternate
+    ngramspec and C++ configurations, so every round measures both under the same load."""
     out = {}
     for label, ctx in ctxs.items():
         plans = {}
         for name in names:
             factory = engines.factory(name)
             plans[name] = (factory, benchlib.make_plan(factory, ctx))
+            if is_cpp(name):
+                ours = plans[name[len(CPP):]][1]
+                if plans[name][1].lengths != ours.lengths:
+                    raise AssertionError(f"{name} at {label}: drafts differ from ngramspec's")
         samples = {name: [] for name in names}
         for r in range(rounds):
             for name in names:
@@ -104,6 +83,8 @@ def first_draft(ctxs, engines, names, rounds):
                 t0 = clock()
                 engine.draft(0, prompt, sampled)
                 t = (clock() - t0) / 1000
+                if is_cpp(name):
+                    t = engine.last_ns / 1000         # timed inside C++
                 best[name] = min(best.get(name, t), t)
         for name in names:
             out[(name, label)] = best[name]
@@ -118,13 +99,16 @@ def begins(ctxs, engines, names, rounds):
     for label, ctx in ctxs.items():
         prompt = ctx.tokens[:ctx.size]
         best = {}
-        map_plans = {m: benchlib.make_plan(engines.factory(m), ctx) for m in ("map-k", "map-k4v")}
+        map_plans = {m: benchlib.make_plan(engines.factory(m), ctx) for m in names
+                     if m.endswith(("map-k", "map-k4v"))}
         for _ in range(rounds):
             for name in names:
                 engine = engines.factory(name)()
                 t0 = clock()
                 engine.begin(0, prompt)
                 t = (clock() - t0) / 1e6
+                if is_cpp(name):
+                    t = engine.last_begin_ns / 1e6
                 best[name] = min(best.get(name, t), t)
             for m, plan in map_plans.items():
                 engine = benchlib.prepare(engines.factory(m), ctx, plan)
@@ -133,6 +117,8 @@ def begins(ctxs, engines, names, rounds):
                 t0 = clock()
                 engine.begin(0, half)
                 t = (clock() - t0) / 1e6
+                if is_cpp(m):
+                    t = engine.last_begin_ns / 1e6
                 best["rewrite " + m] = min(best.get("rewrite " + m, t), t)
         out.update({(k, label): v for k, v in best.items()})
     return out
@@ -165,11 +151,19 @@ def overhead(engines, names, rounds, n=2000):
         made[name].begin(0, ctx)
     for _ in range(rounds):
         for name in names:
-            draft = made[name].draft
-            t0 = clock()
-            for _ in range(n):
-                draft(0, ctx, 7)
-            t = (clock() - t0) / n / 1000
+            engine = made[name]
+            draft = engine.draft
+            if is_cpp(name):                # timed inside C++, call by call
+                total = 0
+                for _ in range(n):
+                    draft(0, ctx, 7)
+                    total += engine.last_ns
+                t = total / n / 1000
+            else:
+                t0 = clock()
+                for _ in range(n):
+                    draft(0, ctx, 7)
+                t = (clock() - t0) / n / 1000
             out[name] = min(out.get(name, t), t)
     return out
 
@@ -178,17 +172,67 @@ def fmt(v, digits=2):
     return "—" if v is None else f"{v:.{digits}f}"
 
 
+def cpp_section(p, st, labels):
+    """The measured comparison with llama.cpp's algorithms in C++; returns {(name, size): ratio}."""
+    p("## Ratio ngramspec / llama.cpp C++, measured here side by side\n")
+    p("The C++ baseline (`bench/llamacpp_baseline`, llama.cpp's algorithms and glue from the spec, "
+      "`g++ -O2`, every golden draft reproduced: `python bench/cpp_baseline.py`) replays the same "
+      "plans as ngramspec, in alternating rounds. Its calls are timed inside C++ (steady_clock "
+      "around the glue's draft call), ngramspec's from Python as `ngramspec replay` does; both "
+      "with the same statistic (each call's minimum over the rounds, averaged over the calls).\n")
+    p("| proposer | size | mean context | ngramspec µs | C++ µs | ratio ngramspec/C++ "
+      "| (ratio of per-call medians) |")
+    p("|---|---|---|---|---|---|---|")
+    ratios, med = {}, {}
+    for name in PROPOSERS:
+        for l in labels:
+            ours, cpp = st[(name, l)], st[(CPP + name, l)]
+            ratios[(name, l)] = ours["us"] / cpp["us"]
+            med[(name, l)] = ours["median"] / cpp["median"]
+            p(f"| {name} | {l} | {ours['mean_context']:.0f} | {ours['us']:.3f} | {cpp['us']:.3f} "
+              f"| **{ratios[(name, l)]:.2f}×** | {med[(name, l)]:.2f}× |")
+    p("\nRatio ngramspec / C++ by size:\n")
+    p("| proposer | " + " | ".join(labels) + " | geometric mean | max |")
+    p("|" + "---|" * (len(labels) + 3))
+    for name in PROPOSERS:
+        rs = [ratios[(name, l)] for l in labels]
+        p(f"| {name} | " + " | ".join(f"{r:.2f}×" for r in rs)
+          + f" | {geomean(rs):.2f}× | {max(rs):.2f}× |")
+    core = {k: v for k, v in ratios.items() if k[0] in CORE}
+    worst = max(core, key=core.get)
+    p(f"\nGeometric mean over the {len(core)} (proposer, size) pairs of the four proposers: "
+      f"**{geomean(list(core.values())):.3f}×** (target <= 1.0); largest **{core[worst]:.2f}×** "
+      f"({worst[0]} at {worst[1]}; target <= 2×). With per-call medians: geometric mean "
+      f"{geomean([med[k] for k in core]):.3f}×, largest {max(med[k] for k in core):.2f}×. "
+      f"The chain, all four at once: geometric mean "
+      f"{geomean([ratios[('chain', l)] for l in labels]):.2f}×.\n")
+    ref_labels = [l for l in labels if l in SIZE_REF]
+    if ref_labels:
+        p("The C++ baseline here next to the spec's section 9 figures (llama.cpp's own code on "
+          "the spec's traces and machine), µs per call:\n")
+        p("| proposer | " + " | ".join(f"{l}: here / {LLAMA_CPP_ROWS[SIZE_REF[l]]}"
+                                       for l in ref_labels) + " |")
+        p("|" + "---|" * (len(ref_labels) + 1))
+        for name in CORE:
+            p(f"| {name} | " + " | ".join(
+                f"{st[(CPP + name, l)]['us']:.2f} / {LLAMA_CPP_US[SIZE_REF[l]][name]:.2f}"
+                for l in ref_labels) + " |")
+        p("")
+    return ratios, med
+
+
 def report(args):
     labels = args.sizes.split(",")
-    names = [*PROPOSERS] + ([PROMPT_LOOKUP] if not args.no_prompt_lookup else [])
-    info = machine()
+    ngram = [x for n in PROPOSERS for x in ([n] if args.no_cpp else [n, CPP + n])]
+    names = ngram + ([PROMPT_LOOKUP] if not args.no_prompt_lookup else [])
+    info = benchlib.machine(with_cpp=not args.no_cpp)
     corpus = benchlib.Corpus("code-edit")
     ctxs = {label: corpus.context(label, SIZES[label]) for label in labels}
     engines = benchlib.Engines()
     timer = benchlib.timer_overhead_ns()
     st = steady(ctxs, engines, names, args.rounds, args.pl_rounds)
-    fd = first_draft(ctxs, engines, list(PROPOSERS), args.rounds)
-    bg = begins({k: v for k, v in ctxs.items() if k != "48k"}, engines, list(PROPOSERS),
+    fd = first_draft(ctxs, engines, ngram, args.rounds)
+    bg = begins({k: v for k, v in ctxs.items() if k != "48k"}, engines, ngram,
                 max(3, args.rounds // 2))
     pc = pool_costs(max(5, args.rounds))
     oh = overhead(engines, names, max(5, args.rounds // 2))
@@ -197,7 +241,12 @@ def report(args):
         mem = benchlib.memprobe_many([(n, s) for n in PROPOSERS for s in (1, 16, 64)],
                                      mem_ctx, 256, tmp)
 
-    p = print
+    lines = []
+
+    def p(text=""):
+        print(text)
+        lines.append(text)
+
     p("## Machine\n")
     for k, v in info.items():
         p(f"- {k}: {v}")
@@ -223,8 +272,10 @@ def report(args):
         f"{st[('simple', l)]['mean_context']:.0f}" for l in labels) + " |")
     p("")
 
+    cpp_ratios, cpp_med = ({}, {}) if args.no_cpp else cpp_section(p, st, labels)
+
     p("## Ratio ngramspec / llama.cpp per call (llama.cpp: spec section 9, its own C++ on its "
-      "own traces)\n")
+      "own traces, not measured here)\n")
     ref_labels = [l for l in labels if l in SIZE_REF]
     p("| proposer | " + " | ".join(f"{l} vs {LLAMA_CPP_ROWS[SIZE_REF[l]]}" for l in ref_labels)
       + " | geometric mean | max |")
@@ -258,6 +309,11 @@ def report(args):
         ours = st[("simple", "48k")]["us"]
         p(f"ngram-simple at 48k: {ours:.3f} us vs llama.cpp 58.7 us (python_long, measured): "
           f"**{58.7 / ours:.1f}× faster**.")
+    for l in ("32k", "48k", "128k"):
+        if l in labels and not args.no_cpp:
+            ours, cpp = st[("simple", l)]["us"], st[(CPP + "simple", l)]["us"]
+            p(f"ngram-simple at {l}, C++ baseline measured here: {ours:.3f} us vs {cpp:.1f} us: "
+              f"**{cpp / ours:.1f}× faster**.")
     if PROMPT_LOOKUP in names:
         p("\nSpeed-up over llama-cpp-python's LlamaPromptLookupDecoding (its us / ours), same "
           "contexts, same run:\n")
@@ -272,7 +328,7 @@ def report(args):
     p("## First draft after begin: us (min over rounds)\n")
     p("| proposer | " + " | ".join(labels) + " |")
     p("|" + "---|" * (len(labels) + 1))
-    for name in PROPOSERS:
+    for name in ngram:
         p(f"| {name} | " + " | ".join(fmt(fd[(name, l)], 2) for l in labels) + " |")
     p("")
 
@@ -285,9 +341,10 @@ def report(args):
     p("## begin() and pool reset: ms (min over rounds)\n")
     p("| begin on a prompt of | " + " | ".join(blabels) + " |")
     p("|" + "---|" * (len(blabels) + 1))
-    for name in [*PROPOSERS, "rewrite map-k", "rewrite map-k4v"]:
+    rewrites = ["rewrite " + m for m in ngram if m.endswith(("map-k", "map-k4v"))]
+    for name in [*ngram, *rewrites]:
         label = name if not name.startswith("rewrite") else \
-            name.split()[1] + ", history rewritten (index cleanup)"
+            name[len("rewrite "):] + ", history rewritten (index cleanup)"
         p(f"| {label} | " + " | ".join(f"{bg[(name, l)]:.3f}" for l in blabels) + " |")
     p(f"\nModPool.reset(): {pc['reset'][0]:.3f} ms (median {pc['reset'][1]:.3f}); "
       f"ModPool(): {pc['alloc'][0]:.3f} ms (median {pc['alloc'][1]:.3f}). llama.cpp (spec): "
@@ -315,7 +372,14 @@ def report(args):
                        "begin_ms": {f"{n}@{l}": v for (n, l), v in bg.items()},
                        "pool_ms": pc, "overhead_us": oh, "memory": mem,
                        "ratios": {f"{n}@{l}": v for (n, l), v in ratios.items()},
-                       "geomean": gm}, f, indent=1)
+                       "geomean": gm,
+                       "ratios_cpp": {f"{n}@{l}": v for (n, l), v in cpp_ratios.items()},
+                       "ratios_cpp_median": {f"{n}@{l}": v for (n, l), v in cpp_med.items()},
+                       "geomean_cpp": geomean([v for (n, l), v in cpp_ratios.items()
+                                               if n in CORE])}, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def main(argv=None):
@@ -323,8 +387,11 @@ def main(argv=None):
     ap.add_argument("--sizes", default=",".join(SIZES), help="context sizes (default: all)")
     ap.add_argument("--rounds", type=int, default=15, help="rounds per measurement")
     ap.add_argument("--pl-rounds", type=int, default=3, help="rounds for the prompt lookup")
-    ap.add_argument("--no-prompt-lookup", action="store_true")
+    ap.add_argument("--no-prompt-lookup", action="store_true",
+                    help="skip llama-cpp-python's LlamaPromptLookupDecoding")
+    ap.add_argument("--no-cpp", action="store_true", help="skip the llama.cpp C++ baseline")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    ap.add_argument("--md", metavar="FILE", help="also write the tables as Markdown")
     report(ap.parse_args(argv))
 
 

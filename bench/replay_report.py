@@ -1,16 +1,19 @@
 """Replay every trace family through every proposer and llama-cpp-python's prompt lookup.
 
     python bench/replay_report.py [--repeat 3] [--families code-edit,agentic,...]
-                                  [--limit FAMILY=N ...] [--json FILE]
+                                  [--limit FAMILY=N ...] [--json FILE] [--md FILE]
+                                  [--no-cpp] [--no-prompt-lookup]
 
 The loop is ``ngramspec replay``'s (``ngramspec.replay.replay_request``: one server slot,
 shared state, greedy verification against the recorded output); llama-cpp-python's
 `LlamaPromptLookupDecoding` runs in it as an ngramspec `PyProposer`. Per family and proposer
 it prints tokens per verification step, acceptance rate and us per draft call (the driver's
 ``us_per_gen_call`` method, over --repeat runs interleaved so every proposer sees the same
-machine load; each call's minimum over the runs, see `benchlib.per_call_us`), next to
-llama.cpp's C++ per call from the spec's section 9 row whose context
-range is nearest the family's mean context at the draft calls (its traces, not these).
+machine load; each call's minimum over the runs, see `benchlib.per_call_us`), next to the
+llama.cpp C++ baseline (``llamacpp_baseline``) replaying the same requests in the same loop,
+alternately with ngramspec, its calls timed inside C++, and next to the spec's section 9 row
+whose context range is nearest the family's mean context at the draft calls (its traces, not
+these).
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ import json
 import sys
 
 import benchlib
-from benchlib import LLAMA_CPP_ROWS, LLAMA_CPP_US, PROMPT_LOOKUP, PROPOSERS, geomean
+from benchlib import (CPP, LLAMA_CPP_ROWS, LLAMA_CPP_US, PROMPT_LOOKUP, PROPOSERS, geomean,
+                      is_cpp)
 from ngramspec.traces import read_requests
 
 FAMILIES = ["code-edit", "agentic", "reasoning", "chat", "model-generated"]
@@ -32,7 +36,9 @@ def run(args):
         fam, _, n = item.partition("=")
         limits[fam] = int(n) if n not in ("", "all") else None
     families = args.families.split(",")
-    names = [*PROPOSERS] + ([PROMPT_LOOKUP] if not args.no_prompt_lookup else [])
+    # ngramspec and the C++ baseline alternate, so both see the same machine load
+    names = [x for n in PROPOSERS for x in ([n] if args.no_cpp else [n, CPP + n])]
+    names += [PROMPT_LOOKUP] if not args.no_prompt_lookup else []
     engines = benchlib.Engines()
     table = {}
     for fam in families:
@@ -57,17 +63,25 @@ def run(args):
         for name in names:
             table[(fam, name)]["us_min"] = benchlib.per_call_us(runs[name], "min")
             table[(fam, name)]["us_median"] = benchlib.per_call_us(runs[name], "median")
+            if is_cpp(name):
+                ours = table[(fam, name[len(CPP):])]
+                for k in ("n_steps", "n_draft_calls", "n_drafts", "n_draft_tokens",
+                          "n_acc_tokens"):
+                    if table[(fam, name)][k] != ours[k]:
+                        raise RuntimeError(f"{fam}/{name}: {k} differs from ngramspec's")
         print(f"  {fam}: {len(requests)} requests done", file=sys.stderr)
     return families, names, limits, table
 
 
-def render(families, names, limits, table, repeat, pl_repeat):
-    p = print
+def render(families, names, limits, table, repeat, pl_repeat, p=print):
+    """The Markdown tables; returns the ratios to the C++ baseline and to the spec's figures."""
+    has_cpp = any(is_cpp(n) for n in names)
     p("| family (requests replayed) | proposer | tokens/step | acceptance | drafts / calls "
-      "| us per draft call | (median) | (best run's mean) | ×faster than prompt lookup "
-      "| llama.cpp us (spec row) | ngramspec / llama.cpp |")
-    p("|---|---|---|---|---|---|---|---|---|---|---|")
-    ratios = {}
+      "| µs per draft call | (median) | (best run's mean) | ×faster than prompt lookup "
+      + ("| C++ µs | ratio ngramspec/C++ " if has_cpp else "")
+      + "| spec §9 µs (row) | ngramspec / spec §9 |")
+    p("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if has_cpp else "") + "---|---|")
+    ratios, cpp_ratios, cpp_med = {}, {}, {}
     for fam in families:
         base = table.get((fam, PROMPT_LOOKUP))
         n = table[(fam, names[0])]["n_traces"]
@@ -76,46 +90,67 @@ def render(families, names, limits, table, repeat, pl_repeat):
         mean_ctx = table[(fam, "simple")]["mean_context"] if (fam, "simple") in table else 0
         row = benchlib.spec_row_for(mean_ctx)
         for name in names:
+            if is_cpp(name):
+                continue
             s = table[(fam, name)]
             us = s["us_min"]
             speed = f"{base['us_min'] / us:.0f}×" if base and name != PROMPT_LOOKUP \
                 else "—"
+            cpp_cells = ""
+            if has_cpp:
+                c = table.get((fam, CPP + name))
+                if c is None:
+                    cpp_cells = "| — | — "
+                else:
+                    cpp_ratios[(fam, name)] = us / c["us_min"]
+                    cpp_med[(fam, name)] = s["us_median"] / c["us_median"]
+                    cpp_cells = f"| {c['us_min']:.3f} | **{cpp_ratios[(fam, name)]:.2f}×** "
             ref, ratio = "—", "—"
             if name in CORE:
                 ref_us = LLAMA_CPP_US[row][name]
                 ratios[(fam, name)] = us / ref_us
                 ref = f"{ref_us:.2f} ({row})"
-                ratio = f"**{us / ref_us:.2f}×**"
+                ratio = f"{us / ref_us:.2f}×"
             p(f"| {fam_label} | {name} | {s['tokens_per_step']:.3f} | {s['acc_rate']:.3f} "
               f"| {s['n_drafts']} / {s['n_draft_calls']} | {us:.3f} | {s['us_median']:.3f} "
-              f"| {s['us_per_gen_call']:.3f} "
-              f"| {speed} | {ref} | {ratio} |")
+              f"| {s['us_per_gen_call']:.3f} | {speed} {cpp_cells}| {ref} | {ratio} |")
             fam_label = ""
     p("")
     p("Mean context at the draft calls: " + "; ".join(
         f"{fam} {table[(fam, 'simple')]['mean_context']:.0f} tokens" for fam in families
         if (fam, "simple") in table) + ".")
-    p(f"us per draft call: every call timed as the replay driver times it (perf_counter_ns "
+    p(f"µs per draft call: every call timed as the replay driver times it (perf_counter_ns "
       f"around the engine's draft call), each call's minimum over {repeat} interleaved runs, "
       f"averaged over the calls ({pl_repeat} run(s) for the prompt lookup); then the same with "
       f"each call's median, and the replay driver's `us_per_gen_call` as it reports it (total "
       f"draft time / calls) for the best run, which counts pre-empted calls in full. "
-      f"Spec rows: " + "; ".join(
-          f"{k} = {v}" for k, v in LLAMA_CPP_ROWS.items()) + ".")
+      + ("C++ µs: the llama.cpp C++ baseline on the same requests in the same loop, run "
+         "alternately with ngramspec, each call timed inside C++ (steady_clock around the "
+         "glue's draft call), same statistic. " if has_cpp else "")
+      + "Spec §9 rows (llama.cpp's own figures on the spec's traces, not measured here): "
+      + "; ".join(f"{k} = {v}" for k, v in LLAMA_CPP_ROWS.items()) + ".")
+    if cpp_ratios:
+        core = {k: v for k, v in cpp_ratios.items() if k[1] in CORE}
+        worst = max(core, key=core.get)
+        p(f"\nRatio ngramspec / C++, geometric mean over the {len(core)} (family, proposer) "
+          f"pairs: **{geomean(list(core.values())):.3f}×** (target <= 1.0); largest "
+          f"**{core[worst]:.2f}×** ({worst[1]} on {worst[0]}; target <= 2×). With per-call "
+          f"medians: geometric mean {geomean([cpp_med[k] for k in core]):.3f}×, largest "
+          f"{max(cpp_med[k] for k in core):.2f}×.\n")
+        p("| proposer | " + " | ".join(families) + " | geometric mean | max |")
+        p("|" + "---|" * (len(families) + 3))
+        for name in [*CORE, "chain"]:
+            rs = [cpp_ratios[(f, name)] for f in families if (f, name) in cpp_ratios]
+            if rs:
+                p(f"| {name} | " + " | ".join(f"{r:.2f}×" for r in rs)
+                  + f" | {geomean(rs):.2f}× | {max(rs):.2f}× |")
     if ratios:
         gm = geomean(list(ratios.values()))
         worst = max(ratios, key=ratios.get)
-        p(f"\nGeometric mean of ngramspec / llama.cpp over {len(ratios)} (family, proposer) "
-          f"pairs: **{gm:.3f}×** (target <= 1.0); largest **{ratios[worst]:.2f}×** "
-          f"({worst[1]} on {worst[0]}; target <= 2×).")
-        for name in CORE:
-            rs = [v for (f, n), v in ratios.items() if n == name]
-            p(f"- {name}: geometric mean {geomean(rs):.2f}×, max {max(rs):.2f}×")
-        med = [table[(f, n)]["us_median"] / LLAMA_CPP_US[
-            benchlib.spec_row_for(table[(f, "simple")]["mean_context"])][n] for (f, n) in ratios]
-        p(f"\nWith each call's median instead of its minimum: geometric mean "
-          f"{geomean(med):.3f}×, largest {max(med):.2f}×.")
-    return ratios
+        p(f"\nAgainst the spec's section 9 figures instead (other traces, other machine): "
+          f"geometric mean of ngramspec / llama.cpp over {len(ratios)} (family, proposer) "
+          f"pairs {gm:.3f}×, largest {ratios[worst]:.2f}× ({worst[1]} on {worst[0]}).")
+    return ratios, cpp_ratios, cpp_med
 
 
 def main(argv=None):
@@ -126,18 +161,38 @@ def main(argv=None):
                          f"defaults: {benchlib.REPORT_LIMITS}")
     ap.add_argument("--repeat", type=int, default=3, help="runs per ngramspec proposer")
     ap.add_argument("--pl-repeat", type=int, default=1, help="runs of the prompt lookup")
-    ap.add_argument("--no-prompt-lookup", action="store_true")
+    ap.add_argument("--no-prompt-lookup", action="store_true",
+                    help="skip llama-cpp-python's LlamaPromptLookupDecoding")
+    ap.add_argument("--no-cpp", action="store_true", help="skip the llama.cpp C++ baseline")
     ap.add_argument("--json", metavar="FILE", help="also write the summaries as JSON")
+    ap.add_argument("--md", metavar="FILE", help="also write the tables as Markdown")
     args = ap.parse_args(argv)
+    info = benchlib.machine(with_cpp=not args.no_cpp)
     families, names, limits, table = run(args)
-    ratios = render(families, names, limits, table, args.repeat, args.pl_repeat)
+    lines = []
+
+    def p(text=""):
+        print(text)
+        lines.append(text)
+
+    p("Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items()) + "\n")
+    ratios, cpp_ratios, cpp_med = render(families, names, limits, table, args.repeat,
+                                         args.pl_repeat, p)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write("\n".join(lines) + "\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"limits": limits,
                        "rows": [dict({k: v for k, v in s.items() if k != "stats"},
                                      family=fam, name=name)
                                 for (fam, name), s in table.items()],
-                       "ratios": {f"{n}@{f}": v for (f, n), v in ratios.items()}}, f, indent=1)
+                       "machine": info,
+                       "ratios": {f"{n}@{f}": v for (f, n), v in ratios.items()},
+                       "ratios_cpp": {f"{n}@{f}": v for (f, n), v in cpp_ratios.items()},
+                       "ratios_cpp_median": {f"{n}@{f}": v for (f, n), v in cpp_med.items()},
+                       "geomean_cpp": geomean([v for (f, n), v in cpp_ratios.items()
+                                               if n in CORE])}, f, indent=1)
 
 
 if __name__ == "__main__":
