@@ -43,6 +43,46 @@ cdef inline int64_t now_ns() noexcept nogil:
     return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
+# The statistics' timers run on every call: on x86 they read the TSC (about 10 ns here, against
+# 22 ns for a vDSO clock_gettime, two per call), converted to ns when stats() is read, from the
+# ticks and ns elapsed since import. Elsewhere the ticks are clock_gettime's ns.
+cdef extern from *:
+    """
+    #if defined(__x86_64__) || defined(__i386__)
+    #include <x86intrin.h>
+    static inline unsigned long long ngs_ticks(void) { return __rdtsc(); }
+    #define NGS_TICKS_ARE_NS 0
+    #else
+    #include <time.h>
+    static inline unsigned long long ngs_ticks(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+    }
+    #define NGS_TICKS_ARE_NS 1
+    #endif
+    """
+    uint64_t ngs_ticks() noexcept nogil
+    bint NGS_TICKS_ARE_NS
+
+cdef uint64_t TICKS_AT_IMPORT = ngs_ticks()
+cdef int64_t NS_AT_IMPORT = now_ns()
+
+
+cdef inline int64_t ticks_since(uint64_t t0) noexcept nogil:
+    """Ticks since t0; 0 if the counter went back (a thread moved to a core whose TSC lags)."""
+    cdef uint64_t t = ngs_ticks()
+    return <int64_t>(t - t0) if t > t0 else 0
+
+
+cdef double ns_per_tick():
+    cdef uint64_t dt
+    if NGS_TICKS_ARE_NS:
+        return 1.0
+    dt = ngs_ticks() - TICKS_AT_IMPORT
+    return (now_ns() - NS_AT_IMPORT) / <double>dt if dt > 0 else 1.0
+
+
 # --------------------------------------------------------------------------------------------
 # Argument validation (the one boundary every public entry goes through)
 # --------------------------------------------------------------------------------------------
@@ -522,6 +562,104 @@ cdef class SimpleProposer(Proposer):
 # ngram-map-k / ngram-map-k4v (spec 4)
 # --------------------------------------------------------------------------------------------
 
+# k4v's statistics scan visits every earlier position from the key's stat_idx to the match:
+# O(L) for each newly matched key, llama.cpp's cost at long contexts. Scans of at least
+# STAT_INDEX_MIN positions go through a per-slot ScanIndex instead: chains of the positions of
+# each exact n-gram (newest first), so a scan visits only the key's occurrences, in the same
+# ascending order. The index is built lazily: a scan indexes at most as many new positions as it
+# covers and scans the rest linearly, so no call costs more than about twice the plain scan.
+# STAT_INDEX_MIN is MapProposer's default `stat_index_min` (tests lower it).
+DEF STAT_INDEX_MIN = 2048
+
+cdef struct ScanIndex:
+    Py_ssize_t next_i          # positions 0 .. next_i-1 are indexed
+    Py_ssize_t cap             # room in prev
+    int32_t* prev              # prev[i]: the previous position of the n-gram at i, -1 = none
+    int32_t* tab               # open addressing on the n-gram's text -> its newest position,
+    Py_ssize_t tab_size        # -1 = empty entry; a power of two, at least twice tab_used
+    Py_ssize_t tab_used
+    int32_t* hits              # scratch: one scan's occurrences, newest first
+    Py_ssize_t hits_cap
+    bint stale                 # clear before the next use (begin, or the context shrank)
+
+
+cdef void scan_free(ScanIndex* x) noexcept nogil:
+    free(x.prev)
+    free(x.tab)
+    free(x.hits)
+
+
+cdef inline Py_ssize_t scan_find(ScanIndex* x, const token_t* inp, const token_t* gram,
+                                 uint64_t h, Py_ssize_t n) noexcept nogil:
+    """The table entry of `gram` (its text) or the empty entry where it would go."""
+    cdef Py_ssize_t k = tab_slot(h, x.tab_size)
+    cdef int32_t pos
+    while True:
+        pos = x.tab[k]
+        if pos < 0 or (inp[pos] == gram[0] and
+                       memcmp(inp + pos, gram, n * sizeof(token_t)) == 0):
+            return k
+        k = (k + 1) & (x.tab_size - 1)
+
+
+cdef int scan_grow_table(ScanIndex* x, const token_t* inp, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t size = x.tab_size * 2 if x.tab_size else 4096, i, k
+    cdef int32_t* tab = <int32_t*>malloc(size * sizeof(int32_t))
+    cdef int32_t pos
+    if tab == NULL:
+        return -1
+    memset(tab, 0xFF, size * sizeof(int32_t))
+    for i in range(x.tab_size):              # distinct texts: no comparison needed
+        pos = x.tab[i]
+        if pos >= 0:
+            k = tab_slot(mod_hash(inp + pos, n), size)
+            while tab[k] >= 0:
+                k = (k + 1) & (size - 1)
+            tab[k] = pos
+    free(x.tab)
+    x.tab = tab
+    x.tab_size = size
+    return 0
+
+
+cdef int scan_extend(ScanIndex* x, const token_t* inp, Py_ssize_t last, Py_ssize_t n,
+                     uint64_t a_pow) noexcept nogil:
+    """Index positions next_i .. last (their n-grams must lie inside inp). -1: out of memory."""
+    cdef Py_ssize_t i, k, cap
+    cdef uint64_t h
+    cdef void* grown
+    if x.stale:
+        x.stale = False
+        x.next_i = 0
+        x.tab_used = 0
+        if x.tab != NULL:
+            memset(x.tab, 0xFF, x.tab_size * sizeof(int32_t))
+    if last < x.next_i:
+        return 0
+    if last >= x.cap:
+        cap = x.cap * 2 if x.cap * 2 > last + 1 else last + 1024
+        grown = realloc(x.prev, cap * sizeof(int32_t))
+        if grown == NULL:
+            return -1
+        x.prev = <int32_t*>grown
+        x.cap = cap
+    h = mod_hash(inp + x.next_i, n)
+    for i in range(x.next_i, last + 1):
+        if 2 * (x.tab_used + 1) > x.tab_size:
+            if scan_grow_table(x, inp, n) < 0:
+                x.next_i = i
+                return -1
+        k = scan_find(x, inp, inp + i, h, n)
+        if x.tab[k] < 0:
+            x.tab_used += 1
+        x.prev[i] = x.tab[k]
+        x.tab[k] = <int32_t>i
+        if i < last:
+            h = (h - <uint64_t><int64_t>inp[i] * a_pow) * MOD_LCG_A + <uint64_t><int64_t>inp[i + n]
+    x.next_i = last + 1
+    return 0
+
+
 cdef struct MapValue:
     size_t value_idx           # start of this m-gram in inp; 0 = unused
     uint16_t value_num         # occurrences, saturating at 16380
@@ -539,6 +677,8 @@ cdef struct MapParams:
     bint key_only
     Py_ssize_t min_hits
     bint reindex
+    uint64_t a_pow             # A^(n-1) mod 2^64, to slide the ScanIndex's hash
+    Py_ssize_t stat_index_min  # k4v scans this long or longer use the ScanIndex
 
 cdef struct MapState:
     MapKey* keys               # append-only list, erased from only by begin's cleanup
@@ -564,6 +704,7 @@ cdef struct MapState:
     # prompt at begin()
     uint64_t seen_hash
     size_t seen_len
+    ScanIndex scan             # k4v's statistics scan (see stat_scan)
 
 
 cdef inline uint32_t map_hash(const token_t* t, Py_ssize_t n) noexcept nogil:
@@ -730,6 +871,59 @@ cdef void map_begin(MapState* s, const MapParams* p, size_t size_begin) noexcept
     s.kt_stale = True
 
 
+cdef inline void stat_count(MapKey* ck, const token_t* inp, Py_ssize_t L, size_t i,
+                            Py_ssize_t n, Py_ssize_t m) noexcept nogil:
+    """Count the m-gram after the key's occurrence at i in the key's value records."""
+    cdef int v, iv = -1
+    for v in range(MAP_MAX_VALUES):
+        if ck.values[v].value_idx == 0:
+            ck.values[v].value_idx = i + n
+            ck.values[v].value_num = 0
+            ck.values[v].n_accepted = <int16_t>m
+            iv = v
+            break
+        if (ck.values[v].value_idx + m <= <size_t>L and
+                memcmp(inp + i + n, inp + ck.values[v].value_idx, m * sizeof(token_t)) == 0):
+            iv = v
+            break
+    if iv >= 0 and ck.values[iv].value_num < MAP_MAX_COUNT:
+        ck.values[iv].value_num += 1
+
+
+cdef int stat_scan(MapKey* ck, ScanIndex* x, const MapParams* p, const token_t* inp,
+                   Py_ssize_t L, Py_ssize_t match, token_t sampled) noexcept nogil:
+    """k4v's statistics over the key's occurrences at stat_idx .. match (inclusive: the
+    previous match is counted again), in ascending order. -1: out of memory."""
+    cdef Py_ssize_t n = p.n, lo = <Py_ssize_t>ck.stat_idx, hi = match, i, j, top, cnt = 0
+    cdef Py_ssize_t span = hi - lo + 1, indexed
+    cdef void* grown
+    if span >= p.stat_index_min:
+        indexed = 0 if x.stale else x.next_i
+        if indexed <= hi and scan_extend(x, inp, min(hi, indexed - 1 + span), n, p.a_pow) < 0:
+            return -1
+        if lo < x.next_i:
+            top = min(hi, x.next_i - 1)
+            j = x.tab[scan_find(x, inp, inp + match, mod_hash(inp + match, n), n)]
+            while j >= lo:                   # newest first; kept to be counted oldest first
+                if j <= top and map_key_at(inp, L, j, n, sampled):
+                    if cnt == x.hits_cap:
+                        grown = realloc(x.hits, (x.hits_cap * 2 + 64) * sizeof(int32_t))
+                        if grown == NULL:
+                            return -1
+                        x.hits = <int32_t*>grown
+                        x.hits_cap = x.hits_cap * 2 + 64
+                    x.hits[cnt] = <int32_t>j
+                    cnt += 1
+                j = x.prev[j]
+            for i in range(cnt - 1, -1, -1):
+                stat_count(ck, inp, L, x.hits[i], n, p.m)
+            lo = top + 1
+    for i in range(lo, hi + 1):
+        if map_key_at(inp, L, i, n, sampled):
+            stat_count(ck, inp, L, i, n, p.m)
+    return 0
+
+
 cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, Py_ssize_t L,
                           token_t sampled, token_t* out) noexcept nogil:
     """Returns the draft length, or -1 when the key list could not grow (out of memory)."""
@@ -833,25 +1027,8 @@ cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, P
     if not p.key_only:                       # (d2) ngram-map-k4v: values seen after the key
         if ck.key_num < p.min_hits:
             return 0
-        i = ck.stat_idx
-        while i <= <size_t>match:            # inclusive: the previous match is counted again
-            if map_key_at(inp, L, i, n, sampled):
-                iv = -1
-                for v in range(MAP_MAX_VALUES):
-                    if ck.values[v].value_idx == 0:
-                        ck.values[v].value_idx = i + n
-                        ck.values[v].value_num = 0
-                        ck.values[v].n_accepted = <int16_t>m
-                        iv = v
-                        break
-                    if (ck.values[v].value_idx + m <= <size_t>L and
-                            memcmp(inp + i + n, inp + ck.values[v].value_idx,
-                                   m * sizeof(token_t)) == 0):
-                        iv = v
-                        break
-                if iv >= 0 and ck.values[iv].value_num < MAP_MAX_COUNT:
-                    ck.values[iv].value_num += 1
-            i += 1
+        if stat_scan(ck, &s.scan, p, inp, L, match, sampled) < 0:
+            return -1
         ck.stat_idx = match
         max_occur = 0
         for v in range(MAP_MAX_VALUES):
@@ -897,10 +1074,14 @@ cdef class MapProposer(Proposer):
         On begin(), a prompt that does not extend the slot's previous context resets the slot's
         map, so the new prompt is indexed from position 1. llama.cpp keeps the stale entries
         and never scans positions <= K of the new prompt (its "server-state collapse").
+    stat_index_min : int, >= 1 (default 2048)
+        ngram-map-k4v's statistics scans over at least this many positions go through the
+        per-slot ScanIndex (same drafts; a speed knob, lowered by tests).
 
     Memory: per slot a 2**18-entry uint32 hash index (1 MiB, zero pages until touched) plus,
     per distinct matched key (unbounded, as in llama.cpp), a 112-byte record and at most 32
-    bytes of lookup table.
+    bytes of lookup table. ngram-map-k4v adds, once a statistics scan covers 2048 positions, a
+    ScanIndex: 4 bytes per context token plus a table of 8-16 bytes per distinct n-gram.
 
     Thread-safety: each slot's map is independent: one thread per slot at a time.
     """
@@ -911,13 +1092,17 @@ cdef class MapProposer(Proposer):
         self.states = NULL
 
     def __init__(self, size_n=12, size_m=48, min_hits=1, key_only=True, n_slots=1,
-                 reindex=False):
+                 reindex=False, stat_index_min=STAT_INDEX_MIN):
         cdef Py_ssize_t i
         self.params.reindex = bool(reindex)
         self.params.n = check_int("size_n", size_n, 1, 1024)
         self.params.m = check_int("size_m", size_m, 1, 1024)
         self.params.min_hits = check_int("min_hits", min_hits, 1)
         self.params.key_only = bool(key_only)
+        self.params.stat_index_min = check_int("stat_index_min", stat_index_min, 1)
+        self.params.a_pow = 1
+        for i in range(self.params.n - 1):
+            self.params.a_pow *= MOD_LCG_A
         Proposer.__init__(self, "ngram-map-k" if key_only else "ngram-map-k4v", n_slots,
                           self.params.m)
         self.states = <MapState*>calloc(n_slots, sizeof(MapState))
@@ -936,6 +1121,7 @@ cdef class MapProposer(Proposer):
                 free(self.states[i].key_map)
                 free(self.states[i].kt_hash)
                 free(self.states[i].kt_idx)
+                scan_free(&self.states[i].scan)
             free(self.states)
 
     @property
@@ -965,7 +1151,9 @@ cdef class MapProposer(Proposer):
         cdef size_t total = 0
         for i in range(self.n_slots):
             total += (MAP_INDEX_SIZE * sizeof(uint32_t) + self.states[i].cap_keys * sizeof(MapKey)
-                      + self.states[i].kt_size * (sizeof(uint64_t) + sizeof(int64_t)))
+                      + self.states[i].kt_size * (sizeof(uint64_t) + sizeof(int64_t))
+                      + (self.states[i].scan.cap + self.states[i].scan.tab_size
+                         + self.states[i].scan.hits_cap) * sizeof(int32_t))
         return total
 
     cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
@@ -973,6 +1161,7 @@ cdef class MapProposer(Proposer):
             if self.params.reindex:
                 map_begin_reindex(&self.states[slot], prompt, n)
             map_begin(&self.states[slot], &self.params, n)
+            self.states[slot].scan.stale = True   # the new prompt's text is not indexed
         return 0
 
     cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
@@ -981,6 +1170,8 @@ cdef class MapProposer(Proposer):
         cdef MapState* s = &self.states[slot]
         if self.params.reindex:
             map_track(s, inp, n)
+        if s.scan.next_i > 0 and s.scan.next_i - 1 + self.params.n > n:
+            s.scan.stale = True              # the context shrank without begin()
         if n - <Py_ssize_t>s.key_map_last_idx > NOGIL_MIN_TOKENS:
             with nogil:
                 r = map_draft(s, &self.params, inp, n, sampled, out)
@@ -1252,7 +1443,7 @@ cdef class ModProposer(Proposer):
 cdef struct Counters:
     uint64_t calls_b, calls_g, calls_a
     uint64_t gen_drafts, acc_drafts, gen_tokens, acc_tokens
-    int64_t t_begin_ns, t_draft_ns, t_accept_ns
+    int64_t t_begin, t_draft, t_accept     # in ticks (see ngs_ticks)
     Py_ssize_t n_pos           # positions used in acc_per_pos
     uint64_t* acc_per_pos      # accepts with k > i, for i < max_draft
 
@@ -1401,16 +1592,16 @@ cdef class SpecEngine:
         cdef cnp.ndarray arr = as_tokens(prompt, "prompt")
         cdef const token_t* t = tok_ptr(arr)
         cdef Py_ssize_t n = cnp.PyArray_DIMS(arr)[0]
-        cdef int64_t t0
+        cdef uint64_t t0
         cdef Proposer p
         self.pending[s] = -1
         self.checked[s] = 0                  # the next context is checked whole
         self.checked_owner[s] = None
         for k in range(self.n_prop):
             p = <Proposer>self.proposers[k]
-            t0 = now_ns()
+            t0 = ngs_ticks()
             p.c_begin(s, t, n)
-            self.counters[k].t_begin_ns += now_ns() - t0
+            self.counters[k].t_begin += ticks_since(t0)
             self.counters[k].calls_b += 1
 
     def draft(self, slot, context, sampled, n_max=None):
@@ -1440,7 +1631,7 @@ cdef class SpecEngine:
         cdef const token_t* t = tok_ptr(arr)
         cdef Py_ssize_t L = cnp.PyArray_DIMS(arr)[0]
         cdef token_t* out = self.out + s * self.max_draft
-        cdef int64_t t0
+        cdef uint64_t t0
         cdef Counters* c
         cdef Proposer p
         if n_max is not None:
@@ -1460,9 +1651,9 @@ cdef class SpecEngine:
         for k in range(self.n_prop):
             p = <Proposer>self.proposers[k]
             c = &self.counters[k]
-            t0 = now_ns()
+            t0 = ngs_ticks()
             length = p.c_draft(s, t, L, tok, out)
-            c.t_draft_ns += now_ns() - t0
+            c.t_draft += ticks_since(t0)
             c.calls_g += 1
             if length > 0:
                 if length > p.max_draft:
@@ -1489,7 +1680,7 @@ cdef class SpecEngine:
         cdef int which = self.impl_last[s]
         cdef Counters* c = &self.counters[which]
         cdef Proposer p
-        cdef int64_t t0 = now_ns()
+        cdef uint64_t t0 = ngs_ticks()
         self.pending[s] = -1
         for i in range(n):
             c.acc_per_pos[i] += 1
@@ -1500,7 +1691,7 @@ cdef class SpecEngine:
             c.acc_tokens += n
         (<Proposer>self.proposers[which]).c_accept(s, n, False)
         c.calls_a += 1
-        c.t_accept_ns += now_ns() - t0
+        c.t_accept += ticks_since(t0)
         for k in range(self.n_prop):
             if k != which:
                 (<Proposer>self.proposers[k]).c_accept(s, n, True)
@@ -1513,6 +1704,7 @@ cdef class SpecEngine:
         """
         cdef Py_ssize_t k, i
         cdef Counters* c
+        cdef double scale = ns_per_tick()
         result = []
         for k in range(self.n_prop):
             c = &self.counters[k]
@@ -1522,8 +1714,9 @@ cdef class SpecEngine:
                 "gen_drafts": c.gen_drafts, "acc_drafts": c.acc_drafts,
                 "gen_tokens": c.gen_tokens, "acc_tokens": c.acc_tokens,
                 "acc_per_pos": [c.acc_per_pos[i] for i in range(c.n_pos)],
-                "t_begin_us": c.t_begin_ns // 1000, "t_draft_us": c.t_draft_ns // 1000,
-                "t_accept_us": c.t_accept_ns // 1000,
+                "t_begin_us": int(c.t_begin * scale) // 1000,
+                "t_draft_us": int(c.t_draft * scale) // 1000,
+                "t_accept_us": int(c.t_accept * scale) // 1000,
             })
         return result
 
