@@ -12,16 +12,35 @@ import operator
 import numpy as np
 
 cimport numpy as cnp
-from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
-                               PyThread_acquire_lock, PyThread_release_lock)
 from cpython.long cimport PyLong_AsLongLong, PyLong_AsSsize_t, PyLong_CheckExact
 from cpython.ref cimport PyObject
 from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memmove, memset
+from posix.mman cimport MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cnp.import_array()
+
+# The pool's lock is taken twice per ngram-mod draft: a pthread mutex costs a few ns
+# uncontended, where CPython's PyThread lock also reads the clock for a zero timeout.
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t*, void*)
+    int pthread_mutex_destroy(pthread_mutex_t*)
+    int pthread_mutex_lock(pthread_mutex_t*)
+    int pthread_mutex_trylock(pthread_mutex_t*)
+    int pthread_mutex_unlock(pthread_mutex_t*)
+
+cdef extern from "<sys/mman.h>" nogil:
+    """
+    #ifndef MADV_HUGEPAGE
+    #define MADV_HUGEPAGE 14
+    #endif
+    """
+    int madvise(void*, size_t, int)
+    int MADV_HUGEPAGE
 
 # Python-visible constants (spec 2).
 POOL_SIZE = MOD_POOL_SIZE
@@ -568,6 +587,7 @@ cdef class SimpleProposer(Proposer):
 # each exact n-gram (newest first), so a scan visits only the key's occurrences, in the same
 # ascending order. The index is built lazily: a scan indexes at most as many new positions as it
 # covers and scans the rest linearly, so no call costs more than about twice the plain scan.
+# Once built, it also serves the shorter scans (16 positions or more) over indexed positions.
 # STAT_INDEX_MIN is MapProposer's default `stat_index_min` (tests lower it).
 DEF STAT_INDEX_MIN = 2048
 
@@ -897,8 +917,9 @@ cdef int stat_scan(MapKey* ck, ScanIndex* x, const MapParams* p, const token_t* 
     cdef Py_ssize_t n = p.n, lo = <Py_ssize_t>ck.stat_idx, hi = match, i, j, top, cnt = 0
     cdef Py_ssize_t span = hi - lo + 1, indexed
     cdef void* grown
-    if span >= p.stat_index_min:
-        indexed = 0 if x.stale else x.next_i
+    indexed = 0 if x.stale else x.next_i
+    # long scans build the index; once built, shorter scans over indexed positions use it too
+    if span >= p.stat_index_min or (lo < indexed and span >= 16):
         if indexed <= hi and scan_extend(x, inp, min(hi, indexed - 1 + span), n, p.a_pow) < 0:
             return -1
         if lo < x.next_i:
@@ -1202,22 +1223,54 @@ cdef class ModPool:
     """
     cdef int32_t* entries
     cdef size_t n_used
-    cdef PyThread_type_lock lock
+    cdef pthread_mutex_t mutex
+    cdef bint has_mutex
+    cdef void* map_base                      # the mmap'ed region (NULL: entries came from malloc)
+    cdef size_t map_len
 
     def __cinit__(self):
-        self.entries = <int32_t*>malloc(MOD_POOL_SIZE * sizeof(int32_t))
-        if self.entries == NULL:
+        self.entries = NULL
+        self.map_base = NULL
+        self.has_mutex = False
+        self.alloc_entries()
+        if pthread_mutex_init(&self.mutex, NULL) != 0:
             raise MemoryError()
-        self.lock = PyThread_allocate_lock()
-        if self.lock == NULL:
-            raise MemoryError()
+        self.has_mutex = True
         memset(self.entries, 0xFF, MOD_POOL_SIZE * sizeof(int32_t))   # all EMPTY (-1)
         self.n_used = 0
 
+    cdef int alloc_entries(self) except -1:
+        """16 MiB at a 2 MiB boundary with MADV_HUGEPAGE: a draft chains up to n_max reads at
+        random places in the table, so huge pages save a TLB miss per read. malloc where mmap
+        is refused."""
+        cdef size_t nbytes = MOD_POOL_SIZE * sizeof(int32_t), huge = 2 * 1024 * 1024
+        cdef size_t start, lead
+        cdef void* base = mmap(NULL, nbytes + huge, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if base != MAP_FAILED:
+            start = (<size_t>base + huge - 1) & ~(huge - 1)
+            lead = start - <size_t>base
+            if lead:
+                munmap(base, lead)
+            if huge - lead:
+                munmap(<void*>(start + nbytes), huge - lead)
+            self.map_base = <void*>start
+            self.map_len = nbytes
+            madvise(self.map_base, nbytes, MADV_HUGEPAGE)   # advice only: may be refused
+            self.entries = <int32_t*>self.map_base
+            return 0
+        self.entries = <int32_t*>malloc(nbytes)
+        if self.entries == NULL:
+            raise MemoryError()
+        return 0
+
     def __dealloc__(self):
-        free(self.entries)
-        if self.lock != NULL:
-            PyThread_free_lock(self.lock)
+        if self.map_base != NULL:
+            munmap(self.map_base, self.map_len)
+        else:
+            free(self.entries)
+        if self.has_mutex:
+            pthread_mutex_destroy(&self.mutex)
 
     @property
     def size(self):
@@ -1244,7 +1297,7 @@ cdef class ModPool:
         with nogil:
             self.lock_nogil()
             self.reset_locked()
-            PyThread_release_lock(self.lock)
+            self.unlock()
 
     def get(self, key):
         """The entry the n-gram `key` hashes to (-1 = EMPTY): llama.cpp's recomputed hash."""
@@ -1257,20 +1310,23 @@ cdef class ModPool:
             h = h * MOD_LCG_A + <uint64_t><int64_t>t[i]
         self.lock_gil()
         r = self.entries[h & MOD_POOL_MASK]
-        PyThread_release_lock(self.lock)
+        self.unlock()
         return r
 
     def __reduce__(self):
         raise TypeError("ModPool cannot be pickled (it is one 16 MiB table shared in-process)")
 
-    cdef void lock_nogil(self) noexcept nogil:
-        PyThread_acquire_lock(self.lock, 1)
+    cdef inline void lock_nogil(self) noexcept nogil:
+        pthread_mutex_lock(&self.mutex)
 
-    cdef void lock_gil(self) noexcept:
+    cdef inline void lock_gil(self) noexcept:
         """Take the lock from a thread holding the GIL, dropping the GIL only to wait."""
-        if not PyThread_acquire_lock(self.lock, 0):
+        if pthread_mutex_trylock(&self.mutex) != 0:
             with nogil:
-                PyThread_acquire_lock(self.lock, 1)
+                pthread_mutex_lock(&self.mutex)
+
+    cdef inline void unlock(self) noexcept nogil:
+        pthread_mutex_unlock(&self.mutex)
 
     cdef void reset_locked(self) noexcept nogil:
         memset(self.entries, 0xFF, MOD_POOL_SIZE * sizeof(int32_t))
@@ -1298,6 +1354,22 @@ cdef void mod_insert(ModPool pool, const token_t* t, Py_ssize_t start, Py_ssize_
         entries[s] = t[i + n]                # last writer wins, no collision check
         h = (h - <uint64_t><int64_t>t[i] * a_pow) * MOD_LCG_A + <uint64_t><int64_t>t[i + n]
     pool.n_used = used
+
+
+cdef Py_ssize_t mod_chain(const int32_t* entries, token_t* buf, Py_ssize_t n,
+                          Py_ssize_t n_max, uint64_t a_pow) noexcept nogil:
+    """Follow the pool from the key buf[0 : n] for at most n_max tokens, appending them to buf;
+    returns how many were found before an EMPTY entry. Caller holds the pool's lock."""
+    cdef uint64_t h = mod_hash(buf, n)
+    cdef Py_ssize_t i
+    cdef int32_t t
+    for i in range(n_max):
+        t = entries[h & MOD_POOL_MASK]
+        if t == MOD_EMPTY:
+            return i
+        buf[n + i] = t
+        h = (h - <uint64_t><int64_t>buf[i] * a_pow) * MOD_LCG_A + <uint64_t><int64_t>t
+    return n_max
 
 
 cdef struct ModSlot:
@@ -1374,17 +1446,15 @@ cdef class ModProposer(Proposer):
             # occupancy is checked after the insertion: this prompt's n-grams go too
             if <double>pool.n_used / <double>MOD_POOL_SIZE > 0.25:
                 pool.reset_locked()
-            PyThread_release_lock(pool.lock)
+            pool.unlock()
         return 0
 
     cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t L,
                             token_t sampled, token_t* out) except -1:
         cdef ModSlot* st = &self.slots[slot]
         cdef ModPool pool = self.pool
-        cdef Py_ssize_t n = self.n_match, i, length
+        cdef Py_ssize_t n = self.n_match, length
         cdef token_t* buf = self.bufs + slot * (n + self.n_max)
-        cdef uint64_t h
-        cdef int32_t t
         st.n_draft_last = 0
         if L < n:
             return 0
@@ -1399,19 +1469,11 @@ cdef class ModProposer(Proposer):
         # key = last n tokens of inp + [sampled]; the window then slides over its own output
         memcpy(buf, inp + L - n + 1, (n - 1) * sizeof(token_t))
         buf[n - 1] = sampled
-        h = mod_hash(buf, n)
-        length = 0
-        for i in range(self.n_max):
-            t = pool.entries[h & MOD_POOL_MASK]
-            if t == MOD_EMPTY:
-                if i < self.n_min:
-                    length = -1
-                break
-            buf[n + i] = t
-            h = (h - <uint64_t><int64_t>buf[i] * self.a_pow) * MOD_LCG_A + <uint64_t><int64_t>t
-            length = i + 1
-        PyThread_release_lock(pool.lock)
-        if length <= 0:                      # -1: fewer than n_min chained tokens
+        length = mod_chain(pool.entries, buf, n, self.n_max, self.a_pow)
+        pool.unlock()
+        # a chain cut short by an EMPTY entry before n_min tokens gives no draft (a full one of
+        # n_max < n_min tokens does, as in llama.cpp)
+        if length == 0 or (length < self.n_max and length < self.n_min):
             return 0
         st.n_draft_last = length             # before the glue's truncation
         memcpy(out, buf + n, length * sizeof(token_t))
@@ -1428,7 +1490,7 @@ cdef class ModProposer(Proposer):
                 with nogil:
                     pool.lock_nogil()
                     pool.reset_locked()
-                    PyThread_release_lock(pool.lock)
+                    pool.unlock()
                 st.n_low = 0
                 st.i_last = 0
         else:
