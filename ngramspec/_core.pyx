@@ -45,6 +45,7 @@ cdef extern from "<sys/mman.h>" nogil:
 # Python-visible constants (spec 2).
 POOL_SIZE = MOD_POOL_SIZE
 TOKEN_MAX = 2147483647
+DEF TOKEN_MAX_C = 2147483647
 cdef uint64_t MOD_LCG_A = 6364136223846793005ULL     # spec 5.1
 cdef uint32_t MAP_HASH_A = 2654435761U               # spec 4.2
 DEF MAP_INDEX_SIZE = 262144                          # 2**18 uint32 slots per ngram-map slot
@@ -189,6 +190,8 @@ cdef inline const token_t* tok_ptr(cnp.ndarray arr) noexcept:
 
 cdef token_t as_token(object value, str name) except? -1:
     cdef long long v
+    if exact_int_in(value, 0, TOKEN_MAX_C, &v):
+        return <token_t>v
     if PyLong_CheckExact(value):
         try:
             v = PyLong_AsLongLong(value)
@@ -207,6 +210,25 @@ cdef token_t as_token(object value, str name) except? -1:
     if v < 0 or v > TOKEN_MAX:
         raise ValueError(f"{name} = {v} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
     return <token_t>v
+
+
+cdef extern from "Python.h":
+    # declared here without Cython's error check: it sets no error for an int argument
+    long long long_and_overflow "PyLong_AsLongLongAndOverflow"(object, int*)
+
+
+cdef inline bint exact_int_in(object value, long long lo, long long hi, long long* out) noexcept:
+    """The fast path of every integer argument: a plain int in lo .. hi (anything else goes
+    through the full check, which gives the errors)."""
+    cdef int overflow = 0
+    cdef long long v
+    if not PyLong_CheckExact(value):
+        return False
+    v = long_and_overflow(value, &overflow)
+    if overflow != 0 or v < lo or v > hi:
+        return False
+    out[0] = v
+    return True
 
 
 def check_int(name, value, lo, hi=None):
@@ -308,6 +330,7 @@ cdef class PyProposer(Proposer):
 # Every empty draft is this one read-only array (saves an allocation per draftless step).
 EMPTY_DRAFT = np.empty(0, dtype=np.int32)
 EMPTY_DRAFT.setflags(write=False)
+cdef cnp.ndarray EMPTY = EMPTY_DRAFT         # the same, without a module-dict lookup
 
 
 cdef cnp.ndarray copy_tokens(const token_t* t, Py_ssize_t n):
@@ -588,6 +611,7 @@ cdef class SimpleProposer(Proposer):
 # ascending order. The index is built lazily: a scan indexes at most as many new positions as it
 # covers and scans the rest linearly, so no call costs more than about twice the plain scan.
 # Once built, it also serves the shorter scans (16 positions or more) over indexed positions.
+# begin() on a prompt of STAT_INDEX_MIN tokens or more indexes the prompt (without the GIL).
 # STAT_INDEX_MIN is MapProposer's default `stat_index_min` (tests lower it).
 DEF STAT_INDEX_MIN = 2048
 
@@ -1178,11 +1202,18 @@ cdef class MapProposer(Proposer):
         return total
 
     cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
+        cdef int r = 0
         with nogil:
             if self.params.reindex:
                 map_begin_reindex(&self.states[slot], prompt, n)
             map_begin(&self.states[slot], &self.params, n)
             self.states[slot].scan.stale = True   # the new prompt's text is not indexed
+            # k4v on a long prompt: index it now (GIL released) rather than in a draft call
+            if not self.params.key_only and n >= self.params.stat_index_min:
+                r = scan_extend(&self.states[slot].scan, prompt, n - self.params.n,
+                                self.params.n, self.params.a_pow)
+        if r < 0:
+            raise MemoryError()
         return 0
 
     cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
@@ -1635,6 +1666,9 @@ cdef class SpecEngine:
 
     cdef inline Py_ssize_t slot_index(self, object slot) except -1:
         cdef Py_ssize_t s = -1
+        cdef long long v
+        if exact_int_in(slot, 0, self.n_slots - 1, &v):
+            return <Py_ssize_t>v
         if PyLong_CheckExact(slot):
             try:
                 s = PyLong_AsSsize_t(slot)
@@ -1684,6 +1718,7 @@ cdef class SpecEngine:
         """
         cdef Py_ssize_t s = self.slot_index(slot), k, length = 0, bound = 0
         cdef Py_ssize_t skip = 0
+        cdef long long v
         if (self.checked[s] > 0 and cnp.PyArray_CheckExact(context)
                 and <size_t>cnp.PyArray_DATA(<cnp.ndarray>context) == self.checked_data[s]
                 and buffer_owner(<cnp.ndarray>context) is self.checked_owner[s]):
@@ -1698,7 +1733,10 @@ cdef class SpecEngine:
         cdef Proposer p
         if n_max is not None:
             # any bound >= max_draft truncates nothing (and fits a Py_ssize_t)
-            bound = min(check_int("n_max", n_max, 0), self.max_draft)
+            if exact_int_in(n_max, 0, 1LL << 62, &v):
+                bound = min(<Py_ssize_t>v, self.max_draft)
+            else:
+                bound = min(check_int("n_max", n_max, 0), self.max_draft)
         # every argument is valid: only now change the slot's state
         if arr is context:
             self.checked[s] = L
@@ -1709,7 +1747,7 @@ cdef class SpecEngine:
             self.checked_owner[s] = None
         self.pending[s] = -1
         if n_max is not None and bound == 0:
-            return EMPTY_DRAFT
+            return EMPTY
         for k in range(self.n_prop):
             p = <Proposer>self.proposers[k]
             c = &self.counters[k]
@@ -1728,7 +1766,7 @@ cdef class SpecEngine:
                 c.gen_tokens += length
                 break
         if length <= 0:
-            return EMPTY_DRAFT
+            return EMPTY
         return copy_tokens(out, length)
 
     def accept(self, slot, n_accepted):
@@ -1738,7 +1776,12 @@ cdef class SpecEngine:
         if last < 0:
             raise ValueError(f"accept() on slot {s} without a pending non-empty draft: call it "
                              f"once after each non-empty draft()")
-        cdef Py_ssize_t n = check_int("n_accepted", n_accepted, 0, last)
+        cdef long long v
+        cdef Py_ssize_t n
+        if exact_int_in(n_accepted, 0, last, &v):
+            n = <Py_ssize_t>v
+        else:
+            n = check_int("n_accepted", n_accepted, 0, last)
         cdef int which = self.impl_last[s]
         cdef Counters* c = &self.counters[which]
         cdef Proposer p
