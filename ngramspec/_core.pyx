@@ -385,9 +385,8 @@ cdef Py_ssize_t simple_draft(const token_t* inp, Py_ssize_t L, token_t sampled,
 
 cdef struct SimpleIndex:
     Py_ssize_t next_j          # positions 1 .. next_j-1 are indexed (0 is never a candidate)
-    Py_ssize_t cap             # room in prev / hashes
-    int32_t* prev              # prev[j]: the previous position with hashes[j], -1 = none
-    uint64_t* hashes           # hashes[j]: hash of inp[j : j+n]
+    Py_ssize_t cap             # room in prev
+    int32_t* prev              # prev[j]: the previous position whose n-gram has j's hash, -1 = none
     uint64_t* tab_hash         # open addressing on the hash ...
     int32_t* tab_pos           # ... -> newest position with it; -1 = empty entry
     Py_ssize_t tab_size        # a power of two, at least twice tab_used
@@ -434,7 +433,6 @@ cdef void index_clear(SimpleIndex* ix) noexcept nogil:
 
 cdef void index_free(SimpleIndex* ix) noexcept nogil:
     free(ix.prev)
-    free(ix.hashes)
     free(ix.tab_hash)
     free(ix.tab_pos)
 
@@ -453,10 +451,6 @@ cdef int index_extend(SimpleIndex* ix, const token_t* inp, Py_ssize_t last, Py_s
         if grown == NULL:
             return -1
         ix.prev = <int32_t*>grown
-        grown = realloc(ix.hashes, cap * sizeof(uint64_t))
-        if grown == NULL:
-            return -1
-        ix.hashes = <uint64_t*>grown
         ix.cap = cap
     h = mod_hash(inp + ix.next_j, n)
     for j in range(ix.next_j, last + 1):
@@ -472,7 +466,6 @@ cdef int index_extend(SimpleIndex* ix, const token_t* inp, Py_ssize_t last, Py_s
             ix.tab_used += 1
         ix.prev[j] = ix.tab_pos[k]
         ix.tab_pos[k] = <int32_t>j
-        ix.hashes[j] = h
         if j < last:
             h = (h - <uint64_t><int64_t>inp[j] * a_pow) * MOD_LCG_A + <uint64_t><int64_t>inp[j + n]
     ix.next_j = last + 1
@@ -528,8 +521,8 @@ cdef class SimpleProposer(Proposer):
         Find the match through a per-slot incremental index of earlier n-gram positions
         (O(n) per call) instead of llama.cpp's backward scan (O(L)). Same drafts either way.
 
-    Memory: with the index, per slot 12 bytes per context token plus a hash table of at most
-    24 bytes per distinct n-gram; the scan needs nothing.
+    Memory: with the index, per slot 4 bytes per context token plus a hash table of 24 to 48
+    bytes per distinct n-gram (12-byte entries, at most half full); the scan needs nothing.
 
     Thread-safety: one thread per slot at a time (the index is per slot). Drafts that index
     many new positions (the first after begin) release the GIL.
@@ -569,7 +562,7 @@ cdef class SimpleProposer(Proposer):
         cdef Py_ssize_t i
         cdef size_t total = 0
         for i in range(self.n_slots):
-            total += (self.index[i].cap * (sizeof(int32_t) + sizeof(uint64_t))
+            total += (self.index[i].cap * sizeof(int32_t)
                       + self.index[i].tab_size * (sizeof(int32_t) + sizeof(uint64_t)))
         return total
 
