@@ -17,7 +17,8 @@ from cpython.ref cimport PyObject
 from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memmove, memset
-from posix.mman cimport MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
+from posix.mman cimport (MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap,
+                         munmap)
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cnp.import_array()
@@ -386,7 +387,7 @@ cdef Py_ssize_t simple_draft(const token_t* inp, Py_ssize_t L, token_t sampled,
 cdef struct SimpleIndex:
     Py_ssize_t next_j          # positions 1 .. next_j-1 are indexed (0 is never a candidate)
     Py_ssize_t cap             # room in prev
-    int32_t* prev              # prev[j]: the previous position whose n-gram has j's hash, -1 = none
+    int32_t* prev              # prev[j]: previous position with the same n-gram hash, -1 = none
     uint64_t* tab_hash         # open addressing on the hash ...
     int32_t* tab_pos           # ... -> newest position with it; -1 = empty entry
     Py_ssize_t tab_size        # a power of two, at least twice tab_used
@@ -600,21 +601,25 @@ cdef class SimpleProposer(Proposer):
 # k4v's statistics scan visits every earlier position from the key's stat_idx to the match:
 # O(L) for each newly matched key, llama.cpp's cost at long contexts. Scans of at least
 # STAT_INDEX_MIN positions go through a per-slot ScanIndex instead: chains of the positions of
-# each exact n-gram (newest first), so a scan visits only the key's occurrences, in the same
-# ascending order. The index is built lazily: a scan indexes at most as many new positions as it
+# each n-gram (by a 32-bit tag of its hash, newest first), so a scan visits only the key's
+# occurrences (checked against the text), in the same ascending order. The index is built lazily: a scan indexes at most as many new positions as it
 # covers and scans the rest linearly, so no call costs more than about twice the plain scan.
 # Once built, it also serves the shorter scans (16 positions or more) over indexed positions.
 # begin() on a prompt of STAT_INDEX_MIN tokens or more indexes the prompt (without the GIL).
 # STAT_INDEX_MIN is MapProposer's default `stat_index_min` (tests lower it).
 DEF STAT_INDEX_MIN = 2048
 
+cdef struct ScanSlot:
+    int32_t pos                # newest position of the n-grams with this tag; -1 = empty
+    uint32_t tag               # 32 bits of the n-gram's 64-bit hash (they also pick the slot)
+
 cdef struct ScanIndex:
     Py_ssize_t next_i          # positions 0 .. next_i-1 are indexed
     Py_ssize_t cap             # room in prev
-    int32_t* prev              # prev[i]: the previous position of the n-gram at i, -1 = none
-    int32_t* tab               # open addressing on the n-gram's text -> its newest position,
-    Py_ssize_t tab_size        # -1 = empty entry; a power of two, at least twice tab_used
-    Py_ssize_t tab_used
+    int32_t* prev              # prev[i]: the previous position with i's tag, -1 = none
+    ScanSlot* tab              # open addressing on the tag; a power of two entries, at least
+    Py_ssize_t tab_size        # twice tab_used. Different n-grams sharing a tag share a chain:
+    Py_ssize_t tab_used        # the scan checks every position's text, so it stays exact
     int32_t* hits              # scratch: one scan's occurrences, newest first
     Py_ssize_t hits_cap
     bint stale                 # clear before the next use (begin, or the context shrank)
@@ -626,33 +631,32 @@ cdef void scan_free(ScanIndex* x) noexcept nogil:
     free(x.hits)
 
 
-cdef inline Py_ssize_t scan_find(ScanIndex* x, const token_t* inp, const token_t* gram,
-                                 uint64_t h, Py_ssize_t n) noexcept nogil:
-    """The table entry of `gram` (its text) or the empty entry where it would go."""
-    cdef Py_ssize_t k = tab_slot(h, x.tab_size)
-    cdef int32_t pos
-    while True:
-        pos = x.tab[k]
-        if pos < 0 or (inp[pos] == gram[0] and
-                       memcmp(inp + pos, gram, n * sizeof(token_t)) == 0):
-            return k
+cdef inline uint32_t scan_tag(uint64_t h) noexcept nogil:
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL   # see tab_slot
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL
+    return <uint32_t>((h ^ (h >> 31)) >> 32)
+
+
+cdef inline Py_ssize_t scan_find(ScanIndex* x, uint32_t tag) noexcept nogil:
+    """The table entry of `tag`, or the empty entry where it would go."""
+    cdef Py_ssize_t k = tag & (x.tab_size - 1)
+    while x.tab[k].pos >= 0 and x.tab[k].tag != tag:
         k = (k + 1) & (x.tab_size - 1)
+    return k
 
 
-cdef int scan_grow_table(ScanIndex* x, const token_t* inp, Py_ssize_t n) noexcept nogil:
+cdef int scan_grow_table(ScanIndex* x) noexcept nogil:
     cdef Py_ssize_t size = x.tab_size * 2 if x.tab_size else 4096, i, k
-    cdef int32_t* tab = <int32_t*>malloc(size * sizeof(int32_t))
-    cdef int32_t pos
+    cdef ScanSlot* tab = <ScanSlot*>malloc(size * sizeof(ScanSlot))
     if tab == NULL:
         return -1
-    memset(tab, 0xFF, size * sizeof(int32_t))
-    for i in range(x.tab_size):              # distinct texts: no comparison needed
-        pos = x.tab[i]
-        if pos >= 0:
-            k = tab_slot(mod_hash(inp + pos, n), size)
-            while tab[k] >= 0:
+    memset(tab, 0xFF, size * sizeof(ScanSlot))
+    for i in range(x.tab_size):              # distinct tags: no comparison needed
+        if x.tab[i].pos >= 0:
+            k = x.tab[i].tag & (size - 1)
+            while tab[k].pos >= 0:
                 k = (k + 1) & (size - 1)
-            tab[k] = pos
+            tab[k] = x.tab[i]
     free(x.tab)
     x.tab = tab
     x.tab_size = size
@@ -664,13 +668,14 @@ cdef int scan_extend(ScanIndex* x, const token_t* inp, Py_ssize_t last, Py_ssize
     """Index positions next_i .. last (their n-grams must lie inside inp). -1: out of memory."""
     cdef Py_ssize_t i, k, cap
     cdef uint64_t h
+    cdef uint32_t tag
     cdef void* grown
     if x.stale:
         x.stale = False
         x.next_i = 0
         x.tab_used = 0
         if x.tab != NULL:
-            memset(x.tab, 0xFF, x.tab_size * sizeof(int32_t))
+            memset(x.tab, 0xFF, x.tab_size * sizeof(ScanSlot))
     if last < x.next_i:
         return 0
     if last >= x.cap:
@@ -683,14 +688,16 @@ cdef int scan_extend(ScanIndex* x, const token_t* inp, Py_ssize_t last, Py_ssize
     h = mod_hash(inp + x.next_i, n)
     for i in range(x.next_i, last + 1):
         if 2 * (x.tab_used + 1) > x.tab_size:
-            if scan_grow_table(x, inp, n) < 0:
+            if scan_grow_table(x) < 0:
                 x.next_i = i
                 return -1
-        k = scan_find(x, inp, inp + i, h, n)
-        if x.tab[k] < 0:
+        tag = scan_tag(h)
+        k = scan_find(x, tag)
+        if x.tab[k].pos < 0:
+            x.tab[k].tag = tag
             x.tab_used += 1
-        x.prev[i] = x.tab[k]
-        x.tab[k] = <int32_t>i
+        x.prev[i] = x.tab[k].pos
+        x.tab[k].pos = <int32_t>i
         if i < last:
             h = (h - <uint64_t><int64_t>inp[i] * a_pow) * MOD_LCG_A + <uint64_t><int64_t>inp[i + n]
     x.next_i = last + 1
@@ -941,7 +948,7 @@ cdef int stat_scan(MapKey* ck, ScanIndex* x, const MapParams* p, const token_t* 
             return -1
         if lo < x.next_i:
             top = min(hi, x.next_i - 1)
-            j = x.tab[scan_find(x, inp, inp + match, mod_hash(inp + match, n), n)]
+            j = x.tab[scan_find(x, scan_tag(mod_hash(inp + match, n)))].pos
             while j >= lo:                   # newest first; kept to be counted oldest first
                 if j <= top and map_key_at(inp, L, j, n, sampled):
                     if cnt == x.hits_cap:
@@ -1119,7 +1126,7 @@ cdef class MapProposer(Proposer):
     Memory: per slot a 2**18-entry uint32 hash index (1 MiB, zero pages until touched) plus,
     per distinct matched key (unbounded, as in llama.cpp), a 112-byte record and at most 32
     bytes of lookup table. ngram-map-k4v adds, once a statistics scan covers 2048 positions, a
-    ScanIndex: 4 bytes per context token plus a table of 8-16 bytes per distinct n-gram.
+    ScanIndex: 4 bytes per context token plus a table of 16-32 bytes per distinct n-gram.
 
     Thread-safety: each slot's map is independent: one thread per slot at a time.
     """
@@ -1190,8 +1197,8 @@ cdef class MapProposer(Proposer):
         for i in range(self.n_slots):
             total += (MAP_INDEX_SIZE * sizeof(uint32_t) + self.states[i].cap_keys * sizeof(MapKey)
                       + self.states[i].kt_size * (sizeof(uint64_t) + sizeof(int64_t))
-                      + (self.states[i].scan.cap + self.states[i].scan.tab_size
-                         + self.states[i].scan.hits_cap) * sizeof(int32_t))
+                      + (self.states[i].scan.cap + self.states[i].scan.hits_cap) * sizeof(int32_t)
+                      + self.states[i].scan.tab_size * sizeof(ScanSlot))
         return total
 
     cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
