@@ -12,20 +12,41 @@ import operator
 import numpy as np
 
 cimport numpy as cnp
-from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
-                               PyThread_acquire_lock, PyThread_release_lock)
 from cpython.long cimport PyLong_AsLongLong, PyLong_AsSsize_t, PyLong_CheckExact
 from cpython.ref cimport PyObject
 from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memmove, memset
+from posix.mman cimport (MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap,
+                         munmap)
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cnp.import_array()
 
+# The pool's lock is taken twice per ngram-mod draft: a pthread mutex costs a few ns
+# uncontended, where CPython's PyThread lock also reads the clock for a zero timeout.
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t*, void*)
+    int pthread_mutex_destroy(pthread_mutex_t*)
+    int pthread_mutex_lock(pthread_mutex_t*)
+    int pthread_mutex_trylock(pthread_mutex_t*)
+    int pthread_mutex_unlock(pthread_mutex_t*)
+
+cdef extern from "<sys/mman.h>" nogil:
+    """
+    #ifndef MADV_HUGEPAGE
+    #define MADV_HUGEPAGE 14
+    #endif
+    """
+    int madvise(void*, size_t, int)
+    int MADV_HUGEPAGE
+
 # Python-visible constants (spec 2).
 POOL_SIZE = MOD_POOL_SIZE
 TOKEN_MAX = 2147483647
+DEF TOKEN_MAX_C = 2147483647
 cdef uint64_t MOD_LCG_A = 6364136223846793005ULL     # spec 5.1
 cdef uint32_t MAP_HASH_A = 2654435761U               # spec 4.2
 DEF MAP_INDEX_SIZE = 262144                          # 2**18 uint32 slots per ngram-map slot
@@ -41,6 +62,46 @@ cdef inline int64_t now_ns() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+# The statistics' timers run on every call: on x86 they read the TSC (about 10 ns here, against
+# 22 ns for a vDSO clock_gettime, two per call), converted to ns when stats() is read, from the
+# ticks and ns elapsed since import. Elsewhere the ticks are clock_gettime's ns.
+cdef extern from *:
+    """
+    #if defined(__x86_64__) || defined(__i386__)
+    #include <x86intrin.h>
+    static inline unsigned long long ngs_ticks(void) { return __rdtsc(); }
+    #define NGS_TICKS_ARE_NS 0
+    #else
+    #include <time.h>
+    static inline unsigned long long ngs_ticks(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+    }
+    #define NGS_TICKS_ARE_NS 1
+    #endif
+    """
+    uint64_t ngs_ticks() noexcept nogil
+    bint NGS_TICKS_ARE_NS
+
+cdef uint64_t TICKS_AT_IMPORT = ngs_ticks()
+cdef int64_t NS_AT_IMPORT = now_ns()
+
+
+cdef inline int64_t ticks_since(uint64_t t0) noexcept nogil:
+    """Ticks since t0; 0 if the counter went back (a thread moved to a core whose TSC lags)."""
+    cdef uint64_t t = ngs_ticks()
+    return <int64_t>(t - t0) if t > t0 else 0
+
+
+cdef double ns_per_tick():
+    cdef uint64_t dt
+    if NGS_TICKS_ARE_NS:
+        return 1.0
+    dt = ngs_ticks() - TICKS_AT_IMPORT
+    return (now_ns() - NS_AT_IMPORT) / <double>dt if dt > 0 else 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,6 +191,8 @@ cdef inline const token_t* tok_ptr(cnp.ndarray arr) noexcept:
 
 cdef token_t as_token(object value, str name) except? -1:
     cdef long long v
+    if exact_int_in(value, 0, TOKEN_MAX_C, &v):
+        return <token_t>v
     if PyLong_CheckExact(value):
         try:
             v = PyLong_AsLongLong(value)
@@ -148,6 +211,25 @@ cdef token_t as_token(object value, str name) except? -1:
     if v < 0 or v > TOKEN_MAX:
         raise ValueError(f"{name} = {v} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
     return <token_t>v
+
+
+cdef extern from "Python.h":
+    # declared here without Cython's error check: it sets no error for an int argument
+    long long long_and_overflow "PyLong_AsLongLongAndOverflow"(object, int*)
+
+
+cdef inline bint exact_int_in(object value, long long lo, long long hi, long long* out) noexcept:
+    """The fast path of every integer argument: a plain int in lo .. hi (anything else goes
+    through the full check, which gives the errors)."""
+    cdef int overflow = 0
+    cdef long long v
+    if not PyLong_CheckExact(value):
+        return False
+    v = long_and_overflow(value, &overflow)
+    if overflow != 0 or v < lo or v > hi:
+        return False
+    out[0] = v
+    return True
 
 
 def check_int(name, value, lo, hi=None):
@@ -249,6 +331,7 @@ cdef class PyProposer(Proposer):
 # Every empty draft is this one read-only array (saves an allocation per draftless step).
 EMPTY_DRAFT = np.empty(0, dtype=np.int32)
 EMPTY_DRAFT.setflags(write=False)
+cdef cnp.ndarray EMPTY = EMPTY_DRAFT         # the same, without a module-dict lookup
 
 
 cdef cnp.ndarray copy_tokens(const token_t* t, Py_ssize_t n):
@@ -303,9 +386,8 @@ cdef Py_ssize_t simple_draft(const token_t* inp, Py_ssize_t L, token_t sampled,
 
 cdef struct SimpleIndex:
     Py_ssize_t next_j          # positions 1 .. next_j-1 are indexed (0 is never a candidate)
-    Py_ssize_t cap             # room in prev / hashes
-    int32_t* prev              # prev[j]: the previous position with hashes[j], -1 = none
-    uint64_t* hashes           # hashes[j]: hash of inp[j : j+n]
+    Py_ssize_t cap             # room in prev
+    int32_t* prev              # prev[j]: previous position with the same n-gram hash, -1 = none
     uint64_t* tab_hash         # open addressing on the hash ...
     int32_t* tab_pos           # ... -> newest position with it; -1 = empty entry
     Py_ssize_t tab_size        # a power of two, at least twice tab_used
@@ -352,7 +434,6 @@ cdef void index_clear(SimpleIndex* ix) noexcept nogil:
 
 cdef void index_free(SimpleIndex* ix) noexcept nogil:
     free(ix.prev)
-    free(ix.hashes)
     free(ix.tab_hash)
     free(ix.tab_pos)
 
@@ -371,10 +452,6 @@ cdef int index_extend(SimpleIndex* ix, const token_t* inp, Py_ssize_t last, Py_s
         if grown == NULL:
             return -1
         ix.prev = <int32_t*>grown
-        grown = realloc(ix.hashes, cap * sizeof(uint64_t))
-        if grown == NULL:
-            return -1
-        ix.hashes = <uint64_t*>grown
         ix.cap = cap
     h = mod_hash(inp + ix.next_j, n)
     for j in range(ix.next_j, last + 1):
@@ -390,7 +467,6 @@ cdef int index_extend(SimpleIndex* ix, const token_t* inp, Py_ssize_t last, Py_s
             ix.tab_used += 1
         ix.prev[j] = ix.tab_pos[k]
         ix.tab_pos[k] = <int32_t>j
-        ix.hashes[j] = h
         if j < last:
             h = (h - <uint64_t><int64_t>inp[j] * a_pow) * MOD_LCG_A + <uint64_t><int64_t>inp[j + n]
     ix.next_j = last + 1
@@ -446,8 +522,8 @@ cdef class SimpleProposer(Proposer):
         Find the match through a per-slot incremental index of earlier n-gram positions
         (O(n) per call) instead of llama.cpp's backward scan (O(L)). Same drafts either way.
 
-    Memory: with the index, per slot 12 bytes per context token plus a hash table of at most
-    24 bytes per distinct n-gram; the scan needs nothing.
+    Memory: with the index, per slot 4 bytes per context token plus a hash table of 24 to 48
+    bytes per distinct n-gram (12-byte entries, at most half full); the scan needs nothing.
 
     Thread-safety: one thread per slot at a time (the index is per slot). Drafts that index
     many new positions (the first after begin) release the GIL.
@@ -487,7 +563,7 @@ cdef class SimpleProposer(Proposer):
         cdef Py_ssize_t i
         cdef size_t total = 0
         for i in range(self.n_slots):
-            total += (self.index[i].cap * (sizeof(int32_t) + sizeof(uint64_t))
+            total += (self.index[i].cap * sizeof(int32_t)
                       + self.index[i].tab_size * (sizeof(int32_t) + sizeof(uint64_t)))
         return total
 
@@ -522,6 +598,112 @@ cdef class SimpleProposer(Proposer):
 # ngram-map-k / ngram-map-k4v (spec 4)
 # --------------------------------------------------------------------------------------------
 
+# k4v's statistics scan visits every earlier position from the key's stat_idx to the match:
+# O(L) for each newly matched key, llama.cpp's cost at long contexts. Scans of at least
+# STAT_INDEX_MIN positions go through a per-slot ScanIndex instead: chains of the positions of
+# each n-gram (by a 32-bit tag of its hash, newest first), so a scan visits only the key's
+# occurrences (checked against the text), in the same ascending order. The index is built lazily: a scan indexes at most as many new positions as it
+# covers and scans the rest linearly, so no call costs more than about twice the plain scan.
+# Once built, it also serves the shorter scans (16 positions or more) over indexed positions.
+# begin() on a prompt of STAT_INDEX_MIN tokens or more indexes the prompt (without the GIL).
+# STAT_INDEX_MIN is MapProposer's default `stat_index_min` (tests lower it).
+DEF STAT_INDEX_MIN = 2048
+
+cdef struct ScanSlot:
+    int32_t pos                # newest position of the n-grams with this tag; -1 = empty
+    uint32_t tag               # 32 bits of the n-gram's 64-bit hash (they also pick the slot)
+
+cdef struct ScanIndex:
+    Py_ssize_t next_i          # positions 0 .. next_i-1 are indexed
+    Py_ssize_t cap             # room in prev
+    int32_t* prev              # prev[i]: the previous position with i's tag, -1 = none
+    ScanSlot* tab              # open addressing on the tag; a power of two entries, at least
+    Py_ssize_t tab_size        # twice tab_used. Different n-grams sharing a tag share a chain:
+    Py_ssize_t tab_used        # the scan checks every position's text, so it stays exact
+    int32_t* hits              # scratch: one scan's occurrences, newest first
+    Py_ssize_t hits_cap
+    bint stale                 # clear before the next use (begin, or the context shrank)
+
+
+cdef void scan_free(ScanIndex* x) noexcept nogil:
+    free(x.prev)
+    free(x.tab)
+    free(x.hits)
+
+
+cdef inline uint32_t scan_tag(uint64_t h) noexcept nogil:
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL   # see tab_slot
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL
+    return <uint32_t>((h ^ (h >> 31)) >> 32)
+
+
+cdef inline Py_ssize_t scan_find(ScanIndex* x, uint32_t tag) noexcept nogil:
+    """The table entry of `tag`, or the empty entry where it would go."""
+    cdef Py_ssize_t k = tag & (x.tab_size - 1)
+    while x.tab[k].pos >= 0 and x.tab[k].tag != tag:
+        k = (k + 1) & (x.tab_size - 1)
+    return k
+
+
+cdef int scan_grow_table(ScanIndex* x) noexcept nogil:
+    cdef Py_ssize_t size = x.tab_size * 2 if x.tab_size else 4096, i, k
+    cdef ScanSlot* tab = <ScanSlot*>malloc(size * sizeof(ScanSlot))
+    if tab == NULL:
+        return -1
+    memset(tab, 0xFF, size * sizeof(ScanSlot))
+    for i in range(x.tab_size):              # distinct tags: no comparison needed
+        if x.tab[i].pos >= 0:
+            k = x.tab[i].tag & (size - 1)
+            while tab[k].pos >= 0:
+                k = (k + 1) & (size - 1)
+            tab[k] = x.tab[i]
+    free(x.tab)
+    x.tab = tab
+    x.tab_size = size
+    return 0
+
+
+cdef int scan_extend(ScanIndex* x, const token_t* inp, Py_ssize_t last, Py_ssize_t n,
+                     uint64_t a_pow) noexcept nogil:
+    """Index positions next_i .. last (their n-grams must lie inside inp). -1: out of memory."""
+    cdef Py_ssize_t i, k, cap
+    cdef uint64_t h
+    cdef uint32_t tag
+    cdef void* grown
+    if x.stale:
+        x.stale = False
+        x.next_i = 0
+        x.tab_used = 0
+        if x.tab != NULL:
+            memset(x.tab, 0xFF, x.tab_size * sizeof(ScanSlot))
+    if last < x.next_i:
+        return 0
+    if last >= x.cap:
+        cap = x.cap * 2 if x.cap * 2 > last + 1 else last + 1024
+        grown = realloc(x.prev, cap * sizeof(int32_t))
+        if grown == NULL:
+            return -1
+        x.prev = <int32_t*>grown
+        x.cap = cap
+    h = mod_hash(inp + x.next_i, n)
+    for i in range(x.next_i, last + 1):
+        if 2 * (x.tab_used + 1) > x.tab_size:
+            if scan_grow_table(x) < 0:
+                x.next_i = i
+                return -1
+        tag = scan_tag(h)
+        k = scan_find(x, tag)
+        if x.tab[k].pos < 0:
+            x.tab[k].tag = tag
+            x.tab_used += 1
+        x.prev[i] = x.tab[k].pos
+        x.tab[k].pos = <int32_t>i
+        if i < last:
+            h = (h - <uint64_t><int64_t>inp[i] * a_pow) * MOD_LCG_A + <uint64_t><int64_t>inp[i + n]
+    x.next_i = last + 1
+    return 0
+
+
 cdef struct MapValue:
     size_t value_idx           # start of this m-gram in inp; 0 = unused
     uint16_t value_num         # occurrences, saturating at 16380
@@ -539,6 +721,8 @@ cdef struct MapParams:
     bint key_only
     Py_ssize_t min_hits
     bint reindex
+    uint64_t a_pow             # A^(n-1) mod 2^64, to slide the ScanIndex's hash
+    Py_ssize_t stat_index_min  # k4v scans this long or longer use the ScanIndex
 
 cdef struct MapState:
     MapKey* keys               # append-only list, erased from only by begin's cleanup
@@ -564,6 +748,7 @@ cdef struct MapState:
     # prompt at begin()
     uint64_t seen_hash
     size_t seen_len
+    ScanIndex scan             # k4v's statistics scan (see stat_scan)
 
 
 cdef inline uint32_t map_hash(const token_t* t, Py_ssize_t n) noexcept nogil:
@@ -730,6 +915,60 @@ cdef void map_begin(MapState* s, const MapParams* p, size_t size_begin) noexcept
     s.kt_stale = True
 
 
+cdef inline void stat_count(MapKey* ck, const token_t* inp, Py_ssize_t L, size_t i,
+                            Py_ssize_t n, Py_ssize_t m) noexcept nogil:
+    """Count the m-gram after the key's occurrence at i in the key's value records."""
+    cdef int v, iv = -1
+    for v in range(MAP_MAX_VALUES):
+        if ck.values[v].value_idx == 0:
+            ck.values[v].value_idx = i + n
+            ck.values[v].value_num = 0
+            ck.values[v].n_accepted = <int16_t>m
+            iv = v
+            break
+        if (ck.values[v].value_idx + m <= <size_t>L and
+                memcmp(inp + i + n, inp + ck.values[v].value_idx, m * sizeof(token_t)) == 0):
+            iv = v
+            break
+    if iv >= 0 and ck.values[iv].value_num < MAP_MAX_COUNT:
+        ck.values[iv].value_num += 1
+
+
+cdef int stat_scan(MapKey* ck, ScanIndex* x, const MapParams* p, const token_t* inp,
+                   Py_ssize_t L, Py_ssize_t match, token_t sampled) noexcept nogil:
+    """k4v's statistics over the key's occurrences at stat_idx .. match (inclusive: the
+    previous match is counted again), in ascending order. -1: out of memory."""
+    cdef Py_ssize_t n = p.n, lo = <Py_ssize_t>ck.stat_idx, hi = match, i, j, top, cnt = 0
+    cdef Py_ssize_t span = hi - lo + 1, indexed
+    cdef void* grown
+    indexed = 0 if x.stale else x.next_i
+    # long scans build the index; once built, shorter scans over indexed positions use it too
+    if span >= p.stat_index_min or (lo < indexed and span >= 16):
+        if indexed <= hi and scan_extend(x, inp, min(hi, indexed - 1 + span), n, p.a_pow) < 0:
+            return -1
+        if lo < x.next_i:
+            top = min(hi, x.next_i - 1)
+            j = x.tab[scan_find(x, scan_tag(mod_hash(inp + match, n)))].pos
+            while j >= lo:                   # newest first; kept to be counted oldest first
+                if j <= top and map_key_at(inp, L, j, n, sampled):
+                    if cnt == x.hits_cap:
+                        grown = realloc(x.hits, (x.hits_cap * 2 + 64) * sizeof(int32_t))
+                        if grown == NULL:
+                            return -1
+                        x.hits = <int32_t*>grown
+                        x.hits_cap = x.hits_cap * 2 + 64
+                    x.hits[cnt] = <int32_t>j
+                    cnt += 1
+                j = x.prev[j]
+            for i in range(cnt - 1, -1, -1):
+                stat_count(ck, inp, L, x.hits[i], n, p.m)
+            lo = top + 1
+    for i in range(lo, hi + 1):
+        if map_key_at(inp, L, i, n, sampled):
+            stat_count(ck, inp, L, i, n, p.m)
+    return 0
+
+
 cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, Py_ssize_t L,
                           token_t sampled, token_t* out) noexcept nogil:
     """Returns the draft length, or -1 when the key list could not grow (out of memory)."""
@@ -833,25 +1072,8 @@ cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, P
     if not p.key_only:                       # (d2) ngram-map-k4v: values seen after the key
         if ck.key_num < p.min_hits:
             return 0
-        i = ck.stat_idx
-        while i <= <size_t>match:            # inclusive: the previous match is counted again
-            if map_key_at(inp, L, i, n, sampled):
-                iv = -1
-                for v in range(MAP_MAX_VALUES):
-                    if ck.values[v].value_idx == 0:
-                        ck.values[v].value_idx = i + n
-                        ck.values[v].value_num = 0
-                        ck.values[v].n_accepted = <int16_t>m
-                        iv = v
-                        break
-                    if (ck.values[v].value_idx + m <= <size_t>L and
-                            memcmp(inp + i + n, inp + ck.values[v].value_idx,
-                                   m * sizeof(token_t)) == 0):
-                        iv = v
-                        break
-                if iv >= 0 and ck.values[iv].value_num < MAP_MAX_COUNT:
-                    ck.values[iv].value_num += 1
-            i += 1
+        if stat_scan(ck, &s.scan, p, inp, L, match, sampled) < 0:
+            return -1
         ck.stat_idx = match
         max_occur = 0
         for v in range(MAP_MAX_VALUES):
@@ -897,10 +1119,14 @@ cdef class MapProposer(Proposer):
         On begin(), a prompt that does not extend the slot's previous context resets the slot's
         map, so the new prompt is indexed from position 1. llama.cpp keeps the stale entries
         and never scans positions <= K of the new prompt (its "server-state collapse").
+    stat_index_min : int, >= 1 (default 2048)
+        ngram-map-k4v's statistics scans over at least this many positions go through the
+        per-slot ScanIndex (same drafts; a speed knob, lowered by tests).
 
     Memory: per slot a 2**18-entry uint32 hash index (1 MiB, zero pages until touched) plus,
     per distinct matched key (unbounded, as in llama.cpp), a 112-byte record and at most 32
-    bytes of lookup table.
+    bytes of lookup table. ngram-map-k4v adds, once a statistics scan covers 2048 positions, a
+    ScanIndex: 4 bytes per context token plus a table of 16-32 bytes per distinct n-gram.
 
     Thread-safety: each slot's map is independent: one thread per slot at a time.
     """
@@ -911,13 +1137,17 @@ cdef class MapProposer(Proposer):
         self.states = NULL
 
     def __init__(self, size_n=12, size_m=48, min_hits=1, key_only=True, n_slots=1,
-                 reindex=False):
+                 reindex=False, stat_index_min=STAT_INDEX_MIN):
         cdef Py_ssize_t i
         self.params.reindex = bool(reindex)
         self.params.n = check_int("size_n", size_n, 1, 1024)
         self.params.m = check_int("size_m", size_m, 1, 1024)
         self.params.min_hits = check_int("min_hits", min_hits, 1)
         self.params.key_only = bool(key_only)
+        self.params.stat_index_min = check_int("stat_index_min", stat_index_min, 1)
+        self.params.a_pow = 1
+        for i in range(self.params.n - 1):
+            self.params.a_pow *= MOD_LCG_A
         Proposer.__init__(self, "ngram-map-k" if key_only else "ngram-map-k4v", n_slots,
                           self.params.m)
         self.states = <MapState*>calloc(n_slots, sizeof(MapState))
@@ -936,6 +1166,7 @@ cdef class MapProposer(Proposer):
                 free(self.states[i].key_map)
                 free(self.states[i].kt_hash)
                 free(self.states[i].kt_idx)
+                scan_free(&self.states[i].scan)
             free(self.states)
 
     @property
@@ -965,14 +1196,24 @@ cdef class MapProposer(Proposer):
         cdef size_t total = 0
         for i in range(self.n_slots):
             total += (MAP_INDEX_SIZE * sizeof(uint32_t) + self.states[i].cap_keys * sizeof(MapKey)
-                      + self.states[i].kt_size * (sizeof(uint64_t) + sizeof(int64_t)))
+                      + self.states[i].kt_size * (sizeof(uint64_t) + sizeof(int64_t))
+                      + (self.states[i].scan.cap + self.states[i].scan.hits_cap) * sizeof(int32_t)
+                      + self.states[i].scan.tab_size * sizeof(ScanSlot))
         return total
 
     cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
+        cdef int r = 0
         with nogil:
             if self.params.reindex:
                 map_begin_reindex(&self.states[slot], prompt, n)
             map_begin(&self.states[slot], &self.params, n)
+            self.states[slot].scan.stale = True   # the new prompt's text is not indexed
+            # k4v on a long prompt: index it now (GIL released) rather than in a draft call
+            if not self.params.key_only and n >= self.params.stat_index_min:
+                r = scan_extend(&self.states[slot].scan, prompt, n - self.params.n,
+                                self.params.n, self.params.a_pow)
+        if r < 0:
+            raise MemoryError()
         return 0
 
     cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
@@ -981,6 +1222,8 @@ cdef class MapProposer(Proposer):
         cdef MapState* s = &self.states[slot]
         if self.params.reindex:
             map_track(s, inp, n)
+        if s.scan.next_i > 0 and s.scan.next_i - 1 + self.params.n > n:
+            s.scan.stale = True              # the context shrank without begin()
         if n - <Py_ssize_t>s.key_map_last_idx > NOGIL_MIN_TOKENS:
             with nogil:
                 r = map_draft(s, &self.params, inp, n, sampled, out)
@@ -1011,22 +1254,54 @@ cdef class ModPool:
     """
     cdef int32_t* entries
     cdef size_t n_used
-    cdef PyThread_type_lock lock
+    cdef pthread_mutex_t mutex
+    cdef bint has_mutex
+    cdef void* map_base                      # the mmap'ed region (NULL: entries came from malloc)
+    cdef size_t map_len
 
     def __cinit__(self):
-        self.entries = <int32_t*>malloc(MOD_POOL_SIZE * sizeof(int32_t))
-        if self.entries == NULL:
+        self.entries = NULL
+        self.map_base = NULL
+        self.has_mutex = False
+        self.alloc_entries()
+        if pthread_mutex_init(&self.mutex, NULL) != 0:
             raise MemoryError()
-        self.lock = PyThread_allocate_lock()
-        if self.lock == NULL:
-            raise MemoryError()
+        self.has_mutex = True
         memset(self.entries, 0xFF, MOD_POOL_SIZE * sizeof(int32_t))   # all EMPTY (-1)
         self.n_used = 0
 
+    cdef int alloc_entries(self) except -1:
+        """16 MiB at a 2 MiB boundary with MADV_HUGEPAGE: a draft chains up to n_max reads at
+        random places in the table, so huge pages save a TLB miss per read. malloc where mmap
+        is refused."""
+        cdef size_t nbytes = MOD_POOL_SIZE * sizeof(int32_t), huge = 2 * 1024 * 1024
+        cdef size_t start, lead
+        cdef void* base = mmap(NULL, nbytes + huge, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if base != MAP_FAILED:
+            start = (<size_t>base + huge - 1) & ~(huge - 1)
+            lead = start - <size_t>base
+            if lead:
+                munmap(base, lead)
+            if huge - lead:
+                munmap(<void*>(start + nbytes), huge - lead)
+            self.map_base = <void*>start
+            self.map_len = nbytes
+            madvise(self.map_base, nbytes, MADV_HUGEPAGE)   # advice only: may be refused
+            self.entries = <int32_t*>self.map_base
+            return 0
+        self.entries = <int32_t*>malloc(nbytes)
+        if self.entries == NULL:
+            raise MemoryError()
+        return 0
+
     def __dealloc__(self):
-        free(self.entries)
-        if self.lock != NULL:
-            PyThread_free_lock(self.lock)
+        if self.map_base != NULL:
+            munmap(self.map_base, self.map_len)
+        else:
+            free(self.entries)
+        if self.has_mutex:
+            pthread_mutex_destroy(&self.mutex)
 
     @property
     def size(self):
@@ -1053,7 +1328,7 @@ cdef class ModPool:
         with nogil:
             self.lock_nogil()
             self.reset_locked()
-            PyThread_release_lock(self.lock)
+            self.unlock()
 
     def get(self, key):
         """The entry the n-gram `key` hashes to (-1 = EMPTY): llama.cpp's recomputed hash."""
@@ -1066,20 +1341,23 @@ cdef class ModPool:
             h = h * MOD_LCG_A + <uint64_t><int64_t>t[i]
         self.lock_gil()
         r = self.entries[h & MOD_POOL_MASK]
-        PyThread_release_lock(self.lock)
+        self.unlock()
         return r
 
     def __reduce__(self):
         raise TypeError("ModPool cannot be pickled (it is one 16 MiB table shared in-process)")
 
-    cdef void lock_nogil(self) noexcept nogil:
-        PyThread_acquire_lock(self.lock, 1)
+    cdef inline void lock_nogil(self) noexcept nogil:
+        pthread_mutex_lock(&self.mutex)
 
-    cdef void lock_gil(self) noexcept:
+    cdef inline void lock_gil(self) noexcept:
         """Take the lock from a thread holding the GIL, dropping the GIL only to wait."""
-        if not PyThread_acquire_lock(self.lock, 0):
+        if pthread_mutex_trylock(&self.mutex) != 0:
             with nogil:
-                PyThread_acquire_lock(self.lock, 1)
+                pthread_mutex_lock(&self.mutex)
+
+    cdef inline void unlock(self) noexcept nogil:
+        pthread_mutex_unlock(&self.mutex)
 
     cdef void reset_locked(self) noexcept nogil:
         memset(self.entries, 0xFF, MOD_POOL_SIZE * sizeof(int32_t))
@@ -1107,6 +1385,22 @@ cdef void mod_insert(ModPool pool, const token_t* t, Py_ssize_t start, Py_ssize_
         entries[s] = t[i + n]                # last writer wins, no collision check
         h = (h - <uint64_t><int64_t>t[i] * a_pow) * MOD_LCG_A + <uint64_t><int64_t>t[i + n]
     pool.n_used = used
+
+
+cdef Py_ssize_t mod_chain(const int32_t* entries, token_t* buf, Py_ssize_t n,
+                          Py_ssize_t n_max, uint64_t a_pow) noexcept nogil:
+    """Follow the pool from the key buf[0 : n] for at most n_max tokens, appending them to buf;
+    returns how many were found before an EMPTY entry. Caller holds the pool's lock."""
+    cdef uint64_t h = mod_hash(buf, n)
+    cdef Py_ssize_t i
+    cdef int32_t t
+    for i in range(n_max):
+        t = entries[h & MOD_POOL_MASK]
+        if t == MOD_EMPTY:
+            return i
+        buf[n + i] = t
+        h = (h - <uint64_t><int64_t>buf[i] * a_pow) * MOD_LCG_A + <uint64_t><int64_t>t
+    return n_max
 
 
 cdef struct ModSlot:
@@ -1183,17 +1477,15 @@ cdef class ModProposer(Proposer):
             # occupancy is checked after the insertion: this prompt's n-grams go too
             if <double>pool.n_used / <double>MOD_POOL_SIZE > 0.25:
                 pool.reset_locked()
-            PyThread_release_lock(pool.lock)
+            pool.unlock()
         return 0
 
     cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t L,
                             token_t sampled, token_t* out) except -1:
         cdef ModSlot* st = &self.slots[slot]
         cdef ModPool pool = self.pool
-        cdef Py_ssize_t n = self.n_match, i, length
+        cdef Py_ssize_t n = self.n_match, length
         cdef token_t* buf = self.bufs + slot * (n + self.n_max)
-        cdef uint64_t h
-        cdef int32_t t
         st.n_draft_last = 0
         if L < n:
             return 0
@@ -1208,19 +1500,11 @@ cdef class ModProposer(Proposer):
         # key = last n tokens of inp + [sampled]; the window then slides over its own output
         memcpy(buf, inp + L - n + 1, (n - 1) * sizeof(token_t))
         buf[n - 1] = sampled
-        h = mod_hash(buf, n)
-        length = 0
-        for i in range(self.n_max):
-            t = pool.entries[h & MOD_POOL_MASK]
-            if t == MOD_EMPTY:
-                if i < self.n_min:
-                    length = -1
-                break
-            buf[n + i] = t
-            h = (h - <uint64_t><int64_t>buf[i] * self.a_pow) * MOD_LCG_A + <uint64_t><int64_t>t
-            length = i + 1
-        PyThread_release_lock(pool.lock)
-        if length <= 0:                      # -1: fewer than n_min chained tokens
+        length = mod_chain(pool.entries, buf, n, self.n_max, self.a_pow)
+        pool.unlock()
+        # a chain cut short by an EMPTY entry before n_min tokens gives no draft (a full one of
+        # n_max < n_min tokens does, as in llama.cpp)
+        if length == 0 or (length < self.n_max and length < self.n_min):
             return 0
         st.n_draft_last = length             # before the glue's truncation
         memcpy(out, buf + n, length * sizeof(token_t))
@@ -1237,7 +1521,7 @@ cdef class ModProposer(Proposer):
                 with nogil:
                     pool.lock_nogil()
                     pool.reset_locked()
-                    PyThread_release_lock(pool.lock)
+                    pool.unlock()
                 st.n_low = 0
                 st.i_last = 0
         else:
@@ -1252,7 +1536,7 @@ cdef class ModProposer(Proposer):
 cdef struct Counters:
     uint64_t calls_b, calls_g, calls_a
     uint64_t gen_drafts, acc_drafts, gen_tokens, acc_tokens
-    int64_t t_begin_ns, t_draft_ns, t_accept_ns
+    int64_t t_begin, t_draft, t_accept     # in ticks (see ngs_ticks)
     Py_ssize_t n_pos           # positions used in acc_per_pos
     uint64_t* acc_per_pos      # accepts with k > i, for i < max_draft
 
@@ -1382,6 +1666,9 @@ cdef class SpecEngine:
 
     cdef inline Py_ssize_t slot_index(self, object slot) except -1:
         cdef Py_ssize_t s = -1
+        cdef long long v
+        if exact_int_in(slot, 0, self.n_slots - 1, &v):
+            return <Py_ssize_t>v
         if PyLong_CheckExact(slot):
             try:
                 s = PyLong_AsSsize_t(slot)
@@ -1401,16 +1688,16 @@ cdef class SpecEngine:
         cdef cnp.ndarray arr = as_tokens(prompt, "prompt")
         cdef const token_t* t = tok_ptr(arr)
         cdef Py_ssize_t n = cnp.PyArray_DIMS(arr)[0]
-        cdef int64_t t0
+        cdef uint64_t t0
         cdef Proposer p
         self.pending[s] = -1
         self.checked[s] = 0                  # the next context is checked whole
         self.checked_owner[s] = None
         for k in range(self.n_prop):
             p = <Proposer>self.proposers[k]
-            t0 = now_ns()
+            t0 = ngs_ticks()
             p.c_begin(s, t, n)
-            self.counters[k].t_begin_ns += now_ns() - t0
+            self.counters[k].t_begin += ticks_since(t0)
             self.counters[k].calls_b += 1
 
     def draft(self, slot, context, sampled, n_max=None):
@@ -1431,6 +1718,7 @@ cdef class SpecEngine:
         """
         cdef Py_ssize_t s = self.slot_index(slot), k, length = 0, bound = 0
         cdef Py_ssize_t skip = 0
+        cdef long long v
         if (self.checked[s] > 0 and cnp.PyArray_CheckExact(context)
                 and <size_t>cnp.PyArray_DATA(<cnp.ndarray>context) == self.checked_data[s]
                 and buffer_owner(<cnp.ndarray>context) is self.checked_owner[s]):
@@ -1440,12 +1728,15 @@ cdef class SpecEngine:
         cdef const token_t* t = tok_ptr(arr)
         cdef Py_ssize_t L = cnp.PyArray_DIMS(arr)[0]
         cdef token_t* out = self.out + s * self.max_draft
-        cdef int64_t t0
+        cdef uint64_t t0
         cdef Counters* c
         cdef Proposer p
         if n_max is not None:
             # any bound >= max_draft truncates nothing (and fits a Py_ssize_t)
-            bound = min(check_int("n_max", n_max, 0), self.max_draft)
+            if exact_int_in(n_max, 0, 1LL << 62, &v):
+                bound = min(<Py_ssize_t>v, self.max_draft)
+            else:
+                bound = min(check_int("n_max", n_max, 0), self.max_draft)
         # every argument is valid: only now change the slot's state
         if arr is context:
             self.checked[s] = L
@@ -1456,13 +1747,13 @@ cdef class SpecEngine:
             self.checked_owner[s] = None
         self.pending[s] = -1
         if n_max is not None and bound == 0:
-            return EMPTY_DRAFT
+            return EMPTY
         for k in range(self.n_prop):
             p = <Proposer>self.proposers[k]
             c = &self.counters[k]
-            t0 = now_ns()
+            t0 = ngs_ticks()
             length = p.c_draft(s, t, L, tok, out)
-            c.t_draft_ns += now_ns() - t0
+            c.t_draft += ticks_since(t0)
             c.calls_g += 1
             if length > 0:
                 if length > p.max_draft:
@@ -1475,7 +1766,7 @@ cdef class SpecEngine:
                 c.gen_tokens += length
                 break
         if length <= 0:
-            return EMPTY_DRAFT
+            return EMPTY
         return copy_tokens(out, length)
 
     def accept(self, slot, n_accepted):
@@ -1485,11 +1776,16 @@ cdef class SpecEngine:
         if last < 0:
             raise ValueError(f"accept() on slot {s} without a pending non-empty draft: call it "
                              f"once after each non-empty draft()")
-        cdef Py_ssize_t n = check_int("n_accepted", n_accepted, 0, last)
+        cdef long long v
+        cdef Py_ssize_t n
+        if exact_int_in(n_accepted, 0, last, &v):
+            n = <Py_ssize_t>v
+        else:
+            n = check_int("n_accepted", n_accepted, 0, last)
         cdef int which = self.impl_last[s]
         cdef Counters* c = &self.counters[which]
         cdef Proposer p
-        cdef int64_t t0 = now_ns()
+        cdef uint64_t t0 = ngs_ticks()
         self.pending[s] = -1
         for i in range(n):
             c.acc_per_pos[i] += 1
@@ -1500,7 +1796,7 @@ cdef class SpecEngine:
             c.acc_tokens += n
         (<Proposer>self.proposers[which]).c_accept(s, n, False)
         c.calls_a += 1
-        c.t_accept_ns += now_ns() - t0
+        c.t_accept += ticks_since(t0)
         for k in range(self.n_prop):
             if k != which:
                 (<Proposer>self.proposers[k]).c_accept(s, n, True)
@@ -1513,6 +1809,7 @@ cdef class SpecEngine:
         """
         cdef Py_ssize_t k, i
         cdef Counters* c
+        cdef double scale = ns_per_tick()
         result = []
         for k in range(self.n_prop):
             c = &self.counters[k]
@@ -1522,8 +1819,9 @@ cdef class SpecEngine:
                 "gen_drafts": c.gen_drafts, "acc_drafts": c.acc_drafts,
                 "gen_tokens": c.gen_tokens, "acc_tokens": c.acc_tokens,
                 "acc_per_pos": [c.acc_per_pos[i] for i in range(c.n_pos)],
-                "t_begin_us": c.t_begin_ns // 1000, "t_draft_us": c.t_draft_ns // 1000,
-                "t_accept_us": c.t_accept_ns // 1000,
+                "t_begin_us": int(c.t_begin * scale) // 1000,
+                "t_draft_us": int(c.t_draft * scale) // 1000,
+                "t_accept_us": int(c.t_accept * scale) // 1000,
             })
         return result
 
