@@ -54,6 +54,9 @@ def steady(ctxs, engines, names, rounds, pl_rounds):
                 if name == PROMPT_LOOKUP and r >= pl_rounds:
                     continue
                 factory, plan = plans[name]
+                # Free the previous engine first: its teardown would otherwise run between
+                # this one's warm-up and its measured calls and evict the lines they read.
+                engine = None
                 engine = benchlib.prepare(factory, ctx, plan)
                 samples[name].append(benchlib.run_timed(engine, plan.steps))
         for name in names:
