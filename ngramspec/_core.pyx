@@ -438,21 +438,27 @@ cdef void index_free(SimpleIndex* ix) noexcept nogil:
     free(ix.tab_pos)
 
 
+cdef int grow_positions(int32_t** prev, Py_ssize_t* cap, Py_ssize_t last) noexcept nogil:
+    """Room for position `last` in a per-position chain array (doubling, so appending one
+    token at a time stays amortized O(1)). -1 when out of memory, the array left as it was."""
+    cdef Py_ssize_t n = cap[0] * 2 if cap[0] * 2 > last + 1 else last + 1024
+    cdef void* grown = realloc(prev[0], n * sizeof(int32_t))
+    if grown == NULL:
+        return -1
+    prev[0] = <int32_t*>grown
+    cap[0] = n
+    return 0
+
+
 cdef int index_extend(SimpleIndex* ix, const token_t* inp, Py_ssize_t last, Py_ssize_t n,
                       uint64_t a_pow) noexcept nogil:
     """Index positions next_j .. last (rolling hash). -1 when out of memory."""
-    cdef Py_ssize_t j, k, cap
+    cdef Py_ssize_t j, k
     cdef uint64_t h
-    cdef void* grown
     if last < ix.next_j:
         return 0
-    if last >= ix.cap:
-        cap = ix.cap * 2 if ix.cap * 2 > last + 1 else last + 1024
-        grown = realloc(ix.prev, cap * sizeof(int32_t))
-        if grown == NULL:
-            return -1
-        ix.prev = <int32_t*>grown
-        ix.cap = cap
+    if last >= ix.cap and grow_positions(&ix.prev, &ix.cap, last) < 0:
+        return -1
     h = mod_hash(inp + ix.next_j, n)
     for j in range(ix.next_j, last + 1):
         if 2 * (ix.tab_used + 1) > ix.tab_size:
@@ -666,10 +672,9 @@ cdef int scan_grow_table(ScanIndex* x) noexcept nogil:
 cdef int scan_extend(ScanIndex* x, const token_t* inp, Py_ssize_t last, Py_ssize_t n,
                      uint64_t a_pow) noexcept nogil:
     """Index positions next_i .. last (their n-grams must lie inside inp). -1: out of memory."""
-    cdef Py_ssize_t i, k, cap
+    cdef Py_ssize_t i, k
     cdef uint64_t h
     cdef uint32_t tag
-    cdef void* grown
     if x.stale:
         x.stale = False
         x.next_i = 0
@@ -678,13 +683,8 @@ cdef int scan_extend(ScanIndex* x, const token_t* inp, Py_ssize_t last, Py_ssize
             memset(x.tab, 0xFF, x.tab_size * sizeof(ScanSlot))
     if last < x.next_i:
         return 0
-    if last >= x.cap:
-        cap = x.cap * 2 if x.cap * 2 > last + 1 else last + 1024
-        grown = realloc(x.prev, cap * sizeof(int32_t))
-        if grown == NULL:
-            return -1
-        x.prev = <int32_t*>grown
-        x.cap = cap
+    if last >= x.cap and grow_positions(&x.prev, &x.cap, last) < 0:
+        return -1
     h = mod_hash(inp + x.next_i, n)
     for i in range(x.next_i, last + 1):
         if 2 * (x.tab_used + 1) > x.tab_size:
