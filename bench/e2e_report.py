@@ -71,6 +71,9 @@ CONFIGS = {
     "ngram-mod 4/8": ("ngram-mod", {"ngram_mod_n_min": 4, "ngram_mod_n_max": 8}),
     "ngram-cache": ("ngram-cache", {}),
     "ngram-suffix": ("ngram-suffix", {}),
+    # its adaptive length with a CPU's cost: a draft token costs about half a decode (c(k) grows
+    # by ~0.5 per token), so draft while the whole draft is accepted with probability >= 0.5
+    "ngram-suffix min_prob 0.5": ("ngram-suffix", {"ngram_suffix_min_prob": 0.5}),
     "chain": (CHAIN, {}),
 }
 ALL_NAMES = [PLAIN, *CONFIGS, LCP_PLAIN, LCP_LOOKUP]
@@ -83,6 +86,8 @@ BATCH_KS = (1, 2, 4, 8, 16, 32, 64)
 
 def pick(requests, n, lo, hi):
     """`n` requests with a prompt of lo..hi tokens, spread evenly over the file (deterministic)."""
+    if n <= 0:
+        return []
     fit = [r for r in requests if lo <= len(r.prompt) <= hi]
     if len(fit) < n:
         raise ValueError(f"only {len(fit)} prompts of {lo}..{hi} tokens, {n} wanted")
@@ -138,20 +143,26 @@ def run_ours(models, name, prompt, n_predict):
 
 def run_lcp(models, name, prompt, n_predict):
     """One ``create_completion``; a stopping criterion (never stopping) stamps every sampled
-    token, so the time from the first to the last token is measured as for ngramspec."""
+    token, so the time from the first to the last token is measured as for ngramspec. It also
+    sees the verified tokens, the last one being the token sampled before: the output tokens
+    but the last, for the comparison with plain decoding."""
     from llama_cpp import StoppingCriteriaList
     llm = models.lcp_plain if name == LCP_PLAIN else models.lcp_lookup
-    stamps = []
+    stamps, seen = [], []
 
     def stamp(input_ids, logits):
         stamps.append(time.perf_counter())
+        seen.append(int(input_ids[-1]))
         return False
     out = llm.create_completion([int(t) for t in prompt], max_tokens=n_predict, temperature=0.0,
                                 top_k=1, repeat_penalty=1.0,
                                 stopping_criteria=StoppingCriteriaList([stamp]))
-    n = len(stamps)
-    dt = stamps[-1] - stamps[0] if n > 1 else 0.0
-    return {"text": out["choices"][0]["text"], "n_output": n,
+    # Tokens sampled: the completion's, and the EOS it does not count (finish "stop": no stop
+    # strings are given). create_completion calls the criterion once more after its loop.
+    choice = out["choices"][0]
+    n = out["usage"]["completion_tokens"] + (choice["finish_reason"] == "stop")
+    dt = stamps[n - 1] - stamps[0] if n > 1 else 0.0
+    return {"text": choice["text"], "tokens_but_last": seen[1:n], "n_output": n,
             "tps": (n - 1) / dt if dt > 0 else 0.0}
 
 
@@ -164,12 +175,16 @@ def run_one(models, name, prompt, n_predict):
 def check_against_plain(models, prompt, name, rec, plain):
     """Equal to plain greedy decoding? Where ngramspec's tokens differ, whether the first
     difference is a top-2 tie within the float noise of batched vs one-token kernels."""
+    tokens, ref = rec.get("tokens"), plain["tokens"]
     if name in (LCP_PLAIN, LCP_LOOKUP):
-        # llama-cpp-python gives text only; compare with the plain tokens' text.
-        return {"match": rec["text"] == plain["text"]}
-    if rec["tokens"] == plain["tokens"]:
+        # All tokens but the last, and the text (which has the last one too).
+        tokens = rec["tokens_but_last"]
+        ref = ref[:len(tokens)]
+        if tokens == ref and rec["text"] != plain["text"]:
+            return {"match": False, "divergence": None}
+    if tokens == ref:
         return {"match": True}
-    rep = divergence_report(models.ours, prompt, rec["tokens"], plain["tokens"])
+    rep = divergence_report(models.ours, prompt, tokens, ref)
     return {"match": False, "divergence": None if rep is None else rep.to_dict()}
 
 
@@ -190,7 +205,9 @@ def measure_speed(models, prompts, names, n_predict, runs, log=print):
                   for name in names if name != PLAIN}
         out.append({"family": family, "id": req.id, "n_prompt": len(prompt),
                     "records": recs, "checks": checks,
-                    "copied_from_trace": copied_prefix(plain["tokens"], req.output)})
+                    "copied_from_trace": copied_prefix(plain["tokens"], req.output),
+                    "match4_live": match4(prompt, plain["tokens"]),
+                    "match4_recorded": match4(prompt, req.output[:len(plain["tokens"])])})
     return out
 
 
@@ -199,6 +216,20 @@ def copied_prefix(live, recorded):
     n = min(len(live), len(recorded))
     diff = np.flatnonzero(np.asarray(live[:n]) != np.asarray(recorded[:n]))
     return int(diff[0]) if len(diff) else n
+
+
+def match4(prompt, output):
+    """The traces' README measure: the fraction of output tokens that follow the most recent
+    earlier occurrence of their 4 preceding tokens (in prompt + output), i.e. how much of the
+    output a 4-gram lookup of the text so far predicts."""
+    seq = [int(t) for t in prompt] + [int(t) for t in output]
+    last, hits = {}, 0
+    for i in range(4, len(seq)):
+        key = tuple(seq[i - 4:i])
+        if i >= len(prompt) and key in last and seq[last[key]] == seq[i]:
+            hits += 1
+        last[key] = i
+    return hits / len(output) if len(output) else 0.0
 
 
 # ------------------------------------------------------------------------------------------
@@ -224,6 +255,8 @@ def batch_costs(llm, context, position, ks=BATCH_KS, threads=(1, 2), reps=5):
         for r in range(reps):
             for t in (threads if r % 2 == 0 else threads[::-1]):
                 llama_cpp.llama_set_n_threads(llm.ctx, t, t)
+                dec.decode(follow[:1], position, all_logits=True)   # warm the thread pool
+                dec.seq_rm(position)
                 for k in (ks if r % 2 == 0 else ks[::-1]):
                     t0 = time.perf_counter()
                     np.argmax(dec.decode(follow[:k], position, all_logits=True), axis=1)
@@ -279,8 +312,9 @@ def summarize(speed, names):
         recs = p["records"]
         base = recs[PLAIN]
         lcp_base = recs.get(LCP_PLAIN)
-        row = {"family": p["family"], "id": p["id"], "n_prompt": p["n_prompt"],
-               "copied_from_trace": p["copied_from_trace"], "configs": {}}
+        row = {k: p[k] for k in ("family", "id", "n_prompt", "copied_from_trace", "match4_live",
+                                 "match4_recorded")}
+        row["configs"] = {}
         for name in names:
             runs = recs[name]
             cell = {"tps": statistics.median(r["tps"] for r in runs),
@@ -435,7 +469,10 @@ def render(res):
         p("")
         if row["family"] == "code-edit":
             p(f"The model's greedy output follows the recorded new file for its first "
-              f"{row['copied_from_trace']} tokens.")
+              f"{row['copied_from_trace']} tokens; match4 (the share of output tokens a 4-gram "
+              f"lookup of the text so far predicts) is {row['match4_live']:.2f} for the live "
+              f"output and {row['match4_recorded']:.2f} for the recorded one, cut to the same "
+              f"length.")
             p("")
         p("| configuration | tokens/s | × plain | outputs | tok/step live | tok/step replay "
           "| accepted / drafted | mean batch | target ms/step | proposer µs/step |")
