@@ -95,7 +95,7 @@ def pick(requests, n, lo, hi):
     return [fit[int(i * step)] for i in range(n)]
 
 
-def load_prompts(n_code, n_chat, code_range=(900, 1800), chat_range=(20, 400)):
+def load_prompts(n_code, n_chat, code_range=(500, 1800), chat_range=(20, 400)):
     """Code-edit prompts (rewrite a file with a change) and chat prompts, as trace requests."""
     code = pick(read_requests(str(TRACES / "code-edit.jsonl.gz")), n_code, *code_range)
     chat = pick(read_requests(str(TRACES / "chat.jsonl.gz")), n_chat, *chat_range)
@@ -397,7 +397,7 @@ def machine():
 
 def measure(n_code=3, n_chat=2, n_predict=128, runs=3, threads=1, n_ctx=4096, names=None,
             ks=BATCH_KS, batch_threads=(1, 2), batch_reps=5, batch_position=1468,
-            code_range=(900, 1800), chat_range=(20, 400), log=print):
+            code_range=(500, 1800), chat_range=(20, 400), log=print):
     """Everything the report shows, as one JSON-ready dict."""
     names = list(names or ALL_NAMES)
     if PLAIN not in names:
@@ -414,7 +414,9 @@ def measure(n_code=3, n_chat=2, n_predict=128, runs=3, threads=1, n_ctx=4096, na
     batch = None
     if ks:
         # A realistic position: a code-edit request's prompt and recorded output, cut there.
-        req = prompts[0][1]
+        reqs = [r for f, r in prompts if f == "code-edit"] or [r for f, r in prompts]
+        req = next((r for r in reqs if len(r.prompt) + len(r.output) >= batch_position
+                    + max(ks)), max(reqs, key=lambda r: len(r.prompt) + len(r.output)))
         ctx = np.concatenate([req.prompt, req.output])
         pos = min(batch_position, len(ctx) - max(ks), n_ctx - max(ks) - 1)
         log(f"batch costs at position {pos}")
