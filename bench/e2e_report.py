@@ -40,9 +40,8 @@ import time
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-try:
-    import ngramspec  # noqa: F401
-except ImportError:            # run from a checkout without an install: use the in-place build
+if (ROOT / "ngramspec" / "__init__.py").is_file():
+    # Measure the checkout this script is in (its in-place build), not another installed copy.
     sys.path.insert(0, str(ROOT))
 
 import ngramspec  # noqa: E402
@@ -457,6 +456,49 @@ def _prompt_row(name, c, replayed):
             f"| {_fmt(c.get('proposer_us_per_step'), '.0f')} |")
 
 
+def acceptance_summary(res, family="code-edit"):
+    """Per ngramspec configuration over a family's prompts: mean tokens per step live and in the
+    replay of the recorded output, accepted / drafted tokens, and the median proposer and
+    target costs per step."""
+    rows = [r for r in res["per_prompt"] if r["family"] == family]
+    out = {}
+    for name in res["settings"]["names"]:
+        cells = [r["configs"][name] for r in rows]
+        if not cells or "tokens_per_step" not in cells[0] or name == PLAIN:
+            continue
+        replayed = [r.get("replay", {}).get(name) for r in rows]
+        out[name] = {
+            "live": float(np.mean([c["tokens_per_step"] for c in cells])),
+            "replay": float(np.mean(replayed)) if None not in replayed else None,
+            "accepted": sum(c["n_accepted"] for c in cells),
+            "drafted": sum(c["n_drafted"] for c in cells),
+            "proposer_us": statistics.median(c["proposer_us_per_step"] for c in cells),
+            "target_ms": statistics.median(c["target_ms_per_step"] for c in cells)}
+    return out
+
+
+def _limits_section(p, res):
+    from ngramspec.generate_cli import GENERATE_DEFAULTS
+    p("## What limits the speed-up")
+    p("")
+    p("On the code-edit prompts, per configuration: output tokens per target decode live and "
+      "when replaying the trace's recorded output on the same prompts (mean over the prompts), "
+      "draft tokens accepted / drafted live, and the cost per step of the proposers (µs) and of "
+      "the target's decode (ms), medians. The cost of a batch of k tokens is at the end.")
+    p("")
+    p("| configuration | tok/step live | tok/step replay | accepted / drafted "
+      "| proposer µs/step | target ms/step |")
+    p("|---|---|---|---|---|---|")
+    for name, s in acceptance_summary(res).items():
+        p(f"| {name} | {s['live']:.2f} | {_fmt(s['replay'], '.2f')} | {s['accepted']} / "
+          f"{s['drafted']} | {s['proposer_us']:.0f} | {s['target_ms']:.1f} |")
+    p("")
+    p("`ngramspec generate`'s defaults (`GENERATE_DEFAULTS`, generate only): " + ", ".join(
+        f"`{k}={v}`" for k, v in GENERATE_DEFAULTS.items()) + " — the configuration "
+      "`ngram-mod 8/16` above.")
+    p("")
+
+
 def render(res):
     """The Markdown of bench/E2E.md."""
     s, m = res["settings"], res["machine"]
@@ -502,6 +544,7 @@ def render(res):
                    "DIFFERS" if "DIFFERS" in found else "= plain or a tie within noise")
         p(f"| {name} | " + " | ".join(cells) + f" | {outputs} |")
     p("")
+    _limits_section(p, res)
     p("## Per prompt")
     p("")
     p("Tokens per CPU-second and tokens/s (wall), medians; × plain: the median of the per-round "
