@@ -117,8 +117,19 @@ class Models:
         kw = dict(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
                   n_threads_batch=threads, verbose=False)
         self.lcp_plain = Llama(**kw)
+        class CountingLookup(LlamaPromptLookupDecoding):
+            """Counts calls (one per target decode in Llama.generate) and drafted tokens."""
+            calls = drafted = 0
+
+            def __call__(self, input_ids, /, **kwargs):
+                draft = super().__call__(input_ids, **kwargs)
+                self.calls += 1
+                self.drafted += len(draft)
+                return draft
+
+        self.lookup = CountingLookup()
         # logits_all: llama-cpp-python sizes its score buffer from it, not from draft_model.
-        self.lcp_lookup = Llama(draft_model=LlamaPromptLookupDecoding(), logits_all=True, **kw)
+        self.lcp_lookup = Llama(draft_model=self.lookup, logits_all=True, **kw)
 
 
 def run_ours(models, name, prompt, n_predict):
@@ -152,6 +163,7 @@ def run_lcp(models, name, prompt, n_predict):
     from llama_cpp import StoppingCriteriaList
     llm = models.lcp_plain if name == LCP_PLAIN else models.lcp_lookup
     stamps, cpu, seen = [], [], []
+    calls0, drafted0 = models.lookup.calls, models.lookup.drafted
 
     def stamp(input_ids, logits):
         stamps.append(time.perf_counter())
@@ -167,8 +179,15 @@ def run_lcp(models, name, prompt, n_predict):
     n = out["usage"]["completion_tokens"] + (choice["finish_reason"] == "stop")
     dt = stamps[n - 1] - stamps[0] if n > 1 else 0.0
     dc = cpu[n - 1] - cpu[0] if n > 1 else 0.0
-    return {"text": choice["text"], "tokens_but_last": seen[1:n], "n_output": n,
-            "tps": (n - 1) / dt if dt > 0 else 0.0, "cpu_tps": (n - 1) / dc if dc > 0 else 0.0}
+    rec = {"text": choice["text"], "tokens_but_last": seen[1:n], "n_output": n,
+           "tps": (n - 1) / dt if dt > 0 else 0.0, "cpu_tps": (n - 1) / dc if dc > 0 else 0.0}
+    if name == LCP_LOOKUP:
+        # Each call is followed by one decode of [token] + draft (the last one's output may be
+        # cut by max_tokens).
+        calls = max(1, models.lookup.calls - calls0)
+        rec["tokens_per_step"] = (n - 1) / calls
+        rec["mean_batch"] = 1 + (models.lookup.drafted - drafted0) / calls
+    return rec
 
 
 def run_one(models, name, prompt, n_predict):
@@ -464,7 +483,7 @@ def acceptance_summary(res, family="code-edit"):
     out = {}
     for name in res["settings"]["names"]:
         cells = [r["configs"][name] for r in rows]
-        if not cells or "tokens_per_step" not in cells[0] or name == PLAIN:
+        if not cells or name not in CONFIGS:
             continue
         replayed = [r.get("replay", {}).get(name) for r in rows]
         out[name] = {

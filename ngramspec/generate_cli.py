@@ -77,13 +77,16 @@ def _state_generate_defaults(parser):
 def generate_params(args) -> dict:
     """Engine keywords of the flags given, GENERATE_DEFAULTS filling the others.
 
-    A --spec-ngram-mod-n-max given alone below generate's n_min lowers n_min to it, so the flag
-    never silently turns drafting off.
+    One of --spec-ngram-mod-n-min / -n-max given alone moves the other default along
+    (n_min <= n_max), so the flag never silently turns ngram-mod's drafting off.
     """
     given = engine_params(args)
     params = {**GENERATE_DEFAULTS, **given}
-    if "ngram_mod_n_max" in given and "ngram_mod_n_min" not in given:
-        params["ngram_mod_n_min"] = min(params["ngram_mod_n_min"], params["ngram_mod_n_max"])
+    lo, hi = "ngram_mod_n_min", "ngram_mod_n_max"
+    if hi in given and lo not in given:
+        params[lo] = min(params[lo], params[hi])
+    elif lo in given and hi not in given:
+        params[hi] = max(params[hi], params[lo])
     return params
 
 

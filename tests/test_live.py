@@ -367,6 +367,9 @@ def test_generate_defaults_apply_to_generate_only(tmp_path, prompt, monkeypatch,
     low = generate_params(parser.parse_args(["generate", "-p", "x", "--spec-ngram-mod-n-max",
                                              "4"]))
     assert low["ngram_mod_n_min"] <= low["ngram_mod_n_max"] == 4
+    high = generate_params(parser.parse_args(["generate", "-p", "x", "--spec-ngram-mod-n-min",
+                                              "48"]))
+    assert high["ngram_mod_n_max"] >= high["ngram_mod_n_min"] == 48
     gen_parser = generate_cli.add_parser(argparse.ArgumentParser().add_subparsers())
     help_text = " ".join(gen_parser.format_help().split())
     for name, value in GENERATE_DEFAULTS.items():
