@@ -70,7 +70,7 @@ CONFIGS = {
     "ngram-map-k4v": ("ngram-map-k4v", {}),
     "ngram-mod": ("ngram-mod", {}),
     "ngram-mod 8/16": ("ngram-mod", {"ngram_mod_n_min": 8, "ngram_mod_n_max": 16}),
-    "ngram-mod 4/8": ("ngram-mod", {"ngram_mod_n_min": 4, "ngram_mod_n_max": 8}),
+    "ngram-mod 8/32": ("ngram-mod", {"ngram_mod_n_min": 8, "ngram_mod_n_max": 32}),
     "ngram-cache": ("ngram-cache", {}),
     "ngram-suffix": ("ngram-suffix", {}),
     # its adaptive length with a CPU's cost: a draft token costs about half a decode (c(k) grows
@@ -488,6 +488,13 @@ def _prompt_row(name, c, replayed):
             f"| {_fmt(c.get('proposer_us_per_step'), '.0f')} |")
 
 
+def generate_config():
+    """The name in CONFIGS of `ngramspec generate`'s default configuration."""
+    from ngramspec.generate_cli import GENERATE_DEFAULTS
+    return next(name for name, (types, params) in CONFIGS.items()
+                if types == "ngram-mod" and params == GENERATE_DEFAULTS)
+
+
 def acceptance_summary(res, family="code-edit"):
     """Per ngramspec configuration over a family's prompts: mean tokens per step live and in the
     replay of the recorded output, accepted / drafted tokens, and the median proposer and
@@ -527,7 +534,7 @@ def _limits_section(p, res):
     p("")
     p("`ngramspec generate`'s defaults (`GENERATE_DEFAULTS`, generate only): " + ", ".join(
         f"`{k}={v}`" for k, v in GENERATE_DEFAULTS.items()) + " — the configuration "
-      "`ngram-mod 8/16` above.")
+      f"`{generate_config()}` above.")
     p("")
 
 

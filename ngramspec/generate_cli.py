@@ -8,10 +8,11 @@ import sys
 from ngramspec.cli_common import add_spec_flags, engine_params
 
 # generate's own defaults, chosen from bench/E2E.md: on a CPU, verifying a batch of k tokens costs
-# almost k single-token decodes beyond k = 2 (c(16) = 6.6 at 1.5k tokens of context), so the
-# long drafts of llama.cpp's defaults (ngram-mod: 48..64 tokens, tuned for GPUs) lose when a
-# small model leaves its input after a few tokens. replay and the engine keep llama.cpp's.
-GENERATE_DEFAULTS = {"ngram_mod_n_min": 8, "ngram_mod_n_max": 16}
+# c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one thread), so
+# a rejected draft is expensive: llama.cpp's 64-token drafts (tuned for GPUs) lose where the small
+# model leaves its input, 16-token ones leave speed where it copies; 8..32 did best on both.
+# replay and the engine keep llama.cpp's.
+GENERATE_DEFAULTS = {"ngram_mod_n_min": 8, "ngram_mod_n_max": 32}
 
 
 def _positive(text):

@@ -374,7 +374,7 @@ def test_generate_defaults_apply_to_generate_only(tmp_path, prompt, monkeypatch,
     help_text = " ".join(gen_parser.format_help().split())
     for name, value in GENERATE_DEFAULTS.items():
         assert f"--spec-{name.replace('_', '-')} {value}" in gen_parser.description
-    assert "(default 16 for generate, llama.cpp's 64; 0..1024)" in help_text
+    assert "(default 32 for generate, llama.cpp's 64; 0..1024)" in help_text
 
     # The CLI really builds its ngram-mod with them.
     seen = []
