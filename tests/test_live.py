@@ -339,3 +339,58 @@ def test_divergence_report_tells_noise_from_a_wrong_token(llm, prompt, plain):
     # The reports keep the prompt cache valid: a repeat of the plain run gives the same tokens.
     again = generate_plain(llm, prompt, n_predict=12)
     assert again.prompt_reused and again.output_tokens == out
+
+
+def test_generate_defaults_apply_to_generate_only(tmp_path, prompt, monkeypatch, capsys):
+    """GENERATE_DEFAULTS (bench/E2E.md) change generate's engine only; replay, SpecEngine and
+    the plug-in keep llama.cpp's defaults, and a flag given on the command line wins."""
+    import argparse
+
+    import ngramspec.spec_types as spec_types
+    from ngramspec import generate_cli
+    from ngramspec.cli import build_parser
+    from ngramspec.cli_common import engine_params
+    from ngramspec.generate_cli import GENERATE_DEFAULTS, generate_params
+    from ngramspec.plugin import NgramspecDraftModel
+
+    parser = build_parser()
+    assert generate_params(parser.parse_args(["generate", "-p", "x"])) == GENERATE_DEFAULTS
+    assert engine_params(parser.parse_args(["replay", "t.jsonl"])) == {}
+    mod = SpecEngine("ngram-mod").proposers[0]
+    assert (mod.n_min, mod.n_max) == (48, 64)                    # llama.cpp's
+    plug = NgramspecDraftModel("ngram-mod").engine.proposers[0]
+    assert (plug.n_min, plug.n_max) == (48, 64)
+    given = generate_params(parser.parse_args(
+        ["generate", "-p", "x", "--spec-ngram-mod-n-min", "2", "--spec-ngram-mod-n-max", "40"]))
+    assert (given["ngram_mod_n_min"], given["ngram_mod_n_max"]) == (2, 40)
+    # n_max alone below generate's n_min must not silently turn ngram-mod's drafting off
+    low = generate_params(parser.parse_args(["generate", "-p", "x", "--spec-ngram-mod-n-max",
+                                             "4"]))
+    assert low["ngram_mod_n_min"] <= low["ngram_mod_n_max"] == 4
+    high = generate_params(parser.parse_args(["generate", "-p", "x", "--spec-ngram-mod-n-min",
+                                              "48"]))
+    assert high["ngram_mod_n_max"] >= high["ngram_mod_n_min"] == 48
+    gen_parser = generate_cli.add_parser(argparse.ArgumentParser().add_subparsers())
+    help_text = " ".join(gen_parser.format_help().split())
+    for name, value in GENERATE_DEFAULTS.items():
+        assert f"--spec-{name.replace('_', '-')} {value}" in gen_parser.description
+    assert "(default 32 for generate, llama.cpp's 64; 0..1024)" in help_text
+
+    # The CLI really builds its ngram-mod with them.
+    seen = []
+    real = spec_types.build_proposers
+
+    def spy(spec_type, n_slots, pool, params):
+        props = real(spec_type, n_slots, pool, params)
+        seen.extend(props)
+        return props
+    monkeypatch.setattr(spec_types, "build_proposers", spy)
+    toks = tmp_path / "prompt.json"
+    toks.write_text(json.dumps([int(t) for t in prompt]))
+    rc = cli_main(["generate", "--prompt-tokens", str(toks), "-n", "4", "-c", str(N_CTX),
+                   "-t", "1", "--json"])
+    capsys.readouterr()
+    assert rc == 0
+    (built,) = seen
+    assert (built.n_min, built.n_max) == (GENERATE_DEFAULTS["ngram_mod_n_min"],
+                                          GENERATE_DEFAULTS["ngram_mod_n_max"])

@@ -1,0 +1,715 @@
+"""End to end on this CPU with the embedded model (SmolLM2-135M-Instruct Q4_1).
+
+    python bench/e2e_report.py [--code 4] [--chat 3] [--n-predict 256] [--runs 3] [--threads 1]
+                               [--json bench/e2e_results.json] [--md bench/E2E.md]
+    python bench/e2e_report.py --render bench/e2e_results.json --md bench/E2E.md
+
+Three measurements, all on real prompts of ``../shared/traces`` (token ids of the embedded
+model's own tokenizer, used as-is):
+
+1. **Tokens/s** of greedy generation: ngramspec's live driver (``ngramspec generate``'s loop,
+   :func:`ngramspec.live.generate_speculative`) with each configuration of `CONFIGS`, plain greedy
+   decoding on the same driver, and llama-cpp-python's own loop: ``Llama.create_completion``
+   plain and with ``Llama(draft_model=LlamaPromptLookupDecoding())``. Every configuration runs
+   once per round, in an order rotated from round to round, so all of them see the same machine
+   load; the figures are medians over the rounds, and each ratio is taken within a round
+   (configuration / plain on the same prompt) before its median is taken. Every output is
+   checked against plain greedy decoding.
+2. **What limits the speed-up**: the cost of one target decode of a batch of k tokens (all
+   logits, as verification needs them) against one token, at a realistic position, for 1 and 2
+   threads; the ceiling ``max_n n / c(n)`` with ``c(n) = t(n) / t(1)`` is what speculation could
+   give if every drafted token were accepted.
+3. **Acceptance live versus replay**: tokens per verification step of the live runs next to a
+   replay of the same prompts against the recorded trace output (what a model that copies its
+   file verbatim would give), and the proposers' cost per step next to the target's.
+
+Generation speed everywhere is ``(n_output - 1) / t`` where ``t`` runs from the first output
+token (which comes from the prompt pass, the same in every configuration) to the last, measured
+twice: wall clock, and CPU time of the decoding thread (``time.thread_time()``). With one decode
+thread llama.cpp computes on the calling thread, so the CPU time is the generation's own on this
+shared machine, whatever else runs; it is the report's main figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if (ROOT / "ngramspec" / "__init__.py").is_file():
+    # Measure the checkout this script is in (its in-place build), not another installed copy.
+    sys.path.insert(0, str(ROOT))
+
+import ngramspec  # noqa: E402
+from ngramspec import SpecEngine  # noqa: E402
+from ngramspec.live import (_prompt_pass, _target_decoder, detokenize,  # noqa: E402
+                            divergence_report, generate_plain, generate_speculative, load_model)
+from ngramspec.model import default_model_path  # noqa: E402
+from ngramspec.replay import replay  # noqa: E402
+from ngramspec.traces import Request, read_requests  # noqa: E402
+
+TRACES = ROOT.parent / "shared" / "traces"
+
+PLAIN = "plain"                    # ngramspec's driver without drafts
+LCP_PLAIN = "llama-cpp-python plain"
+LCP_LOOKUP = "llama-cpp-python prompt lookup"
+CHAIN = "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod"
+
+# name -> (spec types, engine keywords). llama.cpp's defaults unless the name says otherwise.
+CONFIGS = {
+    "ngram-simple": ("ngram-simple", {}),
+    "ngram-simple n_max 16": ("ngram-simple", {"ngram_simple_size_m": 16}),
+    "ngram-map-k": ("ngram-map-k", {}),
+    "ngram-map-k4v": ("ngram-map-k4v", {}),
+    "ngram-mod": ("ngram-mod", {}),
+    "ngram-mod 8/16": ("ngram-mod", {"ngram_mod_n_min": 8, "ngram_mod_n_max": 16}),
+    "ngram-mod 8/32": ("ngram-mod", {"ngram_mod_n_min": 8, "ngram_mod_n_max": 32}),
+    "ngram-cache": ("ngram-cache", {}),
+    "ngram-suffix": ("ngram-suffix", {}),
+    # its adaptive length with a CPU's cost: a draft token costs about half a decode (c(k) grows
+    # by ~0.5 per token), so draft while the whole draft is accepted with probability >= 0.5
+    "ngram-suffix min_prob 0.5": ("ngram-suffix", {"ngram_suffix_min_prob": 0.5}),
+    "chain": (CHAIN, {}),
+}
+ALL_NAMES = [PLAIN, *CONFIGS, LCP_PLAIN, LCP_LOOKUP]
+BATCH_KS = (1, 2, 4, 8, 16, 32, 64)
+
+
+# ------------------------------------------------------------------------------------------
+# Prompts
+# ------------------------------------------------------------------------------------------
+
+def pick(requests, n, lo, hi):
+    """`n` requests with a prompt of lo..hi tokens, spread evenly over the file (deterministic)."""
+    if n <= 0:
+        return []
+    fit = [r for r in requests if lo <= len(r.prompt) <= hi]
+    if len(fit) < n:
+        raise ValueError(f"only {len(fit)} prompts of {lo}..{hi} tokens, {n} wanted")
+    step = len(fit) / n
+    return [fit[int(i * step)] for i in range(n)]
+
+
+def load_prompts(n_code, n_chat, code_range=(500, 1800), chat_range=(20, 400)):
+    """Code-edit prompts (rewrite a file with a change) and chat prompts, as trace requests."""
+    code = pick(read_requests(str(TRACES / "code-edit.jsonl.gz")), n_code, *code_range)
+    chat = pick(read_requests(str(TRACES / "chat.jsonl.gz")), n_chat, *chat_range)
+    return [("code-edit", r) for r in code] + [("chat", r) for r in chat]
+
+
+# ------------------------------------------------------------------------------------------
+# One generation per configuration
+# ------------------------------------------------------------------------------------------
+
+class Models:
+    """The three models of a run: ngramspec's (plain and speculative share it, and its prompt
+    cache), llama-cpp-python's plain one, and llama-cpp-python's with the prompt lookup."""
+
+    def __init__(self, n_ctx, threads, model_path=None):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        path = model_path or default_model_path()
+        self.ours = load_model(path, n_ctx=n_ctx, n_threads=threads)
+        kw = dict(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
+                  n_threads_batch=threads, verbose=False)
+        self.lcp_plain = Llama(**kw)
+
+        class CountingLookup(LlamaPromptLookupDecoding):
+            """Counts calls (one per target decode in Llama.generate) and drafted tokens."""
+            calls = drafted = 0
+
+            def __call__(self, input_ids, /, **kwargs):
+                draft = super().__call__(input_ids, **kwargs)
+                self.calls += 1
+                self.drafted += len(draft)
+                return draft
+
+        self.lookup = CountingLookup()
+        # logits_all: llama-cpp-python sizes its score buffer from it, not from draft_model.
+        self.lcp_lookup = Llama(draft_model=self.lookup, logits_all=True, **kw)
+
+
+def run_ours(models, name, prompt, n_predict):
+    llm = models.ours
+    engine = None if name == PLAIN else SpecEngine(CONFIGS[name][0], **CONFIGS[name][1])
+    c0 = time.thread_time()
+    if engine is None:
+        res = generate_plain(llm, prompt, n_predict=n_predict)
+    else:
+        res = generate_speculative(llm, prompt, engine, n_predict=n_predict)
+    # The whole call (the prompt is cached: see `warm`), begin and detokenizing included.
+    cpu = time.thread_time() - c0
+    n = res.n_output
+    steps = max(1, res.n_target_decodes)
+    return {"tokens": [int(t) for t in res.output_tokens], "n_output": n,
+            "tps": (n - 1) / res.t_gen_s if res.t_gen_s > 0 and n > 1 else 0.0,
+            "cpu_tps": (n - 1) / cpu if cpu > 0 and n > 1 else 0.0,
+            "prompt_reused": res.prompt_reused,
+            "n_steps": res.n_target_decodes, "tokens_per_step": (n - 1) / steps,
+            "n_drafted": res.n_drafted, "n_accepted": res.n_accepted,
+            "target_ms_per_step": res.t_target_s / steps * 1e3,
+            "proposer_us_per_step": res.t_proposers_s / steps * 1e6,
+            "mean_batch": (res.n_drafted + res.n_target_decodes) / steps}
+
+
+def run_lcp(models, name, prompt, n_predict):
+    """One ``create_completion``; a stopping criterion (never stopping) stamps every sampled
+    token, so the time from the first to the last token is measured as for ngramspec. It also
+    sees the verified tokens, the last one being the token sampled before: the output tokens
+    but the last, for the comparison with plain decoding."""
+    from llama_cpp import StoppingCriteriaList
+    llm = models.lcp_plain if name == LCP_PLAIN else models.lcp_lookup
+    stamps, cpu, seen = [], [], []
+    calls0, drafted0 = models.lookup.calls, models.lookup.drafted
+
+    def stamp(input_ids, logits):
+        stamps.append(time.perf_counter())
+        cpu.append(time.thread_time())
+        seen.append(int(input_ids[-1]))
+        return False
+    out = llm.create_completion([int(t) for t in prompt], max_tokens=n_predict, temperature=0.0,
+                                top_k=1, repeat_penalty=1.0,
+                                stopping_criteria=StoppingCriteriaList([stamp]))
+    # Tokens sampled: the completion's, and the EOS it does not count (finish "stop": no stop
+    # strings are given). create_completion calls the criterion once more after its loop.
+    choice = out["choices"][0]
+    n = out["usage"]["completion_tokens"] + (choice["finish_reason"] == "stop")
+    dt = stamps[n - 1] - stamps[0] if n > 1 else 0.0
+    dc = cpu[n - 1] - cpu[0] if n > 1 else 0.0
+    rec = {"text": choice["text"], "tokens_but_last": seen[1:n], "n_output": n,
+           "tps": (n - 1) / dt if dt > 0 else 0.0, "cpu_tps": (n - 1) / dc if dc > 0 else 0.0}
+    if name == LCP_LOOKUP:
+        # Each call is followed by one decode of [token] + draft (the last one's output may be
+        # cut by max_tokens).
+        calls = max(1, models.lookup.calls - calls0)
+        rec["tokens_per_step"] = (n - 1) / calls
+        rec["mean_batch"] = 1 + (models.lookup.drafted - drafted0) / calls
+    return rec
+
+
+def run_one(models, name, prompt, n_predict):
+    if name in (LCP_PLAIN, LCP_LOOKUP):
+        return run_lcp(models, name, prompt, n_predict)
+    return run_ours(models, name, prompt, n_predict)
+
+
+def check_against_plain(models, prompt, name, rec, plain):
+    """Equal to plain greedy decoding? Where ngramspec's tokens differ, whether the first
+    difference is a top-2 tie within the float noise of batched vs one-token kernels."""
+    tokens, ref = rec.get("tokens"), plain["tokens"]
+    if name in (LCP_PLAIN, LCP_LOOKUP):
+        # All tokens but the last, and the text (which has the last one too).
+        tokens = rec["tokens_but_last"]
+        ref = ref[:len(tokens)]
+        if tokens == ref and rec["text"] != plain["text"]:
+            return {"match": False, "divergence": None}
+    if tokens == ref:
+        return {"match": True}
+    rep = divergence_report(models.ours, prompt, tokens, ref)
+    return {"match": False, "divergence": None if rep is None else rep.to_dict()}
+
+
+def warm(models, prompt):
+    """Prompt passes before the timed runs: ngramspec's driver keeps an identical prompt's KV
+    cache, llama-cpp-python re-decodes only its last token."""
+    generate_plain(models.ours, prompt, n_predict=1)
+    for name in (LCP_PLAIN, LCP_LOOKUP):
+        run_lcp(models, name, prompt, 1)
+
+
+def measure_speed(models, prompts, names, n_predict, runs, log=print):
+    """Every configuration once per round, rotated; returns the raw records per prompt."""
+    out = []
+    for family, req in prompts:
+        prompt = req.prompt
+        warm(models, prompt)
+        recs = {name: [] for name in names}
+        for r in range(runs):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                recs[name].append(run_one(models, name, prompt, n_predict))
+            log(f"  {req.id}: round {r + 1}/{runs} done")
+        plain = recs[PLAIN][0]
+        plain["text"] = detokenize(models.ours, plain["tokens"])
+        checks = {name: check_against_plain(models, prompt, name, recs[name][0], plain)
+                  for name in names if name != PLAIN}
+        out.append({"family": family, "id": req.id, "n_prompt": len(prompt),
+                    "records": recs, "checks": checks,
+                    "copied_from_trace": copied_prefix(plain["tokens"], req.output),
+                    "match4_live": match4(prompt, plain["tokens"]),
+                    "match4_recorded": match4(prompt, req.output[:len(plain["tokens"])])})
+    return out
+
+
+def copied_prefix(live, recorded):
+    """How many output tokens the model gives before it leaves the recorded trace output."""
+    n = min(len(live), len(recorded))
+    diff = np.flatnonzero(np.asarray(live[:n]) != np.asarray(recorded[:n]))
+    return int(diff[0]) if len(diff) else n
+
+
+def match4(prompt, output):
+    """The traces' README measure: the fraction of output tokens that follow the most recent
+    earlier occurrence of their 4 preceding tokens (in prompt + output), i.e. how much of the
+    output a 4-gram lookup of the text so far predicts."""
+    seq = [int(t) for t in prompt] + [int(t) for t in output]
+    last, hits = {}, 0
+    for i in range(4, len(seq)):
+        key = tuple(seq[i - 4:i])
+        if i >= len(prompt) and key in last and seq[last[key]] == seq[i]:
+            hits += 1
+        last[key] = i
+    return hits / len(output) if len(output) else 0.0
+
+
+# ------------------------------------------------------------------------------------------
+# Cost of a batch of k tokens versus one
+# ------------------------------------------------------------------------------------------
+
+def batch_costs(llm, context, position, ks=BATCH_KS, threads=(1, 2), reps=5):
+    """Milliseconds of one target decode of k tokens at `position` (all logits, plus the
+    argmax the driver takes), median over `reps` rounds; ks and thread counts interleaved.
+
+    The KV cache holds ``context[:position]``; every decode is removed again, so each one sees
+    the same cache.
+    """
+    import llama_cpp
+    dec = _target_decoder(llm)
+    prompt = np.asarray(context[:position], dtype=np.int32)
+    _prompt_pass(llm, dec, prompt)
+    follow = np.asarray(context[position:position + max(ks)], dtype=np.int32)
+    if len(follow) < max(ks):
+        raise ValueError("the context is too short for the largest batch")
+    times = {t: {k: [] for k in ks} for t in threads}
+    cpu = {t: {k: [] for k in ks} for t in threads}
+    try:
+        for r in range(reps):
+            for t in (threads if r % 2 == 0 else threads[::-1]):
+                llama_cpp.llama_set_n_threads(llm.ctx, t, t)
+                dec.decode(follow[:1], position, all_logits=True)   # warm the thread pool
+                dec.seq_rm(position)
+                for k in (ks if r % 2 == 0 else ks[::-1]):
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    np.argmax(dec.decode(follow[:k], position, all_logits=True), axis=1)
+                    times[t][k].append((time.perf_counter() - t0) * 1e3)
+                    cpu[t][k].append((time.thread_time() - c0) * 1e3)
+                    dec.seq_rm(position)
+    finally:
+        n = llm.context_params.n_threads
+        llama_cpp.llama_set_n_threads(llm.ctx, n, llm.context_params.n_threads_batch)
+    med = {t: {k: statistics.median(v) for k, v in times[t].items()} for t in threads}
+    out = {"position": int(position), "reps": reps, "ms": med,
+           "ceiling": {t: ceiling(med[t]) for t in threads}}
+    if 1 in threads:
+        # With one thread llama.cpp computes on the calling thread: its CPU time is the decode's
+        # own, whatever else runs on the machine.
+        out["cpu_ms_1_thread"] = {k: statistics.median(v) for k, v in cpu[1].items()}
+        out["ceiling_cpu_1_thread"] = ceiling(out["cpu_ms_1_thread"])
+    return out
+
+
+def ceiling(ms):
+    """Best tokens per unit of single-token time if all n - 1 drafted tokens were accepted:
+    ``max_n n / c(n)``, ``c(n) = t(n) / t(1)``; returns (speed-up, n)."""
+    t1 = ms[1]
+    best = max(ms, key=lambda n: n * t1 / ms[n])
+    return [best * t1 / ms[best], best]
+
+
+# ------------------------------------------------------------------------------------------
+# Replay of the recorded trace output on the same prompts
+# ------------------------------------------------------------------------------------------
+
+def replay_tokens_per_step(req, n_predict, names):
+    """Tokens per verification step when the target's output is the recorded one (cut to
+    n_predict tokens), the same as the live runs' ``(n_output - 1) / steps``."""
+    out = {}
+    cut = Request(req.id, req.prompt, req.output[:n_predict], {})
+    for name in names:
+        if name not in CONFIGS:
+            continue
+        types, params = CONFIGS[name]
+        out[name] = replay([cut], types, params, state="fresh").requests[0]["tokens_per_step"]
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Summary and report
+# ------------------------------------------------------------------------------------------
+
+def geomean(values):
+    values = [v for v in values if v > 0]
+    return float(np.exp(np.mean(np.log(values)))) if values else 0.0
+
+
+def summarize(speed, names):
+    """Per prompt: median tokens/s and the median of the per-round ratios; per family: the
+    geometric mean of those over the prompts."""
+    per_prompt, per_family = [], {}
+    for p in speed:
+        recs = p["records"]
+        base = recs[PLAIN]
+        lcp_base = recs.get(LCP_PLAIN)
+        row = {k: p[k] for k in ("family", "id", "n_prompt", "copied_from_trace", "match4_live",
+                                 "match4_recorded")}
+        row["configs"] = {}
+        for name in names:
+            runs = recs[name]
+            cell = {"n_output": runs[0]["n_output"],
+                    "match": p["checks"].get(name, {"match": True})["match"]}
+            for metric, suffix in (("tps", ""), ("cpu_tps", "_cpu")):
+                cell[metric] = statistics.median(r[metric] for r in runs)
+                cell["vs_plain" + suffix] = statistics.median(
+                    r[metric] / b[metric] for r, b in zip(runs, base))
+                if lcp_base is not None:
+                    cell["vs_lcp_plain" + suffix] = statistics.median(
+                        r[metric] / b[metric] for r, b in zip(runs, lcp_base))
+            for k in ("tokens_per_step", "n_drafted", "n_accepted", "mean_batch"):
+                if k in runs[0]:
+                    cell[k] = runs[0][k]
+            for k in ("target_ms_per_step", "proposer_us_per_step"):
+                if k in runs[0]:
+                    cell[k] = statistics.median(r[k] for r in runs)
+            div = p["checks"].get(name, {}).get("divergence")
+            if div:
+                cell["divergence"] = div
+            row["configs"][name] = cell
+        if "replay" in p:
+            row["replay"] = p["replay"]
+        per_prompt.append(row)
+    for fam in dict.fromkeys(p["family"] for p in per_prompt):
+        rows = [p for p in per_prompt if p["family"] == fam]
+        per_family[fam] = {name: {
+            key: geomean([r["configs"][name].get(key, 0) for r in rows])
+            for key in ("tps", "cpu_tps", "vs_plain", "vs_plain_cpu", "vs_lcp_plain",
+                        "vs_lcp_plain_cpu")} for name in names}
+        for name in names:
+            per_family[fam][name]["all_match"] = all(
+                r["configs"][name]["match"] or (r["configs"][name].get("divergence") or {})
+                .get("within_float_noise", False) for r in rows)
+    return per_prompt, per_family
+
+
+def machine():
+    info = {"python": platform.python_version(), "ngramspec": ngramspec.__file__}
+    try:
+        import llama_cpp
+        info["llama_cpp_python"] = llama_cpp.__version__
+    except ImportError:
+        pass
+    try:
+        info["revision"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                          capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        if dirty:
+            info["revision"] += " (with uncommitted changes)"
+        info["load_average"] = open("/proc/loadavg").read().split()[:3]
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return info
+
+
+def measure(n_code=4, n_chat=3, n_predict=256, runs=3, threads=1, n_ctx=4096, names=None,
+            ks=BATCH_KS, batch_threads=(1, 2), batch_reps=5, batch_position=1468,
+            code_range=(500, 1800), chat_range=(20, 400), log=print):
+    """Everything the report shows, as one JSON-ready dict."""
+    names = list(names or ALL_NAMES)
+    if PLAIN not in names:
+        names.insert(0, PLAIN)
+    t_start = time.time()
+    prompts = load_prompts(n_code, n_chat, code_range, chat_range)
+    models = Models(n_ctx, threads)
+    log(f"prompts: {[(f, len(r.prompt)) for f, r in prompts]}")
+    info = machine()
+    speed = measure_speed(models, prompts, names, n_predict, runs, log)
+    for p, (family, req) in zip(speed, prompts):
+        p["replay"] = replay_tokens_per_step(req, n_predict, names)
+    per_prompt, per_family = summarize(speed, names)
+    batch = None
+    if ks:
+        # A realistic position: a code-edit request's prompt and recorded output, cut there.
+        reqs = [r for f, r in prompts if f == "code-edit"] or [r for f, r in prompts]
+        req = next((r for r in reqs if len(r.prompt) + len(r.output) >= batch_position
+                    + max(ks)), max(reqs, key=lambda r: len(r.prompt) + len(r.output)))
+        ctx = np.concatenate([req.prompt, req.output])
+        pos = min(batch_position, len(ctx) - max(ks), n_ctx - max(ks) - 1)
+        log(f"batch costs at position {pos}")
+        batch = batch_costs(models.ours, ctx, pos, ks, batch_threads, batch_reps)
+    info["load_average_end"] = open("/proc/loadavg").read().split()[:3]
+    info["seconds"] = round(time.time() - t_start, 1)
+    return {"machine": info,
+            "settings": {"n_code": n_code, "n_chat": n_chat, "n_predict": n_predict,
+                         "runs": runs, "threads": threads, "n_ctx": n_ctx, "names": names,
+                         "configs": {k: {"spec_type": v[0], "params": v[1]}
+                                     for k, v in CONFIGS.items() if k in names}},
+            "per_prompt": per_prompt, "per_family": per_family, "batch": batch,
+            "raw": [{k: v for k, v in p.items() if k != "records"} | {
+                "tps": {n: [r["tps"] for r in p["records"][n]] for n in names},
+                "cpu_tps": {n: [r["cpu_tps"] for r in p["records"][n]] for n in names}}
+                for p in speed]}
+
+
+def _fmt(value, spec):
+    return "—" if value is None else format(value, spec)
+
+
+def _match(c):
+    if c["match"]:
+        return "= plain"
+    div = c.get("divergence") or {}
+    if div.get("within_float_noise"):
+        return "tie within noise"
+    if div and div["top1"] - min(div["logit_a"], div["logit_b"]) <= div["noise"]:
+        # Both chosen tokens within the noise of the best, but with a third candidate between
+        # them: divergence_report's top-2 criterion does not cover it; said as it is.
+        return "3-way tie within noise"
+    return "DIFFERS"
+
+
+def _prompt_row(name, c, replayed):
+    match = _match(c)
+    acc = f"{c['n_accepted']} / {c['n_drafted']}" if "n_drafted" in c and name != PLAIN else "—"
+    return (f"| {name} | {c['cpu_tps']:.1f} | {c['vs_plain_cpu']:.3f} | {c['tps']:.1f} "
+            f"| {c['vs_plain']:.3f} | {match} "
+            f"| {_fmt(c.get('tokens_per_step'), '.2f')} | {_fmt(replayed, '.2f')} | {acc} "
+            f"| {_fmt(c.get('mean_batch'), '.2f')} | {_fmt(c.get('target_ms_per_step'), '.1f')} "
+            f"| {_fmt(c.get('proposer_us_per_step'), '.0f')} |")
+
+
+def generate_config():
+    """The name in CONFIGS of `ngramspec generate`'s default configuration."""
+    from ngramspec.generate_cli import GENERATE_DEFAULTS
+    return next(name for name, (types, params) in CONFIGS.items()
+                if types == "ngram-mod" and params == GENERATE_DEFAULTS)
+
+
+def acceptance_summary(res, family="code-edit"):
+    """Per ngramspec configuration over a family's prompts: mean tokens per step live and in the
+    replay of the recorded output, accepted / drafted tokens, and the median proposer and
+    target costs per step."""
+    rows = [r for r in res["per_prompt"] if r["family"] == family]
+    out = {}
+    for name in res["settings"]["names"]:
+        cells = [r["configs"][name] for r in rows]
+        if not cells or name not in CONFIGS:
+            continue
+        replayed = [r.get("replay", {}).get(name) for r in rows]
+        out[name] = {
+            "live": float(np.mean([c["tokens_per_step"] for c in cells])),
+            "replay": float(np.mean(replayed)) if None not in replayed else None,
+            "accepted": sum(c["n_accepted"] for c in cells),
+            "drafted": sum(c["n_drafted"] for c in cells),
+            "proposer_us": statistics.median(c["proposer_us_per_step"] for c in cells),
+            "target_ms": statistics.median(c["target_ms_per_step"] for c in cells)}
+    return out
+
+
+def _limits_section(p, res):
+    from ngramspec.generate_cli import GENERATE_DEFAULTS
+    p("## What limits the speed-up")
+    p("")
+    p("On the code-edit prompts, per configuration: output tokens per target decode live and "
+      "when replaying the trace's recorded output on the same prompts (mean over the prompts), "
+      "draft tokens accepted / drafted live, and the cost per step of the proposers (µs) and of "
+      "the target's decode (ms), medians. The cost of a batch of k tokens is at the end.")
+    p("")
+    p("| configuration | tok/step live | tok/step replay | accepted / drafted "
+      "| proposer µs/step | target ms/step |")
+    p("|---|---|---|---|---|---|")
+    for name, s in acceptance_summary(res).items():
+        p(f"| {name} | {s['live']:.2f} | {_fmt(s['replay'], '.2f')} | {s['accepted']} / "
+          f"{s['drafted']} | {s['proposer_us']:.0f} | {s['target_ms']:.1f} |")
+    p("")
+    p("`ngramspec generate`'s defaults (`GENERATE_DEFAULTS`, generate only): " + ", ".join(
+        f"`{k}={v}`" for k, v in GENERATE_DEFAULTS.items()) + " — the configuration "
+      f"`{generate_config()}` above.")
+    p("")
+
+
+def render(res):
+    """The Markdown of bench/E2E.md."""
+    s, m = res["settings"], res["machine"]
+    names = s["names"]
+    lines = []
+    p = lines.append
+    p("# End to end: live speculative generation on this 2-core CPU")
+    p("")
+    p(f"Generated by `{m.get('command', 'bench/e2e_report.py')}` (see its docstring for the "
+      "method). Model: the embedded "
+      "SmolLM2-135M-Instruct Q4_1, "
+      f"{s['threads']} decode thread(s), n_ctx {s['n_ctx']}, up to {s['n_predict']} output "
+      f"tokens, {s['runs']} interleaved rounds per prompt; revision `{m.get('revision', '?')}`, "
+      f"llama-cpp-python {m.get('llama_cpp_python', '?')}, CPU {m.get('cpu', '?')}, load average "
+      f"{' '.join(m.get('load_average', []))} at the start and "
+      f"{' '.join(m.get('load_average_end', []))} at the end ({m.get('seconds', '?')} s).")
+    p("")
+    p("**The machine is shared** (other jobs ran on the same 2 cores). Every configuration runs "
+      "once per round, rotated, so all see the same load; figures are medians over the rounds "
+      "and each ratio is the median of per-round ratios on the same prompt; per family, the "
+      "geometric mean over its prompts. With one decode thread llama.cpp computes on the "
+      "calling thread, so the main figures are **tokens per CPU-second** of that thread "
+      "(`time.thread_time()`), which time slices lost to other processes do not inflate; the "
+      "wall-clock figures are given next to them. Outputs: `= plain` is token-identical to "
+      "plain greedy decoding; `tie within noise` means the first difference is a top-2 "
+      "tie closer than the float noise between llama.cpp's batched and one-token kernels "
+      "(`ngramspec.live.divergence_report`), as greedy verification of a batch allows; "
+      "`3-way tie within noise`: both chosen tokens lie within that noise of the best logit, "
+      "with a third candidate between them (outside `divergence_report`'s top-2 criterion).")
+    p("")
+    p("## Speed-up over plain greedy decoding, per family")
+    p("")
+    fams = list(res["per_family"])
+    p("| configuration | " + " | ".join(
+        f"{f}: × plain | {f}: × plain (wall) | {f}: × llama-cpp-python plain" for f in fams)
+        + " | outputs |")
+    p("|---|" + "---|---|---|" * len(fams) + "---|")
+    for name in names:
+        cells = []
+        for f in fams:
+            c = res["per_family"][f][name]
+            cells += [f"{c['vs_plain_cpu']:.3f}", f"{c['vs_plain']:.3f}",
+                      f"{c['vs_lcp_plain_cpu']:.3f}"]
+        found = {_match(r["configs"][name]) for r in res["per_prompt"]}
+        outputs = ("= plain" if found == {"= plain"} else "DIFFERS" if "DIFFERS" in found else
+                   "= plain or a tie within noise" + (" (one 3-way)" if "3-way tie within noise"
+                                                      in found else ""))
+        p(f"| {name} | " + " | ".join(cells) + f" | {outputs} |")
+    p("")
+    _limits_section(p, res)
+    p("## Per prompt")
+    p("")
+    p("Tokens per CPU-second and tokens/s (wall), medians; × plain: the median of the per-round "
+      "ratios. tok/step: output tokens per target decode, live, and when replaying the trace's "
+      "recorded output (a model that copies the file as the recording does). mean batch: tokens "
+      "per target decode (1 + draft). Timings of ngramspec's configurations are medians; the "
+      "counts are the first round's (every round gives the same tokens).")
+    p("")
+    for row in res["per_prompt"]:
+        p(f"### {row['id']} ({row['family']}, prompt {row['n_prompt']} tokens)")
+        p("")
+        if row["family"] == "code-edit":
+            p(f"The model's greedy output follows the recorded new file for its first "
+              f"{row['copied_from_trace']} tokens; match4 (the share of output tokens a 4-gram "
+              f"lookup of the text so far predicts) is {row['match4_live']:.2f} for the live "
+              f"output and {row['match4_recorded']:.2f} for the recorded one, cut to the same "
+              f"length.")
+            p("")
+        p("| configuration | tokens per CPU-s | × plain | tokens/s (wall) | × plain (wall) "
+          "| outputs | tok/step live | tok/step replay | accepted / drafted | mean batch "
+          "| target ms/step | proposer µs/step |")
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for name in names:
+            p(_prompt_row(name, row["configs"][name], row.get("replay", {}).get(name)))
+        p("")
+    b = res.get("batch")
+    if b:
+        p("## Cost of verifying k tokens versus one")
+        p("")
+        p(f"One target decode of k tokens with all logits (plus the argmax), KV cache holding "
+          f"{b['position']} tokens, median of {b['reps']} interleaved rounds; c(k) = t(k) / t(1).")
+        p("")
+        threads = list(b["ms"])
+        ks = list(next(iter(b["ms"].values())))
+        p("| k | " + " | ".join(f"{t} thread(s): ms | c(k) | k / c(k)" for t in threads) + " |")
+        p("|---|" + "---|---|---|" * len(threads))
+        for k in ks:
+            cells = []
+            for t in threads:
+                ms = b["ms"][t]
+                c = ms[k] / ms[ks[0]]
+                cells += [f"{ms[k]:.1f}", f"{c:.2f}", f"{float(k) / c:.2f}"]
+            p(f"| {k} | " + " | ".join(cells) + " |")
+        p("")
+        cpu = b.get("cpu_ms_1_thread")
+        if cpu:
+            p("")
+            p("The same, 1 thread, CPU time of the decoding thread: " + ", ".join(
+                f"k = {k}: {cpu[k]:.1f} ms (c = {cpu[k] / cpu[ks[0]]:.2f})" for k in ks) + ".")
+            up, n = b["ceiling_cpu_1_thread"]
+            p(f"Ceiling from CPU time: **{up:.2f}×** (at k = {n}).")
+            p("")
+        for t in threads:
+            up, n = b["ceiling"][t]
+            p(f"- {t} thread(s), wall clock: ceiling **{up:.2f}×** (at k = {n}), reached only "
+              f"if every drafted token were accepted.")
+        p("")
+    return "\n".join(lines) + "\n"
+
+
+def _jsonable(obj):
+    # thread counts and k are dict keys: JSON makes them strings, the renderer takes either
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    return obj
+
+
+def _restore_batch_keys(res):
+    b = res.get("batch")
+    if b:
+        b["ms"] = {int(t): {int(k): v for k, v in d.items()} for t, d in b["ms"].items()}
+        b["ceiling"] = {int(t): v for t, v in b["ceiling"].items()}
+        if "cpu_ms_1_thread" in b:
+            b["cpu_ms_1_thread"] = {int(k): v for k, v in b["cpu_ms_1_thread"].items()}
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--code", type=int, default=4, help="code-edit prompts (default 4)")
+    ap.add_argument("--chat", type=int, default=3, help="chat prompts (default 3)")
+    ap.add_argument("--n-predict", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=3, help="interleaved rounds per prompt")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ctx-size", type=int, default=4096)
+    ap.add_argument("--configs", default=None,
+                    help="comma list of configuration names (default: all); plain is always run")
+    ap.add_argument("--batch-reps", type=int, default=5)
+    ap.add_argument("--no-batch", action="store_true", help="skip the batch-cost measurement")
+    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--md", default=None, help="write the Markdown report here")
+    ap.add_argument("--render", default=None, metavar="JSON",
+                    help="only render an earlier results file")
+    args = ap.parse_args(argv)
+    if args.render:
+        res = _restore_batch_keys(json.loads(pathlib.Path(args.render).read_text()))
+    else:
+        names = args.configs.split(",") if args.configs else None
+        for n in names or []:
+            if n not in ALL_NAMES:
+                ap.error(f"unknown configuration {n!r}: allowed {', '.join(ALL_NAMES)}")
+        res = measure(args.code, args.chat, args.n_predict, args.runs, args.threads,
+                      args.ctx_size, names, () if args.no_batch else BATCH_KS,
+                      batch_reps=args.batch_reps,
+                      log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        res["machine"]["command"] = "python bench/e2e_report.py " + " ".join(argv or sys.argv[1:])
+        res = _restore_batch_keys(json.loads(json.dumps(_jsonable(res))))
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(_jsonable(res), indent=1) + "\n")
+    md = render(res)
+    if args.md:
+        pathlib.Path(args.md).write_text(md)
+    else:
+        sys.stdout.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

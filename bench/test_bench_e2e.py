@@ -1,0 +1,61 @@
+"""Smoke run of the end-to-end report (bench/e2e_report.py) on the embedded model.
+
+The full report takes minutes (bench/E2E.md); this runs its whole code path with tiny sizes (one
+short code-edit and one chat prompt, 8 output tokens, one round, batches up to 4 tokens), so CI
+sees that every configuration still generates plain greedy decoding's output and that the report
+renders. About 10-20 s on two cores.
+"""
+import json
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+import e2e_report  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small_run():
+    return e2e_report.measure(n_code=1, n_chat=1, n_predict=8, runs=1, n_ctx=1024,
+                              ks=(1, 2, 4), batch_threads=(1,), batch_reps=1,
+                              code_range=(300, 700), log=lambda msg: None)
+
+
+def test_e2e_smoke(small_run):
+    res = small_run
+    names = res["settings"]["names"]
+    assert names == e2e_report.ALL_NAMES
+    assert [p["family"] for p in res["per_prompt"]] == ["code-edit", "chat"]
+    for row in res["per_prompt"]:
+        assert set(row["configs"]) == set(names)
+        for name, cell in row["configs"].items():
+            assert 1 <= cell["n_output"] <= 8 and cell["tps"] > 0, name
+            # Equal to plain greedy decoding, or a first difference that is a top-2 tie within
+            # the float noise of the batched kernels (bench/E2E.md, tests/test_live.py).
+            div = cell.get("divergence")
+            assert cell["match"] or (div and div["within_float_noise"]), (name, div)
+        assert set(row["replay"]) == set(e2e_report.CONFIGS)
+        assert 0.0 <= row["match4_live"] <= 1.0
+    batch = res["batch"]
+    assert set(batch["ms"][1]) == {1, 2, 4} and all(v > 0 for v in batch["ms"][1].values())
+    up, n = batch["ceiling"][1]
+    assert n in (1, 2, 4) and up >= 1.0
+
+
+def test_e2e_report_renders_and_round_trips(small_run, tmp_path):
+    path = tmp_path / "e2e.json"
+    path.write_text(json.dumps(e2e_report._jsonable(small_run)))
+    md = tmp_path / "E2E.md"
+    assert e2e_report.main(["--render", str(path), "--md", str(md)]) == 0
+    text = md.read_text()
+    for name in e2e_report.ALL_NAMES:
+        assert f"| {name} |" in text
+    assert "ceiling" in text and "DIFFERS" not in text
+
+
+def test_ceiling():
+    # c(n) from the measurement this report was written with: 1 thread at 1.5k tokens
+    ms = {1: 30.0, 2: 36.1, 4: 59.0, 8: 105.8, 16: 197.3, 32: 392.3, 64: 760.2}
+    up, n = e2e_report.ceiling(ms)
+    assert n == 64 and up == pytest.approx(64 * 30.0 / 760.2)
+    assert e2e_report.match4([1, 2, 3, 4, 5], [1, 2, 3, 4, 5]) == pytest.approx(0.2)
