@@ -24,12 +24,21 @@ from typing import Iterable, Iterator, Sequence, Union
 from ngramspec._cache import CacheFileError, NgramCache
 
 __all__ = ["CacheFileError", "NgramCache", "load_cache", "save_cache", "atomic_write_bytes",
-           "merge_into_dynamic", "build_static_cache"]
+           "merge_into_dynamic", "build_static_cache", "as_path"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 # n-gram sizes of llama.cpp's caches: context/dynamic 1..4 (LLAMA_NGRAM_MIN/MAX), static 2.
 NGRAM_MIN, NGRAM_MAX, NGRAM_STATIC = 1, 4, 2
+
+
+def as_path(name: str, value, also: str = "") -> str:
+    """`value` (str or os.PathLike) as a str path; a TypeError naming the parameter `name`
+    otherwise (`also` names what else that parameter accepts)."""
+    if isinstance(value, (str, os.PathLike)):
+        return os.fsdecode(os.fspath(value))
+    raise TypeError(f"{name} must be a file path (str or os.PathLike){also}, got "
+                    f"{type(value).__name__}")
 
 
 def load_cache(path: PathLike) -> NgramCache:

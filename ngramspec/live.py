@@ -431,7 +431,8 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
     Thread-safety: not thread-safe; one request at a time per ``llm`` and per engine slot.
     """
     if update_dynamic_cache is not None:
-        update_dynamic_cache = _check_cache_path(update_dynamic_cache)
+        from .cache_file import as_path
+        update_dynamic_cache = as_path("update_dynamic_cache", update_dynamic_cache)
     if engine is not None:
         _check_engine_models(llm, engine)
     dec = _target_decoder(llm)
@@ -532,13 +533,6 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
     _finish(llm, dec, prompt.size)
     _save_dynamic(res, update_dynamic_cache, prompt)
     return res
-
-
-def _check_cache_path(path) -> str:
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"update_dynamic_cache must be a file path (str or os.PathLike), got "
-                        f"{type(path).__name__}")
-    return os.fsdecode(os.fspath(path))
 
 
 def _save_dynamic(res: GenerationResult, path: Optional[str], prompt: np.ndarray) -> None:

@@ -8,7 +8,6 @@ imported only when used.
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -28,14 +27,10 @@ class CacheFile:
 
     @staticmethod
     def check(name: str, value):
-        from ngramspec._cache import NgramCache
+        from ngramspec.cache_file import NgramCache, as_path
         if isinstance(value, NgramCache):
             return value
-        if isinstance(value, (str, os.PathLike)):
-            path = os.fspath(value)
-            return os.fsdecode(path) if isinstance(path, bytes) else path
-        raise TypeError(f"{name} must be a file path (str or os.PathLike) or an NgramCache, "
-                        f"got {type(value).__name__}")
+        return as_path(name, value, also=" or an NgramCache")
 
 
 @dataclass(frozen=True)
