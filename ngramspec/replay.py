@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ngramspec._core import ModPool, SpecEngine
+from ngramspec._core import ModPool
+from ngramspec.engine import SpecEngine
 from ngramspec.loop import Timers, common_prefix, run_recorded  # noqa: F401 (re-exported)
-from ngramspec.spec_types import REGISTRY, parse_types
+from ngramspec.registry import TYPES, parse_types
 
 COUNTERS = ("calls_b", "calls_g", "calls_a", "gen_drafts", "acc_drafts", "gen_tokens",
             "acc_tokens")
@@ -74,7 +75,7 @@ def _sum_stats(total: list | None, stats: list) -> list:
 def _run_once(requests, spec_type, params, state, n_slots, record_drafts, n_ctx, progress):
     timers = Timers()
     records, total, engines = [], None, []
-    pool = ModPool() if any(REGISTRY[t].uses_pool for t in parse_types(spec_type)) else None
+    pool = ModPool() if any(TYPES[t].uses_pool for t in parse_types(spec_type)) else None
     engine = None
     for t, req in enumerate(requests):
         slot = t % n_slots
