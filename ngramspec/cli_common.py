@@ -82,7 +82,7 @@ def engine_params(args: argparse.Namespace) -> dict:
     return params
 
 
-def check_flags(spec_type: str, params: dict) -> None:
+def check_spec_flags(spec_type: str, params: dict) -> None:
     """Check ``--spec-type`` and the parameter flags before any file is touched.
 
     Raises

@@ -6,7 +6,7 @@ import os
 import sys
 
 from ngramspec import registry
-from ngramspec.cli_common import add_spec_flags, check_flags, engine_params, load_cache_files
+from ngramspec.cli_common import add_spec_flags, check_spec_flags, engine_params, load_cache_files
 
 # generate's own defaults, chosen from bench/E2E.md: on a CPU, verifying a batch of k tokens costs
 # c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one thread), so
@@ -89,7 +89,7 @@ def generate_params(args) -> dict:
         params[lo] = min(params[lo], params[hi])
     elif lo in given and hi not in given:
         params[hi] = max(params[hi], params[lo])
-    check_flags(args.spec_type, params)
+    check_spec_flags(args.spec_type, params)
     return params
 
 

@@ -12,6 +12,8 @@ Types outside the n-gram family live in their own modules and are imported only 
 from __future__ import annotations
 
 import importlib
+import os
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -159,6 +161,40 @@ def _suffix(n_slots, pool, v):
                                       if k.startswith(SUFFIX)})
 
 
+# Frozen caches loaded from files, by file identity: engines built one after another (the
+# "fresh" replay state, one engine per request) share one copy instead of re-reading the file.
+# Weak values: a cache lives only as long as some proposer uses it. A rewritten file (atomic
+# save = new inode, size, mtime) gets a new key, so a changed file is always re-read.
+_loaded_caches = weakref.WeakValueDictionary()
+
+
+def _cache_file(value, missing_ok: bool):
+    from ngramspec.cache_file import NgramCache, load_cache
+    if value is None or isinstance(value, NgramCache):
+        return value
+    path = os.fspath(value)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise FileNotFoundError(2, "No such file or directory", path) from None
+    key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    cache = _loaded_caches.get(key)
+    if cache is None:
+        cache = _loaded_caches[key] = load_cache(path)   # the proposer freezes it
+    return cache
+
+
+def _ngram_cache(n_slots, pool, v):
+    # A static file must exist (llama-server aborts otherwise); a dynamic one that does not
+    # exist yet is empty, so a first run can start the cache that later runs read.
+    from ngramspec._cache import NgramCacheProposer
+    return NgramCacheProposer(n_slots, _cache_file(v["lookup_cache_static"], False),
+                              _cache_file(v["lookup_cache_dynamic"], True),
+                              restart=bool(v["ngram_cache_restart"]))
+
+
 def _nm(prefix, reindex=False):
     params = (Param(prefix + "size_n", 12, 1, 1024, help="key length (tokens)"),
               Param(prefix + "size_m", 48, 1, 1024, help="draft length (tokens)"),
@@ -210,7 +246,7 @@ TYPES: dict[str, SpecType] = _types(
         Param("ngram_cache_restart", 0, 0, 1, help="ngramspec option, not llama.cpp: 1 = "
               "begin() restarts the slot's context cache (each request learns only its own "
               "tokens)"),
-    ), _lazy("ngramspec._cache", "build_ngram_cache")),
+    ), _ngram_cache),
     SpecType("draft-simple", (
         Param("model_draft", None, kind=object, help="draft model (GGUF path or llama_cpp.Llama)"),
         Param("spec_draft_n_max", 3, 0, None, help="draft model: maximum draft length"),

@@ -105,11 +105,39 @@ def _json_params(params: dict) -> dict:
 def replay(requests, spec_type: str, params: dict | None = None, *, state: str = "shared",
            n_slots: int = 1, record_drafts: bool = False, repeat: int = 1, n_ctx: int = 0,
            progress=None) -> ReplayResult:
-    """Replay `requests` (``traces.Request``) and return the golden-format result.
+    """Replay recorded requests through a chain and return the golden-format result.
 
-    state "shared" keeps one engine for all requests (a running server; request t on slot
-    t % n_slots); "fresh" builds a new one per request. With repeat > 1 the replay runs that many
-    times and the fastest timings are reported (drafts are deterministic).
+    Parameters
+    ----------
+    requests : sequence of ngramspec.traces.Request
+    spec_type : str
+        ``--spec-type`` list.
+    params : dict, optional
+        Engine keywords (`ngramspec.registry`).
+    state : {"shared", "fresh"}
+        "shared" keeps one engine for all requests (a running server; request t on slot
+        t % n_slots); "fresh" builds a new one per request (the pool emptied).
+    n_slots : int
+    record_drafts : bool
+        Keep every draft in the request records.
+    repeat : int
+        Run that many times and report the fastest timings (drafts are deterministic; differing
+        counters raise RuntimeError).
+    n_ctx : int
+        > 0 bounds drafts by llama-server's ``n_ctx - L - 2``.
+    progress : callable, optional
+        ``progress(done, total)`` after each request of the first run.
+
+    Returns
+    -------
+    ReplayResult
+        ``summary`` (totals, llama.cpp's counters per proposer, µs per call) and ``requests``.
+
+    Notes
+    -----
+    Memory: the engine's, plus the records (with every draft when record_drafts).
+
+    Thread-safety: builds its own engines; safe to run in several threads at once.
     """
     params = dict(params or {})
     if state not in ("shared", "fresh"):

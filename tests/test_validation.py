@@ -19,9 +19,9 @@ import sys
 import numpy as np
 import pytest
 
-from ngramspec._core import TOKEN_MAX
 from ngramspec import (MapProposer, ModPool, ModProposer, PyProposer, SimpleProposer,
                        SpecEngine)
+from ngramspec._core import TOKEN_MAX
 from ngramspec.cli import main as cli_main
 from ngramspec.replay import replay
 from ngramspec.registry import TYPES
@@ -841,7 +841,8 @@ def _cli_in_process(argv, capsys):
     (["--spec-ngram-simple-size-n", "1025"], "--spec-ngram-simple-size-n = 1025 is out of range"),
     (["--spec-ngram-map-k-size-m", "0"], "--spec-ngram-map-k-size-m = 0 is out of range"),
     (["--spec-ngram-map-k4v-min-hits", "0"], "--spec-ngram-map-k4v-min-hits = 0 is out of range"),
-    (["--spec-ngram-mod-n-min", "-1"], "--spec-ngram-mod-n-min = -1 is out of range: allowed 0 .. 1024"),
+    (["--spec-ngram-mod-n-min", "-1"],
+     "--spec-ngram-mod-n-min = -1 is out of range: allowed 0 .. 1024"),
     (["--spec-ngram-mod-n-min", "8", "--spec-ngram-mod-n-max", "4"],
      "--spec-ngram-mod-n-min = 8 is greater than --spec-ngram-mod-n-max = 4"),
     (["--spec-type", "draft-eagle3"], "allowed none, ngram-suffix, ngram-simple"),
