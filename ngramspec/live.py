@@ -504,7 +504,7 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
                 break
 
     t2 = pc()
-    t_engine = (loop.timers.draft_ns + loop.timers.accept_ns) / 1e9
+    t_engine = (loop.draft_ns + loop.accept_ns) / 1e9
     stats = engine.stats() if engine is not None else []
     t_draft_model = (_draft_time_us(stats) - _draft_time_us(stats0)) / 1e6
     res = GenerationResult(

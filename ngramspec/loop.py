@@ -24,6 +24,7 @@ This module imports neither llama_cpp nor the compiled kernels: an engine is any
 """
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass, fields
 
@@ -33,6 +34,7 @@ __all__ = ["FixedPolicy", "SlotLoop", "Timers", "common_prefix", "run_recorded"]
 
 _EMPTY = np.empty(0, dtype=np.int32)
 _EMPTY.setflags(write=False)
+_INT32 = np.dtype(np.int32)
 _clock = time.perf_counter_ns
 
 
@@ -149,7 +151,8 @@ class SlotLoop:
         The request has ended: the target returned no token after the accepted draft, or
         ``n_predict`` tokens are out. `propose` and `verify` raise once it is set.
     sampled : int
-        The last output token, the one the next step verifies (not yet in the context).
+        The last output token, the one the next step verifies (not yet in the context); once
+        the target has ended the request it is stale (already in the context).
     n_output : int
         Output tokens so far, `sampled` included.
     n_draft_max : int or None
@@ -162,8 +165,9 @@ class SlotLoop:
     n_draft_calls, n_drafts, n_draft_tokens, n_acc_drafts, n_acc_tokens : int
         Draft calls made, non-empty drafts, drafted tokens, drafts with an accepted token,
         accepted tokens.
-    timers : Timers
-        Time spent in the engine's calls.
+    begin_ns, draft_ns, accept_ns : int
+        Nanoseconds spent in the engine's begin, draft and accept calls (`timers` sums them
+        up with the call counts).
 
     Notes
     -----
@@ -177,7 +181,8 @@ class SlotLoop:
     __slots__ = ("engine", "slot", "n_ctx", "n_predict", "policy", "record_drafts", "done",
                  "sampled", "n_output", "n_prompt", "n_draft_max", "steps", "drafts",
                  "n_draft_calls", "n_drafts", "n_draft_tokens", "n_acc_drafts", "n_acc_tokens",
-                 "timers", "_buf", "_len", "_draft", "_called", "_hooks")
+                 "begin_ns", "draft_ns", "accept_ns", "_buf", "_len", "_draft", "_called",
+                 "_hooks", "_bounded")
 
     def __init__(self, engine, slot: int, prompt, first_token, *, n_ctx: int = 0,
                  n_predict: int = -1, policy=None, record_drafts: bool = False,
@@ -189,8 +194,9 @@ class SlotLoop:
         self.policy = FixedPolicy() if policy is None else policy
         # FixedPolicy's hooks change nothing: skip the three calls per step
         self._hooks = type(self.policy) is not FixedPolicy
+        self._bounded = self.n_ctx > 0 or self.n_predict >= 0
         self.record_drafts = record_drafts
-        self.timers = Timers()
+        self.begin_ns = self.draft_ns = self.accept_ns = 0
         self.steps = []
         self.drafts = []
         self.n_draft_calls = self.n_drafts = self.n_draft_tokens = 0
@@ -201,8 +207,7 @@ class SlotLoop:
         if engine is not None:
             t0 = _clock()
             engine.begin(slot, prompt)      # validates the prompt before it is copied below
-            self.timers.begin_ns += _clock() - t0
-            self.timers.n_begin += 1
+            self.begin_ns = _clock() - t0
         n = len(prompt)
         self.n_prompt = n
         self._buf = np.empty(max(int(capacity), n + 64), dtype=np.int32)
@@ -216,6 +221,12 @@ class SlotLoop:
             self.sampled = int(first_token)
             self.n_output = 1
             self.done = 0 <= self.n_predict <= 1
+
+    @property
+    def timers(self) -> Timers:
+        """The engine calls' times and counts so far (a new `Timers`)."""
+        return Timers(self.begin_ns, self.draft_ns, self.accept_ns,
+                      int(self.engine is not None), self.n_draft_calls, self.n_drafts)
 
     @property
     def context(self) -> np.ndarray:
@@ -249,30 +260,33 @@ class SlotLoop:
             raise RuntimeError("propose() twice without verify()")
         L = self._len
         bound = None
-        if self.n_ctx > 0:
-            bound = self.n_ctx - L - 2
-        if self.n_predict >= 0:
-            remaining = self.n_predict - self.n_output - 1
-            bound = remaining if bound is None else min(bound, remaining)
-        self.n_draft_max = bound
-        if self._hooks and (bound is None or bound > 0):
+        if self._bounded:
+            if self.n_ctx > 0:
+                bound = self.n_ctx - L - 2
+            if self.n_predict >= 0:
+                remaining = self.n_predict - self.n_output - 1
+                bound = remaining if bound is None else min(bound, remaining)
+            self.n_draft_max = bound
+        hooks = self._hooks
+        if hooks and (bound is None or bound > 0):
             lower = self.policy.before_draft(self)
             if lower is not None:
-                bound = lower if bound is None else min(bound, int(lower))
-        if self.engine is None or (bound is not None and bound <= 0):
+                lower = operator.index(lower)
+                bound = lower if bound is None else min(bound, lower)
+        engine = self.engine
+        if engine is None or (bound is not None and bound <= 0):
             draft = _EMPTY                  # llama-server makes no draft call then
             self._called = 0
         else:
             context = self._buf[:L]         # the driver's view, made outside the timed call
             t0 = _clock()
-            draft = self.engine.draft(self.slot, context, self.sampled, bound)
-            self.timers.draft_ns += _clock() - t0
-            self.timers.n_draft += 1
+            draft = engine.draft(self.slot, context, self.sampled, bound)
+            self.draft_ns += _clock() - t0
             self.n_draft_calls += 1
             self._called = 1
-            if type(draft) is not np.ndarray or draft.dtype != np.int32:
+            if type(draft) is not np.ndarray or draft.dtype is not _INT32:
                 draft = np.asarray(draft, dtype=np.int32)
-        if self._hooks:
+        if hooks:
             k = self.policy.after_draft(self, draft)
             if not 0 <= k <= len(draft):
                 raise ValueError(f"policy.after_draft returned {k}: allowed 0 .. {len(draft)}")
@@ -301,16 +315,18 @@ class SlotLoop:
         draft = self._draft
         if draft is None:
             raise RuntimeError("verify() without propose()")
-        self._draft = None
         n_d = len(draft)
+        if n_verified is not None and not 0 <= n_verified <= n_d:
+            # the step stays open: nothing was accepted yet
+            raise ValueError(f"n_verified = {n_verified} is out of range: allowed 0 .. {n_d}")
+        self._draft = None
         n_acc = 0
         if n_d:
             checked = draft if n_verified is None else draft[:n_verified]
             n_acc = common_prefix(checked, target)
             t0 = _clock()
             self.engine.accept(self.slot, n_acc)
-            self.timers.accept_ns += _clock() - t0
-            self.timers.n_accept += 1
+            self.accept_ns += _clock() - t0
             self.n_drafts += 1
             self.n_draft_tokens += n_d
             self.n_acc_tokens += n_acc
@@ -319,21 +335,23 @@ class SlotLoop:
         if self.record_drafts:
             self.drafts.append(draft.tolist())
         L = self._len
-        if L + 1 + n_acc > len(self._buf):
-            grown = np.empty(max(2 * len(self._buf), L + 1 + n_acc), dtype=np.int32)
-            grown[:L] = self._buf[:L]
-            self._buf = grown
         buf = self._buf
+        if L + 1 + n_acc > len(buf):
+            grown = np.empty(max(2 * len(buf), L + 1 + n_acc), dtype=np.int32)
+            grown[:L] = buf[:L]
+            buf = self._buf = grown
         buf[L] = self.sampled
-        buf[L + 1:L + 1 + n_acc] = draft[:n_acc]
+        if n_acc:
+            buf[L + 1:L + 1 + n_acc] = draft[:n_acc]
         self._len = L + 1 + n_acc
-        self.n_output += n_acc
+        n_out = self.n_output + n_acc
         if n_acc < len(target):
             self.sampled = int(target[n_acc])
-            self.n_output += 1
+            n_out += 1
         else:
             self.done = True
-        if 0 <= self.n_predict <= self.n_output:
+        self.n_output = n_out
+        if 0 <= self.n_predict <= n_out:
             self.done = True
         if self._hooks:
             self.policy.observe(self, n_d, n_acc)
@@ -382,8 +400,11 @@ def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=No
                     policy=policy, record_drafts=record_drafts,
                     capacity=len(prompt) + n_out + 1)
     propose, verify = loop.propose, loop.verify
+    tokens = output.tolist() if isinstance(output, np.ndarray) else list(output)
     while not loop.done and loop.n_output < n_out:
         n_d = len(propose())
         produced = loop.n_output
-        verify(output[produced:produced + n_d + 1])
+        # a list slice is the cheap target of the many steps without a draft; an array slice
+        # compares faster with a draft
+        verify(output[produced:produced + n_d + 1] if n_d else tokens[produced:produced + 1])
     return loop

@@ -48,8 +48,9 @@ class NgramspecDraftModel(LlamaDraftModel):
     slot : int
         Engine slot used for every request.
     n_ctx : int, optional
-        The ``Llama``'s context size. When given, drafts are bounded as llama-server bounds them,
-        ``n_ctx - L - 2`` (llama-cpp-python itself only cuts them to the free context).
+        The ``Llama``'s context size. When given (> 0), drafts are bounded as llama-server
+        bounds them, ``n_ctx - L - 2`` (llama-cpp-python itself only cuts them to the free
+        context); None or 0: no bound.
     **params
         Proposer parameters forwarded to ``SpecEngine`` (``ngram_mod_n_match=24``, ...).
 

@@ -91,6 +91,15 @@ def test_n_verified_cuts_the_compared_draft():
     assert eng.calls[-1] == ("accept", 0, 1) and loop.sampled == 5
 
 
+def test_n_verified_out_of_range_leaves_the_step_open():
+    loop = SlotLoop(ScriptedEngine([[4, 5]]), 0, [1], 2)
+    loop.propose()
+    for bad in (-1, 3):
+        with pytest.raises(ValueError, match=f"n_verified = {bad} is out of range: allowed 0 .. 2"):
+            loop.verify([4, 5, 6], n_verified=bad)
+    assert loop.verify([4, 5, 6]) == 2
+
+
 def test_misuse_raises():
     loop = SlotLoop(ScriptedEngine(), 0, [1], 2)
     with pytest.raises(RuntimeError, match="without propose"):
