@@ -115,6 +115,9 @@ class DraftModelProposer(PyProposer):
         Largest draft-model decode (the catch-up after n-gram drafts, the first prompt).
     n_threads : int, optional
         Draft-model threads (default: :func:`ngramspec.live.default_threads`).
+    repack : {"auto", "on", "off"}
+        Weight repacking of a draft model loaded from a path (``use_extra_bufts``, see
+        :mod:`ngramspec.repack`; ``auto`` is off on AMX hosts). A ``Llama`` passed in keeps its own.
 
     Raises
     ------
@@ -133,7 +136,7 @@ class DraftModelProposer(PyProposer):
 
     def __init__(self, model, n_slots: int = 1, *, n_max: int = 3, n_min: int = 0,
                  p_min: float = 0.0, n_ctx: int = 4096, n_batch: int = 512,
-                 n_threads: Optional[int] = None):
+                 n_threads: Optional[int] = None, repack="auto"):
         n_max, n_min, n_ctx, n_batch = int(n_max), int(n_min), int(n_ctx), int(n_batch)
         p_min = float(p_min)
         if n_max < 0:
@@ -152,16 +155,18 @@ class DraftModelProposer(PyProposer):
         import llama_cpp
         from llama_cpp import _internals
         from .live import _Decoder, default_threads
+        from .repack import model_params, warn_if_amx_repack
 
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         if isinstance(model, (str, os.PathLike)):
             path = os.fspath(model)
             if not os.path.isfile(path):
                 raise ValueError(f"draft model file not found: {path}")
-            mparams = llama_cpp.llama_model_default_params()
+            mparams = model_params(repack)
             self._model = _internals.LlamaModel(path_model=path, params=mparams, verbose=False)
             self.llm = None
         elif hasattr(model, "_model") and hasattr(model, "model"):
+            warn_if_amx_repack(model, stacklevel=3)
             self._model = model._model
             self.llm = model  # keeps the weights alive
         else:
