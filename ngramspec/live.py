@@ -330,10 +330,19 @@ class GenerationResult:
 
 
 def _as_prompt(prompt_tokens) -> np.ndarray:
-    arr = np.ascontiguousarray(np.asarray(prompt_tokens), dtype=np.int64)
+    arr = np.asarray(prompt_tokens)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError("the prompt must be a non-empty 1-D sequence of token ids")
-    return arr.astype(np.int32)
+    if arr.dtype.kind not in "iuO" or (arr.dtype.kind == "O" and not all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in arr)):
+        raise ValueError(f"prompt token ids must be integers, got {arr.dtype}")
+    # Range checked on the values as given: a cast first would wrap 2**32 + 1 to 1.
+    lo, hi = arr.min(), arr.max()
+    if lo < 0 or hi > np.iinfo(np.int32).max:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"prompt token id {bad} is out of range: allowed 0 .. "
+                         f"{np.iinfo(np.int32).max} (and below the vocabulary size)")
+    return np.ascontiguousarray(arr, dtype=np.int32)
 
 
 def _check_prompt(dec: _Decoder, prompt: np.ndarray) -> None:

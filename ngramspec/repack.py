@@ -7,7 +7,8 @@ later) the AMX matrix multiplication of llama-cpp-python 0.3.x crashes (SIGSEGV 
 ``ggml_backend_amx_mul_mat``) on every batch of more than one token, so every prompt pass and
 every speculative verification dies (ngramspec issue 14; llama.cpp issue 20824). llama.cpp has no
 finer switch than ``use_extra_bufts`` (llama-server's ``--no-repack``): ``repack="auto"`` turns it
-off on AMX hosts only, where measured it costs nothing on a non-AMX host
+off on AMX hosts only. Elsewhere it stays on: on an AVX2 host, a Q4_0 model loses about a quarter
+of its speed without repacking, while the embedded Q4_1 model is not repacked at all
 (``bench/REPACK.md``).
 
 ``llama_cpp.Llama(...)`` takes no keyword for the field: :func:`load_llama` (and the context
@@ -51,6 +52,10 @@ def cpu_flags(source: FlagsSource = None) -> FrozenSet[str]:
     -------
     frozenset of str
         Empty where the file cannot be read (non-Linux hosts): no AMX is assumed there.
+
+    Notes
+    -----
+    Thread-safety: safe; reads the file on every call (no cache, so tests may swap the source).
     """
     if callable(source):
         return frozenset(source())
@@ -162,6 +167,10 @@ def load_llama(model_path: str, *, repack: Union[str, bool] = "auto", flags: Fla
     -------
     llama_cpp.Llama
         Its ``model_params.use_extra_bufts`` holds the value the model was loaded with.
+
+    Notes
+    -----
+    Thread-safety: safe; concurrent loads are serialized by :func:`extra_buffer_types`' lock.
     """
     import llama_cpp
     enabled = use_extra_bufts(repack, flags=flags)
@@ -177,6 +186,10 @@ def warn_if_amx_repack(llm, *, flags: FlagsSource = None, stacklevel: int = 2) -
     """Warn once per process when ``llm`` was loaded with extra buffer types on an AMX host.
 
     Returns True when the warning applies (whether or not it was already given).
+
+    Notes
+    -----
+    Thread-safety: safe; two threads racing on the first warning may both give it.
     """
     global _warned
     params = getattr(llm, "model_params", None)

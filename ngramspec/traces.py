@@ -63,12 +63,15 @@ def _lines(f, path, max_line_bytes):
         yield lineno, raw
 
 
-def iter_json_lines(path: str, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, dict]]:
+def iter_json_lines(path: str,
+                    max_line_bytes: int | None = None) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-empty line; TraceError on any problem.
 
     A UTF-8 byte-order mark at the start of the file is accepted; a line longer than
-    ``max_line_bytes`` is an error naming its line.
+    ``max_line_bytes`` (default `MAX_LINE_BYTES`) is an error naming its line.
     """
+    if max_line_bytes is None:
+        max_line_bytes = MAX_LINE_BYTES
     if not os.path.exists(path):
         raise TraceError(f"{path}: no such file")
     lineno = 0
@@ -103,7 +106,7 @@ def iter_json_lines(path: str, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator
 
 
 def read_requests(path: str, limit: int | None = None,
-                  max_line_bytes: int = MAX_LINE_BYTES) -> list[Request]:
+                  max_line_bytes: int | None = None) -> list[Request]:
     """The first `limit` requests of a trace file (all when None), in file order."""
     requests = []
     for lineno, obj in iter_json_lines(path, max_line_bytes):
