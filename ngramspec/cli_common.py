@@ -138,20 +138,29 @@ def check_spec_flags(spec_type: str, params: dict) -> None:
             known[name].check(value)
 
 
-def check_writable(flag: str, path: str) -> None:
+def check_writable(flag: str, path: str, streams: bool = False) -> None:
     """Fail now, naming ``flag``, if ``path`` cannot be written (its folder included).
 
     Used before long runs whose result would otherwise be lost at the end. A file is created
-    and removed in the folder: permission bits alone do not tell (root, read-only mounts).
+    and removed in the folder: permission bits alone do not tell (root, read-only mounts). An
+    existing pipe or device (``/dev/stdout``) is accepted only with ``streams=True`` (outputs
+    written in place); files that are replaced atomically must be regular files.
     """
     import os
     import tempfile
     if os.path.isdir(path):
         raise IsADirectoryError(f"{flag} {path}: is a directory, not a file")
-    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(path) and not os.path.isfile(path):  # a pipe or device
+        if not streams:
+            raise ValueError(f"{flag} {path}: not a regular file")
+        if not os.access(path, os.W_OK):
+            raise PermissionError(f"{flag} {path}: not writable")
+        return
+    real = os.path.realpath(path)  # a link's target is what gets written
+    folder = os.path.dirname(real)
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{flag} {path}: folder {folder} does not exist")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
+    if os.path.exists(real) and not os.access(real, os.W_OK):
         raise PermissionError(f"{flag} {path}: not writable")
     try:
         with tempfile.TemporaryFile(dir=folder):

@@ -49,7 +49,7 @@ def run(args) -> int:
     # Flags, then files: a bad flag is reported as such, whatever the files hold.
     check_spec_flags(args.spec_type, given)
     if args.output:
-        check_writable("--output", args.output)
+        check_writable("--output", args.output, streams=True)
     # cache files are read once, for every trace file and every engine of --state fresh
     args.spec_type, params = load_cache_files(args.spec_type, given)
     lines = []
@@ -67,10 +67,22 @@ def run(args) -> int:
             lines.extend(json.dumps(rec) + "\n" for rec in result.requests)
         _print_report(path, result)
     if args.output:
-        # Written only once every trace replayed: a failed run leaves FILE as it was.
-        atomic_write_bytes(args.output, "".join(lines).encode("utf-8"))
+        _write_output(args.output, "".join(lines))
         print(f"{args.output}: {len(lines)} JSON lines written")
     return 0
+
+
+def _write_output(path: str, text: str) -> None:
+    """Write ``--output`` once every trace replayed, so a failed run leaves FILE as it was.
+
+    A regular file (or a new one) is replaced atomically, through a symbolic link to its target;
+    a pipe or device (``/dev/stdout``) is written as it is.
+    """
+    if os.path.exists(path) and not os.path.isfile(path):
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        atomic_write_bytes(os.path.realpath(path), text.encode("utf-8"))
 
 
 def _family(requests, path):

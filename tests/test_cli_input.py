@@ -140,6 +140,27 @@ def test_replay_output_written_and_report_printed(tmp_path, capsys):
     assert f"{out}: 3 JSON lines written" in r.stdout     # and where the records went
 
 
+def test_replay_output_through_a_link_and_to_a_stream(tmp_path, capsys):
+    good = write(tmp_path / "good.jsonl", GOOD + "\n")
+    target = tmp_path / "target.jsonl"
+    target.write_text("old\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    r = cli(capsys, "replay", good, "--output", link)
+    assert r.returncode == 0, r.stderr
+    assert link.is_symlink() and len(target.read_text().splitlines()) == 2
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+    r = cli(capsys, "replay", good, "--output", fifo)
+    assert r.returncode == 0, r.stderr
+    assert len(reader.communicate(timeout=60)[0].splitlines()) == 2
+    assert fifo.exists() and not fifo.is_file()          # still the pipe
+    # a cache file is replaced atomically: a device or pipe is refused, named
+    r = cli(capsys, "cache", "create", "--traces", good, "-o", fifo)
+    one_line_error(r, f"--output {fifo}: not a regular file")
+
+
 @pytest.mark.parametrize("flags, needle", [
     (["--spec-type", "ngram-nope"], "unknown spec type 'ngram-nope'"),
     (["--spec-ngram-mod-n-match", "0"], "out of range"),
