@@ -135,7 +135,19 @@ def measure_plugin(prompt, rounds, n_predict, log=print):
             if name == "ngramspec":
                 rec = _ours(Models.ours, prompt, "spec", n_predict)
             else:
+                llm = Models.lcp_plain if name == LCP_PLAIN else Models.lcp_lookup
+                if name == LCP_LOOKUP:
+                    # a new chain per request, as generate_speculative's runs get: the pool
+                    # must not remember the same request from the previous round
+                    Models.lcp_lookup.draft_model = Counting("ngram-mod,ngram-simple",
+                                                             n_ctx=N_CTX)
+                # A fresh request, as a user's call: the prompt pass (all-position logits
+                # with the plug-in) is part of the whole call's time.
+                llm.reset()
+                c0, w0 = time.thread_time(), time.perf_counter()
                 rec = run_lcp(Models, name, prompt, n_predict)
+                rec["call_cpu_s"] = time.thread_time() - c0
+                rec["call_wall_s"] = time.perf_counter() - w0
             runs[name].append(rec)
             log(f"round {i + 1}/{rounds} {name}: {rec['cpu_tps']:.1f} tokens/CPU-s, "
                 f"{rec['tps']:.1f} tokens/s")
@@ -147,7 +159,11 @@ def _median_ratio(a, b, key):
 
 
 def summarize(repack_runs, plugin_runs):
-    s = {"repack": {}, "plugin": {}}
+    return {"repack": summarize_repack(repack_runs), "plugin": summarize_plugin(plugin_runs)}
+
+
+def summarize_repack(repack_runs):
+    s = {"repack": {}}
     for name, recs in repack_runs.items():
         s["repack"][name] = {k: statistics.median(r[k] for r in recs) for k in ("cpu_tps", "tps")}
     for q in MODELS:
@@ -158,6 +174,11 @@ def summarize(repack_runs, plugin_runs):
         on = repack_runs[f"{q} on/plain"][0]["tokens"]
         off = repack_runs[f"{q} off/plain"][0]["tokens"]
         s["repack"][f"{q} same_plain_output"] = on == off
+    return s["repack"]
+
+
+def summarize_plugin(plugin_runs):
+    s = {"plugin": {}}
     for name, recs in plugin_runs.items():
         s["plugin"][name] = {k: statistics.median(r[k] for r in recs) for k in ("cpu_tps", "tps")}
     s["plugin"]["plugin/plain"] = {
@@ -166,7 +187,14 @@ def summarize(repack_runs, plugin_runs):
     s["plugin"]["ngramspec/plain"] = {
         k: _median_ratio(plugin_runs["ngramspec"], plugin_runs[LCP_PLAIN], k)
         for k in ("cpu_tps", "tps")}
-    return s
+    # whole calls, prompt pass included: speed of the plug-in relative to plain = t_plain / t_plug
+    s["plugin"]["call plugin/plain"] = {
+        k: _median_ratio(plugin_runs[LCP_PLAIN], plugin_runs[LCP_LOOKUP], k)
+        for k in ("call_cpu_s", "call_wall_s")}
+    for name in (LCP_PLAIN, LCP_LOOKUP):
+        s["plugin"][name].update({k: statistics.median(r[k] for r in plugin_runs[name])
+                                  for k in ("call_cpu_s", "call_wall_s")})
+    return s["plugin"]
 
 
 def render(res):
@@ -205,6 +233,12 @@ def render(res):
                          f"{'plain greedy' if k == 'plain' else 'speculative (generate defaults)'}"
                          f" | {row['cpu_tps']:.1f} | {row['tps']:.1f} |")
     lines.append("")
+    lines += [
+        "The two Q4_1 loads are the same model in the same buffers, so the spread of their rows "
+        "is this shared machine's noise. `repack=\"auto\"` keeps `use_extra_bufts` on where "
+        "the CPU has no AMX (as llama.cpp's default): such hosts load every model as before.",
+        "",
+    ]
     for q in MODELS:
         p, sp = rp[f"{q} off/on plain"], rp[f"{q} off/on spec"]
         lines.append(f"{q}, off / on (median of per-round ratios): plain {p['cpu_tps']:.3f} "
@@ -215,6 +249,14 @@ def render(res):
     lines += [
         "## 2. The plug-in (llama-cpp-python's own loop) against plain llama-cpp-python",
         "",
+    ]
+    if "plugin_machine" in res:
+        pm = res["plugin_machine"]
+        lines += [f"Measured in a later run (`--plugin-only --plugin-rounds "
+                  f"{res['plugin_rounds']} --plugin-n-predict {res['plugin_n_predict']}`, "
+                  f"revision {pm.get('revision')}, load average at its start "
+                  f"{' '.join(pm.get('load_average', []))}).", ""]
+    lines += [
         "| | tokens/CPU-s | tokens/s |",
         "|---|---:|---:|",
         f"| `Llama.create_completion`, plain | {pl[LCP_PLAIN]['cpu_tps']:.1f} | "
@@ -224,11 +266,25 @@ def render(res):
         f"| `ngramspec.live.generate_speculative` (generate defaults) | "
         f"{pl['ngramspec']['cpu_tps']:.1f} | {pl['ngramspec']['tps']:.1f} |",
         "",
-        f"Plug-in / plain llama-cpp-python: {pl['plugin/plain']['cpu_tps']:.2f}x "
-        f"(wall {pl['plugin/plain']['tps']:.2f}x); generate_speculative / plain "
-        f"llama-cpp-python: {pl['ngramspec/plain']['cpu_tps']:.2f}x "
+        f"Generation phase (first to last token): plug-in / plain llama-cpp-python "
+        f"{pl['plugin/plain']['cpu_tps']:.2f}x (wall {pl['plugin/plain']['tps']:.2f}x); "
+        f"generate_speculative / plain llama-cpp-python: {pl['ngramspec/plain']['cpu_tps']:.2f}x "
         f"(wall {pl['ngramspec/plain']['tps']:.2f}x).",
         "",
+    ]
+    if "call plugin/plain" in pl:
+        c = pl["call plugin/plain"]
+        lines += [
+            f"Whole `create_completion` call of a fresh request ({res['n_prompt']}-token prompt "
+            f"pass included, where the plug-in's `logits_all=True` copies every position's "
+            f"logits into numpy): plain {pl[LCP_PLAIN]['call_cpu_s']:.2f} CPU-s "
+            f"({pl[LCP_PLAIN]['call_wall_s']:.1f} s wall), with the plug-in "
+            f"{pl[LCP_LOOKUP]['call_cpu_s']:.2f} CPU-s ({pl[LCP_LOOKUP]['call_wall_s']:.1f} s "
+            f"wall): the plug-in runs at {c['call_cpu_s']:.2f}x plain's speed "
+            f"(wall {c['call_wall_s']:.2f}x).",
+            "",
+        ]
+    lines += [
     ]
     return "\n".join(lines)
 
@@ -241,9 +297,26 @@ def main(argv=None):
     ap.add_argument("--plugin-n-predict", type=int, default=256)
     ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "repack.json"))
     ap.add_argument("--md", default=str(ROOT / "bench" / "REPACK.md"))
+    ap.add_argument("--plugin-only", action="store_true",
+                    help="measure section 2 again; section 1 is kept from --json")
     args = ap.parse_args(argv)
     info = machine()
     text = EXAMPLE.read_text(encoding="utf-8")
+    if args.plugin_only:
+        res = json.loads(pathlib.Path(args.json).read_text())
+        prompt = tokenize_prompt(load_model(default_model_path(), n_ctx=N_CTX, n_threads=1),
+                                 text)
+        plugin_runs = measure_plugin(prompt, args.plugin_rounds, args.plugin_n_predict)
+        res.update({"plugin_machine": info, "plugin_rounds": args.plugin_rounds,
+                    "plugin_n_predict": args.plugin_n_predict})
+        res["summary"]["plugin"] = summarize_plugin(plugin_runs)
+        res["runs"]["plugin"] = {k: [{kk: vv for kk, vv in r.items()
+                                      if kk not in ("tokens", "tokens_but_last", "text")}
+                                     for r in v] for k, v in plugin_runs.items()}
+        pathlib.Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+        pathlib.Path(args.md).write_text(render(res))
+        print(render(res))
+        return
     import tempfile
     with tempfile.TemporaryDirectory() as folder:
         prompt, repack_runs = measure_repack(text, args.rounds, args.n_predict, folder)

@@ -11,9 +11,10 @@
                      draft_model=NgramspecDraftModel("ngram-mod,ngram-simple", n_ctx=4096))
     llm.create_completion(prompt, max_tokens=256, temperature=0.0)
 
-This is for keeping llama-cpp-python's own loop; that loop is slow (it copies the logits of every
-position into numpy at each step): measured 2.0-2.3x slower than plain llama-cpp-python
-(README). For speed use ``ngramspec.live.generate_speculative``.
+This is for keeping llama-cpp-python's own loop, which copies the logits of every position into
+numpy (``logits_all``): measured 0.90x plain llama-cpp-python's speed for a whole 256-token call
+on this project's CPU, 0.44x on an AMX Xeon (bench/REPACK.md, issue 14). For speed use
+``ngramspec.live.generate_speculative`` (1.18x in the same runs).
 
 Pass ``logits_all=True``: llama-cpp-python (0.3.x) switches to all-position logits when a draft
 model is set, but sizes its score buffer from the ``logits_all`` argument, so without it any

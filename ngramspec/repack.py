@@ -7,9 +7,9 @@ later) the AMX matrix multiplication of llama-cpp-python 0.3.x crashes (SIGSEGV 
 ``ggml_backend_amx_mul_mat``) on every batch of more than one token, so every prompt pass and
 every speculative verification dies (ngramspec issue 14; llama.cpp issue 20824). llama.cpp has no
 finer switch than ``use_extra_bufts`` (llama-server's ``--no-repack``): ``repack="auto"`` turns it
-off on AMX hosts only. Elsewhere it stays on: on an AVX2 host, a Q4_0 model loses about a quarter
-of its speed without repacking, while the embedded Q4_1 model is not repacked at all
-(``bench/REPACK.md``).
+off on AMX hosts only. Elsewhere it stays on, as before: on this project's AVX2 host the embedded
+Q4_1 model has no tensor llama.cpp repacks, but a Q4_0 model does, and its plain decoding ran at
+0.85x without (``bench/REPACK.md``).
 
 ``llama_cpp.Llama(...)`` takes no keyword for the field: :func:`load_llama` (and the context
 manager :func:`extra_buffer_types`) set it on the ``llama_model_params`` that ``Llama.__init__``
