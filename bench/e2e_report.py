@@ -113,13 +113,15 @@ class Models:
     cache), llama-cpp-python's plain one, and llama-cpp-python's with the prompt lookup."""
 
     def __init__(self, n_ctx, threads, model_path=None):
-        from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        from ngramspec.repack import load_llama
         path = model_path or default_model_path()
         self.ours = load_model(path, n_ctx=n_ctx, n_threads=threads)
+        # load_llama: llama_cpp.Llama, without AMX weight repacking on AMX hosts (issue 14)
         kw = dict(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
                   n_threads_batch=threads, verbose=False)
-        self.lcp_plain = Llama(**kw)
+        self.lcp_plain = load_llama(**kw)
 
         class CountingLookup(LlamaPromptLookupDecoding):
             """Counts calls (one per target decode in Llama.generate) and drafted tokens."""
@@ -133,7 +135,7 @@ class Models:
 
         self.lookup = CountingLookup()
         # logits_all: llama-cpp-python sizes its score buffer from it, not from draft_model.
-        self.lcp_lookup = Llama(draft_model=self.lookup, logits_all=True, **kw)
+        self.lcp_lookup = load_llama(draft_model=self.lookup, logits_all=True, **kw)
 
 
 def run_ours(models, name, prompt, n_predict):

@@ -7,9 +7,22 @@ and live (llama-cpp-python) targets.
 """
 __version__ = "0.1.0"
 
-from ngramspec._core import MapProposer, ModPool, ModProposer, Proposer, PyProposer, SimpleProposer
-from ngramspec._cache import CacheFileError, NgramCache, NgramCacheProposer
-from ngramspec._suffix import SuffixProposer
+try:
+    from ngramspec._core import (MapProposer, ModPool, ModProposer, Proposer, PyProposer,
+                                 SimpleProposer)
+    from ngramspec._cache import CacheFileError, NgramCache, NgramCacheProposer
+    from ngramspec._suffix import SuffixProposer
+except ModuleNotFoundError as _exc:
+    if not (_exc.name or "").startswith("ngramspec._"):
+        raise
+    # Typically: Python started in a source checkout after a non-editable install, so this
+    # uncompiled source folder shadows the installed package.
+    raise ImportError(
+        f"ngramspec's compiled kernels ({_exc.name}) are missing from {__path__[0]}: this is an "
+        f"uncompiled source tree (e.g. Python was started in the repository root, which shadows "
+        f"the installed package). Run from another directory, or build in place with "
+        f"`python setup.py build_ext --inplace`, or install with `pip install -e .`",
+        name=_exc.name) from None
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import FixedPolicy, SlotLoop
 from ngramspec.replay import replay

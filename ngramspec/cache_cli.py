@@ -17,6 +17,7 @@ import numpy as np
 
 from ngramspec.cache_file import (NGRAM_STATIC, CacheFileError, build_static_cache, load_cache,
                                   save_cache)
+from ngramspec.cli_common import check_writable
 
 
 def _count(text):
@@ -61,7 +62,10 @@ def add_parser(subparsers):
     _progress_flags(m)
     m.set_defaults(run=run)
 
-    i = sub.add_parser("info", help="print what a cache file holds")
+    i = sub.add_parser(
+        "info", help="print what a cache file holds",
+        description="Print a cache file's size, its n-grams by size (1..4), entries, total "
+                    "count and approximate memory once loaded.")
     i.add_argument("file", metavar="FILE")
     i.set_defaults(run=run)
     return p
@@ -122,6 +126,8 @@ def _one_line(exc) -> str:
 
 
 def _create(args) -> int:
+    # Before any counting: a directory or unwritable folder is named as the --output given.
+    check_writable("--output", args.output)
     if args.traces is not None:
         if args.model is not None:
             raise ValueError("--model is only used with --text")
@@ -161,7 +167,7 @@ _TEXT_CHUNK = 1 << 20
 
 def _text_sequences(text_path, model_path):
     try:
-        import llama_cpp
+        import llama_cpp  # noqa: F401  (availability check)
     except ImportError:
         raise ValueError("--text needs llama-cpp-python (pip install 'ngramspec[live]')") from None
     if model_path is None:
@@ -175,8 +181,9 @@ def _text_sequences(text_path, model_path):
         raise ValueError(f"{text_path}: not UTF-8 text (byte {exc.start})") from None
     if not os.path.exists(model_path):
         raise FileNotFoundError(2, "No such file or directory", model_path)
+    from ngramspec.repack import load_llama
     try:
-        llm = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
+        llm = load_llama(model_path, vocab_only=True, verbose=False)
     except Exception as exc:   # llama_cpp raises ValueError/RuntimeError for unreadable files
         raise ValueError(f"{model_path}: cannot load the tokenizer ({exc})") from None
     # llama-lookup-create tokenizes with add_special = parse_special = true
@@ -188,6 +195,7 @@ def _text_sequences(text_path, model_path):
 
 
 def _merge(args) -> int:
+    check_writable("--output", args.output)
     progress = Progress("cache merge", len(args.inputs), args.progress)
     cache = load_cache(args.inputs[0])
     progress(1)

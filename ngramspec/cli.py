@@ -36,9 +36,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, TypeError, OSError) as exc:
+    except (ValueError, TypeError, OSError, ArithmeticError) as exc:
         # TraceError is a ValueError; its message already names the file and line.
-        sys.stderr.write(f"ngramspec {args.command}: error: {exc}\n")
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        sys.stderr.write(f"ngramspec {args.command}: error: {msg}\n")
+        return 2
+    except MemoryError as exc:
+        sys.stderr.write(f"ngramspec {args.command}: error: out of memory"
+                         f"{': ' + str(exc) if str(exc) else ''} (lower --slots, --limit or "
+                         f"the sizes asked for)\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")

@@ -6,6 +6,29 @@ import sys
 
 from ngramspec.registry import TYPES, check_values, parse_types
 
+INT32_MAX = 2**31 - 1
+
+
+def int_arg(lo: int, hi: int = INT32_MAX, what: str = "an integer"):
+    """argparse ``type=`` for an integer flag in ``lo .. hi``.
+
+    argparse puts the flag in front of the message (``argument --slots: must be an integer in
+    1 .. 65536, got '0'``); an upper bound keeps values that C cannot hold (OverflowError) and
+    sizes no machine can allocate out of the kernels.
+    """
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be {what} in {lo} .. {hi}, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be {what} in {lo} .. {hi}, got {text}")
+        return value
+    parse.__name__ = "int"  # argparse's fallback message says "invalid int value"
+    return parse
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse that reports a bad flag as one line and exit code 2."""
 
@@ -28,12 +51,38 @@ def add_spec_flags(parser: argparse.ArgumentParser, include_live: bool = False) 
             if p.kind is object or not p.cli:
                 continue
             kind = p.kind if p.kind in (int, float) else str
+            if kind is int:
+                # Range checks stay with the registry; only values no C int holds stop here.
+                kind = _c_int_arg(p.lo, p.hi)
             rng = ""
             if p.lo is not None:
                 rng = f", {p.lo}..{p.hi}" if p.hi is not None else f", >= {p.lo}"
             group.add_argument(p.flag, dest=p.name, type=kind, default=None, metavar="N"
-                               if kind is int else ("X" if kind is float else "FILE"),
+                               if p.kind is int else ("X" if kind is float else "FILE"),
                                help=f"{spec.name}: {p.help} (default {p.default}{rng})")
+
+
+def add_repack_flag(parser: argparse.ArgumentParser) -> None:
+    """``--repack {auto,on,off}`` and llama-server's ``--no-repack`` (= ``--repack off``)."""
+    from ngramspec.repack import REPACK_CHOICES
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--repack", choices=REPACK_CHOICES, default="auto",
+                   help="llama.cpp's weight repacking into extra CPU buffer types for every model "
+                        "loaded (use_extra_bufts); auto: off on CPUs with AMX, whose repacked "
+                        "kernel crashes on multi-token batches, on elsewhere (default: auto)")
+    g.add_argument("--no-repack", dest="repack", action="store_const", const="off",
+                   help="same as --repack off (llama-server's flag)")
+
+
+def _c_int_arg(lo, hi):
+    def parse(text):
+        value = int(text)   # ValueError: argparse's "invalid int value"
+        if not -INT32_MAX - 1 <= value <= INT32_MAX:
+            rng = f"{lo} .. {hi if hi is not None else INT32_MAX}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: allowed {rng}")
+        return value
+    parse.__name__ = "int"
+    return parse
 
 
 # The cache-file flags of ngram-cache (--lookup-cache-static / --lookup-cache-dynamic).
@@ -69,6 +118,38 @@ def load_cache_files(spec_type: str, params: dict) -> tuple:
                                         path) from None
             params[name] = NgramCache()
     return spec_type, params
+
+
+def check_writable(flag: str, path: str, streams: bool = False) -> None:
+    """Fail now, naming ``flag``, if ``path`` cannot be written (its folder included).
+
+    Used before long runs whose result would otherwise be lost at the end. A file is created
+    and removed in the folder: permission bits alone do not tell (root, read-only mounts). An
+    existing pipe or device (``/dev/stdout``) is accepted only with ``streams=True`` (outputs
+    written in place); files that are replaced atomically must be regular files.
+    """
+    import os
+    import tempfile
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{flag} {path}: is a directory, not a file")
+    if os.path.exists(path) and not os.path.isfile(path):  # a pipe or device
+        if not streams:
+            raise ValueError(f"{flag} {path}: not a regular file")
+        if not os.access(path, os.W_OK):
+            raise PermissionError(f"{flag} {path}: not writable")
+        return
+    real = os.path.realpath(path)  # a link's target is what gets written
+    folder = os.path.dirname(real)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{flag} {path}: folder {folder} does not exist")
+    if os.path.exists(real) and not os.access(real, os.W_OK):
+        raise PermissionError(f"{flag} {path}: not writable")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise PermissionError(f"{flag} {path}: cannot write in {folder} "
+                              f"({exc.strerror or exc})") from None
 
 
 def engine_params(args: argparse.Namespace) -> dict:

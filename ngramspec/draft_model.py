@@ -114,6 +114,9 @@ class DraftModelProposer(PyProposer):
         Largest draft-model decode (the catch-up after n-gram drafts, the first prompt).
     n_threads : int, optional
         Draft-model threads (default: :func:`ngramspec.live.default_threads`).
+    repack : {"auto", "on", "off"}
+        Weight repacking of a draft model loaded from a path (``use_extra_bufts``, see
+        :mod:`ngramspec.repack`; ``auto`` is off on AMX hosts). A ``Llama`` passed in keeps its own.
 
     Raises
     ------
@@ -132,7 +135,7 @@ class DraftModelProposer(PyProposer):
 
     def __init__(self, model, n_slots: int = 1, *, n_max: int = 3, n_min: int = 0,
                  p_min: float = 0.0, n_ctx: int = 4096, n_batch: int = 512,
-                 n_threads: Optional[int] = None):
+                 n_threads: Optional[int] = None, repack="auto"):
         # the draft-simple entries of the registry, reported by this constructor's keywords
         n_max, n_min, p_min, n_ctx, n_batch = (
             _PARAMS[name].check(value, label) for name, value, label in (
@@ -148,16 +151,18 @@ class DraftModelProposer(PyProposer):
         import llama_cpp
         from llama_cpp import _internals
         from .live import _Decoder, default_threads
+        from .repack import model_params, warn_if_amx_repack
 
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         if isinstance(model, (str, os.PathLike)):
             path = os.fspath(model)
             if not os.path.isfile(path):
                 raise ValueError(f"draft model file not found: {path}")
-            mparams = llama_cpp.llama_model_default_params()
+            mparams = model_params(repack)
             self._model = _internals.LlamaModel(path_model=path, params=mparams, verbose=False)
             self.llm = None
         elif hasattr(model, "_model") and hasattr(model, "model"):
+            warn_if_amx_repack(model, stacklevel=3)
             self._model = model._model
             self.llm = model  # keeps the weights alive
         else:
@@ -275,7 +280,8 @@ def build_draft_simple(n_slots: int, values: Dict[str, Any]) -> DraftModelPropos
     values : dict
         Every keyword of the registry, checked: ``model_draft`` (GGUF path or
         ``llama_cpp.Llama``, required), ``spec_draft_n_max``, ``spec_draft_n_min``,
-        ``spec_draft_p_min``, ``ctx_size_draft``, ``batch_size_draft``, ``threads_draft``.
+        ``spec_draft_p_min``, ``ctx_size_draft``, ``batch_size_draft``, ``threads_draft``,
+        ``repack_draft``.
     """
     model = values.get("model_draft")
     if model is None:
@@ -283,4 +289,4 @@ def build_draft_simple(n_slots: int, values: Dict[str, Any]) -> DraftModelPropos
     return DraftModelProposer(model, n_slots, n_max=values["spec_draft_n_max"],
                               n_min=values["spec_draft_n_min"], p_min=values["spec_draft_p_min"],
                               n_ctx=values["ctx_size_draft"], n_batch=values["batch_size_draft"],
-                              n_threads=values["threads_draft"])
+                              n_threads=values["threads_draft"], repack=values["repack_draft"])

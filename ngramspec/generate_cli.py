@@ -6,7 +6,12 @@ import os
 import sys
 
 from ngramspec import registry
-from ngramspec.cli_common import add_spec_flags, check_spec_flags, engine_params, load_cache_files
+from ngramspec.cli_common import (INT32_MAX, add_repack_flag, add_spec_flags,
+                                  check_spec_flags, check_writable, engine_params, int_arg,
+                                  load_cache_files)
+
+#: llama.cpp's largest thread count (GGML_MAX_N_THREADS).
+MAX_THREADS = 512
 
 # generate's own defaults, chosen from bench/E2E.md: on a CPU, verifying a batch of k tokens costs
 # c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one thread), so
@@ -16,21 +21,15 @@ from ngramspec.cli_common import add_spec_flags, check_spec_flags, engine_params
 GENERATE_DEFAULTS = {"ngram_mod_n_min": 8, "ngram_mod_n_max": 32}
 
 
-def _positive(text):
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
 def add_parser(subparsers):
     p = subparsers.add_parser(
         "generate", help="generate text with speculative decoding on a GGUF model",
         description="Greedy generation on a GGUF model through llama-cpp-python, with drafts from "
                     "the proposer chain verified in one batch per step (llama-server's loop). The "
-                    "output equals plain greedy decoding; --compare measures the speed-up. "
-                    "Defaults of generate only (bench/E2E.md: verifying long drafts costs almost "
-                    "as much as decoding them one by one on a CPU): "
+                    "output is plain greedy decoding's, except where the best candidates tie "
+                    "within float noise; --compare measures the speed-up and explains any "
+                    "difference. Defaults of generate only (on a CPU, verifying long drafts costs "
+                    "almost as much as decoding them one by one): "
                     + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
                                 for k, v in GENERATE_DEFAULTS.items())
                     + "; replay keeps llama.cpp's.")
@@ -47,19 +46,21 @@ def add_parser(subparsers):
                      help="JSON list of token ids, used as-is (or '-' for stdin)")
     p.add_argument("--chat", action="store_true",
                    help="render the text prompt as one user message with the model's chat template")
-    p.add_argument("-n", "--n-predict", type=int, default=256, metavar="N",
+    p.add_argument("-n", "--n-predict", type=int_arg(-1), default=256, metavar="N",
                    help="maximum output tokens, -1 = until EOS or a full context (default 256)")
-    p.add_argument("-c", "--ctx-size", type=_positive, default=4096, metavar="N",
-                   help="context size in tokens (default 4096); bounds drafts as n_ctx - L - 2")
-    p.add_argument("-b", "--batch-size", type=_positive, default=512, metavar="N",
+    p.add_argument("-c", "--ctx-size", type=int_arg(8), default=4096, metavar="N",
+                   help="context size in tokens (default 4096, at least 8); bounds drafts as "
+                        "n_ctx - L - 2")
+    p.add_argument("-b", "--batch-size", type=int_arg(1), default=512, metavar="N",
                    help="largest decode batch (default 512)")
-    p.add_argument("-t", "--threads", type=_positive, default=None, metavar="N",
+    p.add_argument("-t", "--threads", type=int_arg(1, MAX_THREADS), default=None, metavar="N",
                    help="CPU threads for every decode (default: half the usable cores, at "
                         "least 1: llama.cpp's spinning workers slow down on a busy machine)")
     p.add_argument("--compare", action="store_true",
                    help="also run plain greedy decoding; report both speeds, the speed-up and "
                         "whether the outputs match")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_repack_flag(p)
     add_spec_flags(p, include_live=True)
     _state_generate_defaults(p)
     p.set_defaults(run=run)
@@ -93,21 +94,46 @@ def generate_params(args) -> dict:
     return params
 
 
-def _read_prompt_tokens(path):
+def _read_text(flag, path):
+    """A UTF-8 text file (a leading byte-order mark is dropped); errors name ``flag``."""
     if path == "-":
         text = sys.stdin.read()
-    else:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        return text[1:] if text.startswith("\ufeff") else text
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{flag} {path}: no such file") from None
+    except IsADirectoryError:
+        raise IsADirectoryError(f"{flag} {path}: is a directory") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{flag} {path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise OSError(f"{flag} {path}: {exc.strerror or exc}") from None
+
+
+def _read_prompt_tokens(path):
+    text = _read_text("--prompt-tokens", path)
     try:
         toks = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON: {exc.msg} (line {exc.lineno})") from None
+        raise ValueError(f"--prompt-tokens {path}: not JSON: {exc.msg} (line {exc.lineno})") \
+            from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
+        msg = " ".join(str(exc).split()[:12])
+        raise ValueError(f"--prompt-tokens {path}: unreadable JSON ({msg})") from None
     if isinstance(toks, dict) and "prompt" in toks:  # a trace record
         toks = toks["prompt"]
     if (not isinstance(toks, list) or not toks
             or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks)):
-        raise ValueError(f"{path}: expected a non-empty JSON list of integer token ids")
+        raise ValueError(f"--prompt-tokens {path}: expected a non-empty JSON list of integer "
+                         f"token ids")
+    # Checked on the Python ints: converted first, 2**32 + 1 would pass as 1.
+    bad = next((t for t in toks if not 0 <= t <= INT32_MAX), None)
+    if bad is not None:
+        shown = str(bad) if len(str(bad)) <= 30 else str(bad)[:27] + "..."
+        raise ValueError(f"--prompt-tokens {path}: token id {shown} is out of range: "
+                         f"allowed 0 .. {INT32_MAX} (and below the model's vocabulary size)")
     return toks
 
 
@@ -120,14 +146,14 @@ def _spec_types(args):
     return types
 
 
-def _load_draft_vocab_checked(llm, path):
+def _load_draft_vocab_checked(llm, path, repack):
     """Refuse a draft model with another vocabulary before any weights or caches are set up."""
-    import llama_cpp
     from llama_cpp import _internals
     from ngramspec.draft_model import check_vocab_compatible
+    from ngramspec.repack import model_params
     if not os.path.isfile(path):
         raise ValueError(f"draft model file not found: {path}")
-    mp = llama_cpp.llama_model_default_params()
+    mp = model_params(repack)
     mp.vocab_only = True
     vocab_model = _internals.LlamaModel(path_model=path, params=mp, verbose=False)
     try:
@@ -139,10 +165,11 @@ def _load_draft_vocab_checked(llm, path):
 def _build_engine(llm, types, params, args):
     from ngramspec import SpecEngine
     if "draft-simple" in types:
-        _load_draft_vocab_checked(llm, args.model_draft)
+        _load_draft_vocab_checked(llm, args.model_draft, args.repack)
         # the draft model gets the target's context size, batch size and threads
         params = dict(params, model_draft=args.model_draft, ctx_size_draft=args.ctx_size,
-                      batch_size_draft=args.batch_size, threads_draft=args.threads)
+                      batch_size_draft=args.batch_size, threads_draft=args.threads,
+                      repack_draft=args.repack)
     return SpecEngine.from_proposers(registry.build_proposers(types, 1, None, params), n_slots=1)
 
 
@@ -150,10 +177,14 @@ def _execute(args):
     from ngramspec.live import (divergence_report, generate_plain, generate_speculative,
                                 load_model, tokenize_prompt)
 
-    if args.n_predict < -1:
-        raise ValueError(f"--n-predict must be >= -1, got {args.n_predict}")
     if args.chat and args.prompt_tokens:
         raise ValueError("--chat applies to a text prompt, not to --prompt-tokens")
+    # Flags first, then files: a bad flag is reported as such, whatever the files hold.
+    check_spec_flags(args.spec_type, generate_params(args))
+    _spec_types(args)
+    if args.lookup_cache_dynamic is not None:
+        # It is written after the generation: find out now, not after minutes of decoding.
+        check_writable("--lookup-cache-dynamic", args.lookup_cache_dynamic)
     # Cache files are loaded before the model (a bad file fails fast); one adds ngram-cache.
     args.spec_type, params = load_cache_files(args.spec_type, generate_params(args))
     types = _spec_types(args)
@@ -166,10 +197,9 @@ def _execute(args):
     if args.prompt_tokens:
         prompt_ids = _read_prompt_tokens(args.prompt_tokens)
     elif args.prompt_file is not None:
-        with open(args.prompt_file, encoding="utf-8") as fh:
-            text = fh.read()
+        text = _read_text("--prompt-file", args.prompt_file)
     llm = load_model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
-                     n_threads=args.threads)
+                     n_threads=args.threads, repack=args.repack)
     prompt = prompt_ids if prompt_ids is not None else tokenize_prompt(llm, text, chat=args.chat)
     if len(prompt) == 0:
         raise ValueError("the prompt is empty")
@@ -192,7 +222,9 @@ def _execute(args):
         res.update({
             "plain_output_tokens": plain.output_tokens,
             "plain_tokens_per_s": plain.tokens_per_s,
-            "speedup": spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0.0,
+            # None (n/a) when a run produced no timed tokens (-n 0, or EOS at once).
+            "speedup": (spec.tokens_per_s / plain.tokens_per_s
+                        if plain.tokens_per_s and spec.tokens_per_s else None),
             "outputs_match": match,
         })
         if not match:
@@ -218,11 +250,13 @@ def _print_text(res, spec, plain):
     ]
     if plain is not None:
         lines.append(f"plain:       {res['plain_tokens_per_s']:8.2f} tokens/s")
-        lines.append(f"speed-up:    {res['speedup']:8.2f}x   outputs match: "
+        speedup = (f"{res['speedup']:8.2f}x" if res["speedup"] is not None
+                   else "     n/a (nothing decoded after the prompt)")
+        lines.append(f"speed-up:    {speedup}   outputs match: "
                      f"{'yes' if res['outputs_match'] else 'NO'}")
         div = res.get("divergence")
         if div:
-            lines.append(f"  first difference at output token {div['index']}: top-2 logit gap "
+            lines.append(f"  first difference at output token {div['index']}: logit gap "
                          f"{div['gap']:.4f}, batched/single-token logit noise {div['noise']:.4f} "
                          f"({'within' if div['within_float_noise'] else 'NOT within'} float noise)")
     lines.extend(res["stats_lines"])

@@ -57,7 +57,7 @@ def default_threads() -> int:
 
 
 def load_model(model_path: Optional[str] = None, *, n_ctx: int = 4096, n_batch: int = 512,
-               n_threads: Optional[int] = None, verbose: bool = False):
+               n_threads: Optional[int] = None, verbose: bool = False, repack="auto"):
     """Load a GGUF model for live generation.
 
     Parameters
@@ -75,12 +75,19 @@ def load_model(model_path: Optional[str] = None, *, n_ctx: int = 4096, n_batch: 
         (llama-cpp-python's default gives single-token decodes half the cores).
     verbose : bool
         Let llama.cpp print its load log.
+    repack : {"auto", "on", "off"}
+        llama.cpp's weight repacking into extra CPU buffer types (``use_extra_bufts``; ``off`` is
+        llama-server's ``--no-repack``). ``auto`` turns it off on CPUs with AMX, whose repacked
+        kernel crashes on multi-token batches (:mod:`ngramspec.repack`), and on elsewhere.
 
     Returns
     -------
     llama_cpp.Llama
+        ``llm.model_params.use_extra_bufts`` tells how it was loaded.
     """
-    llama_cpp = _llama_cpp()
+    from .repack import load_llama, use_extra_bufts
+    _llama_cpp()
+    extra = use_extra_bufts(repack)  # a bad value fails before the file checks
     if model_path is None:
         from .model import default_model_path
         model_path = default_model_path()
@@ -89,8 +96,9 @@ def load_model(model_path: Optional[str] = None, *, n_ctx: int = 4096, n_batch: 
     if n_ctx < 8:
         raise ValueError(f"n_ctx (--ctx-size) must be >= 8, got {n_ctx}")
     threads = n_threads or default_threads()
-    return llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                           n_threads=threads, n_threads_batch=threads, verbose=verbose)
+    llm = load_llama(model_path, repack=extra, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                     n_threads=threads, n_threads_batch=threads, verbose=verbose)
+    return llm
 
 
 def tokenize_prompt(llm, text: str, *, chat: bool = False) -> np.ndarray:
@@ -323,10 +331,19 @@ class GenerationResult:
 
 
 def _as_prompt(prompt_tokens) -> np.ndarray:
-    arr = np.ascontiguousarray(np.asarray(prompt_tokens), dtype=np.int64)
+    arr = np.asarray(prompt_tokens)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError("the prompt must be a non-empty 1-D sequence of token ids")
-    return arr.astype(np.int32)
+    if arr.dtype.kind not in "iuO" or (arr.dtype.kind == "O" and not all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in arr)):
+        raise ValueError(f"prompt token ids must be integers, got {arr.dtype}")
+    # Range checked on the values as given: a cast first would wrap 2**32 + 1 to 1.
+    lo, hi = arr.min(), arr.max()
+    if lo < 0 or hi > np.iinfo(np.int32).max:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"prompt token id {bad} is out of range: allowed 0 .. "
+                         f"{np.iinfo(np.int32).max} (and below the vocabulary size)")
+    return np.ascontiguousarray(arr, dtype=np.int32)
 
 
 def _check_prompt(dec: _Decoder, prompt: np.ndarray) -> None:
@@ -343,6 +360,11 @@ def _target_decoder(llm) -> _Decoder:
     dec = getattr(llm, "_ngramspec_decoder", None)
     if dec is None or dec.ctx is not llm.ctx:
         dec = _Decoder(llm.ctx, llm.model, llm.n_batch)
+        # llama.cpp pads the context to a multiple of 256 (--ctx-size 8 gets 256 positions):
+        # honour the size asked for, so drafts and the stop are bounded by it.
+        asked = int(getattr(getattr(llm, "context_params", None), "n_ctx", 0) or 0)
+        if 0 < asked < dec.n_ctx:
+            dec.n_ctx = asked
         llm._ngramspec_decoder = dec
     return dec
 
@@ -594,8 +616,9 @@ class DivergenceReport:
     multi-token decode, as verification does. llama.cpp's CPU kernels take different code paths
     for one-token and multi-token batches, so the two differ in their low bits, and through the
     quantized activations of every layer, by up to about 1 logit on the embedded model
-    (``noise``). A speculative output may legitimately leave the plain one only where the two
-    best candidates are closer than that.
+    (``noise``). A speculative output may legitimately leave the plain one only where both
+    chosen tokens' logits lie within that noise of the best one (a near tie of the two best
+    candidates, or of three or more, when the batched path ranks a third one first).
 
     Attributes
     ----------
@@ -631,12 +654,14 @@ class DivergenceReport:
     rel_gap: float
 
     def within_noise(self) -> bool:
-        """True when the two chosen tokens are the two best candidates and closer than ``noise``."""
+        """True when both chosen tokens' logits lie within ``noise`` of the best logit.
+
+        Either run may then have picked its token legitimately: the batched path's logits move
+        by up to ``noise`` from the single-token path's, enough to reorder such candidates.
+        """
         if self.token_a < 0 or self.token_b < 0:
             return False
-        top_pair = (max(self.logit_a, self.logit_b) >= self.top1
-                    and min(self.logit_a, self.logit_b) >= self.top2)
-        return bool(top_pair and self.gap <= self.noise)
+        return bool(self.top1 - min(self.logit_a, self.logit_b) <= self.noise)
 
     def to_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)

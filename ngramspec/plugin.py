@@ -2,12 +2,19 @@
 
 ::
 
-    from llama_cpp import Llama
     from ngramspec.plugin import NgramspecDraftModel
+    from ngramspec.repack import load_llama
 
-    llm = Llama(model_path="model.gguf", n_ctx=4096, logits_all=True,
-                draft_model=NgramspecDraftModel("ngram-mod,ngram-simple", n_ctx=4096))
+    # load_llama = llama_cpp.Llama(...) that turns llama.cpp's weight repacking off on CPUs
+    # with AMX, whose repacked kernel crashes on multi-token batches (ngramspec.repack).
+    llm = load_llama("model.gguf", n_ctx=4096, logits_all=True, verbose=False,
+                     draft_model=NgramspecDraftModel("ngram-mod,ngram-simple", n_ctx=4096))
     llm.create_completion(prompt, max_tokens=256, temperature=0.0)
+
+This is for keeping llama-cpp-python's own loop, which copies the logits of every position into
+numpy (``logits_all``): measured 0.90x plain llama-cpp-python's speed for a whole 256-token call
+on this project's CPU, 0.44x on an AMX Xeon (bench/REPACK.md, issue 14). For speed use
+``ngramspec.live.generate_speculative`` (1.18x in the same runs).
 
 Pass ``logits_all=True``: llama-cpp-python (0.3.x) switches to all-position logits when a draft
 model is set, but sizes its score buffer from the ``logits_all`` argument, so without it any
@@ -25,6 +32,7 @@ the next call gets no accept, as llama-cpp-python gives no signal for it.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -64,6 +72,10 @@ class NgramspecDraftModel(LlamaDraftModel):
     -----
     Memory: the engine's (the ngram-mod pool is 16 MiB), plus a copy of the last input and draft.
 
+    On its first call it warns once (``RuntimeWarning``) when the ``Llama`` calling it was
+    loaded with llama.cpp's extra buffer types on a CPU with AMX (:mod:`ngramspec.repack`;
+    build the ``Llama`` with :func:`ngramspec.repack.load_llama` instead).
+
     Thread-safety: not thread-safe; like the ``Llama`` it is attached to, one generation at a time.
     """
 
@@ -94,8 +106,19 @@ class NgramspecDraftModel(LlamaDraftModel):
             return None
         return k
 
+    def _check_attached(self) -> None:
+        # llama-cpp-python gives the draft model no reference to its Llama: the caller's `self`
+        # (Llama.generate calls self.draft_model(...)) is the one it is attached to.
+        from .repack import warn_if_amx_repack
+        frame = sys._getframe(2)
+        llm = frame.f_locals.get("self") if frame is not None else None
+        if llm is not None and getattr(llm, "draft_model", None) is self:
+            warn_if_amx_repack(llm, stacklevel=4)
+
     def __call__(self, input_ids, /, **kwargs: Any) -> np.ndarray:
         ids = np.array(input_ids, dtype=np.int32)  # a copy: Llama reuses its input_ids buffer
+        if self.n_calls == 0:
+            self._check_attached()
         self.n_calls += 1
         if ids.size < 2:  # nothing in the cache yet: no context to draft from
             self._prev, self._loop = None, None

@@ -257,6 +257,8 @@ TYPES: dict[str, SpecType] = _types(
         Param("ctx_size_draft", 4096, 16, None, cli=False, help="draft KV cache per slot"),
         Param("threads_draft", None, 1, None, cli=False, help="draft model threads"),
         Param("batch_size_draft", 512, 1, None, cli=False, help="largest draft decode"),
+        Param("repack_draft", "auto", kind=object, cli=False,
+              help="draft model weight repacking: auto|on|off (ngramspec.repack)"),
     ), _lazy("ngramspec.draft_model", "build_draft_simple"), live=True),
 )
 

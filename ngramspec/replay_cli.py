@@ -4,24 +4,16 @@ from __future__ import annotations
 import json
 import os
 
-from ngramspec.cli_common import add_spec_flags, check_spec_flags, engine_params, load_cache_files
+from ngramspec.cache_file import atomic_write_bytes
+from ngramspec.cli_common import (INT32_MAX, add_spec_flags, check_spec_flags, check_writable,
+                                  engine_params, int_arg, load_cache_files)
 from ngramspec.replay import ProgressBar, replay
 from ngramspec.stats import acceptance_line, statistics_line
 from ngramspec.traces import read_requests
 
 
-def positive(text):
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def nonnegative(text):
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
+#: Largest --slots: far above any server's slot count, and a bound on what the engine allocates.
+MAX_SLOTS = 65536
 
 
 def add_parser(subparsers):
@@ -32,47 +24,65 @@ def add_parser(subparsers):
     p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files (.jsonl, .jsonl.gz)")
     add_spec_flags(p)
     p.add_argument("--state", choices=("shared", "fresh"), default="shared",
-                   help="shared: one engine for all requests (a server); fresh: one per request")
-    p.add_argument("--slots", type=positive, default=1, metavar="K",
-                   help="server slots; request t runs on slot t %% K")
-    p.add_argument("--limit", type=positive, default=None, metavar="N",
-                   help="replay only the first N requests of each file")
-    p.add_argument("--repeat", type=positive, default=1, metavar="R",
-                   help="replay R times and report the fastest timings")
-    p.add_argument("--ctx-size", type=nonnegative, default=0, metavar="N",
-                   help="bound drafts by llama-server's n_ctx - L - 2 (0: unbounded)")
-    p.add_argument("--drafts", action="store_true", help="record every draft (with --output)")
-    p.add_argument("--output", metavar="FILE", help="write golden-format JSON lines to FILE")
+                   help="shared: one engine for all requests (a server); fresh: one per request "
+                        "(default: shared)")
+    p.add_argument("--slots", type=int_arg(1, MAX_SLOTS), default=1, metavar="K",
+                   help=f"server slots, 1 .. {MAX_SLOTS}; request t runs on slot t %% K "
+                        f"(default: 1)")
+    p.add_argument("--limit", type=int_arg(1), default=None, metavar="N",
+                   help="replay only the first N requests of each file (default: all)")
+    p.add_argument("--repeat", type=int_arg(1), default=1, metavar="R",
+                   help="replay R times and report the fastest timings (default: 1)")
+    p.add_argument("--ctx-size", type=int_arg(0, INT32_MAX), default=0, metavar="N",
+                   help="bound drafts by llama-server's n_ctx - L - 2 (default: 0 = unbounded)")
+    p.add_argument("--drafts", action="store_true",
+                   help="record every draft (with --output; default: off)")
+    p.add_argument("--output", metavar="FILE",
+                   help="also write golden-format JSON lines to FILE (replaced only when the "
+                        "whole run succeeds; default: none)")
     p.set_defaults(run=run)
     return p
 
 
 def run(args) -> int:
     given = engine_params(args)
+    # Flags, then files: a bad flag is reported as such, whatever the files hold.
     check_spec_flags(args.spec_type, given)
+    if args.output:
+        check_writable("--output", args.output, streams=True)
     # cache files are read once, for every trace file and every engine of --state fresh
     args.spec_type, params = load_cache_files(args.spec_type, given)
-    out = open(args.output, "w", encoding="utf-8") if args.output else None
-    try:
-        for path in args.traces:
-            requests = read_requests(path, args.limit)
-            result = replay(requests, args.spec_type, params, state=args.state,
-                            n_slots=args.slots, record_drafts=args.drafts, repeat=args.repeat,
-                            n_ctx=args.ctx_size,
-                            progress=ProgressBar(f"replay {os.path.basename(path)}"))
-            result.summary["params"] = given     # file names, not the loaded caches
-            if out is not None:
-                head = {"config": args.spec_type, "family": _family(requests, path),
-                        "file": path, "summary": result.summary}
-                out.write(json.dumps(head) + "\n")
-                for rec in result.requests:
-                    out.write(json.dumps(rec) + "\n")
-            else:
-                _print_report(path, result)
-    finally:
-        if out is not None:
-            out.close()
+    lines = []
+    for path in args.traces:
+        requests = read_requests(path, args.limit)
+        result = replay(requests, args.spec_type, params, state=args.state,
+                        n_slots=args.slots, record_drafts=args.drafts, repeat=args.repeat,
+                        n_ctx=args.ctx_size,
+                        progress=ProgressBar(f"replay {os.path.basename(path)}"))
+        result.summary["params"] = given     # file names, not the loaded caches
+        if args.output:
+            head = {"config": args.spec_type, "family": _family(requests, path),
+                    "file": path, "summary": result.summary}
+            lines.append(json.dumps(head) + "\n")
+            lines.extend(json.dumps(rec) + "\n" for rec in result.requests)
+        _print_report(path, result)
+    if args.output:
+        _write_output(args.output, "".join(lines))
+        print(f"{args.output}: {len(lines)} JSON lines written")
     return 0
+
+
+def _write_output(path: str, text: str) -> None:
+    """Write ``--output`` once every trace replayed, so a failed run leaves FILE as it was.
+
+    A regular file (or a new one) is replaced atomically, through a symbolic link to its target;
+    a pipe or device (``/dev/stdout``) is written as it is.
+    """
+    if os.path.exists(path) and not os.path.isfile(path):
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        atomic_write_bytes(os.path.realpath(path), text.encode("utf-8"))
 
 
 def _family(requests, path):

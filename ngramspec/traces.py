@@ -14,6 +14,10 @@ from typing import Iterator
 import numpy as np
 
 from ngramspec._core import TOKEN_MAX
+#: Longest line read (bytes): about 35M token ids; a longer one is refused with its file:line
+#: instead of being read into memory whole.
+MAX_LINE_BYTES = 1 << 28
+_BOM = b"\xef\xbb\xbf"
 
 
 class TraceError(ValueError):
@@ -44,14 +48,36 @@ def _open(path):
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
-def iter_json_lines(path: str) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-empty line; TraceError on any problem."""
+def _lines(f, path, max_line_bytes):
+    """The file's lines (bytes), each at most ``max_line_bytes`` long; a UTF-8 BOM is dropped."""
+    lineno = 0
+    while True:
+        raw = f.readline(max_line_bytes + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > max_line_bytes:
+            raise TraceError(f"{path}:{lineno}: line longer than {max_line_bytes} bytes")
+        if lineno == 1 and raw.startswith(_BOM):
+            raw = raw[len(_BOM):]
+        yield lineno, raw
+
+
+def iter_json_lines(path: str,
+                    max_line_bytes: int | None = None) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-empty line; TraceError on any problem.
+
+    A UTF-8 byte-order mark at the start of the file is accepted; a line longer than
+    ``max_line_bytes`` (default `MAX_LINE_BYTES`) is an error naming its line.
+    """
+    if max_line_bytes is None:
+        max_line_bytes = MAX_LINE_BYTES
     if not os.path.exists(path):
         raise TraceError(f"{path}: no such file")
     lineno = 0
     try:
         with _open(path) as f:
-            for lineno, raw in enumerate(f, 1):
+            for lineno, raw in _lines(f, path, max_line_bytes):
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
@@ -65,6 +91,9 @@ def iter_json_lines(path: str) -> Iterator[tuple[int, dict]]:
                                      f"{exc.colno})") from None
                 except RecursionError:
                     raise TraceError(f"{path}:{lineno}: JSON nested too deeply") from None
+                except ValueError as exc:  # an integer of more than 4300 digits, ...
+                    what = " ".join(str(exc).split()[:8])
+                    raise TraceError(f"{path}:{lineno}: unreadable JSON ({what})") from None
                 if not isinstance(obj, dict):
                     raise TraceError(f"{path}:{lineno}: expected a JSON object per line")
                 yield lineno, obj
@@ -76,10 +105,11 @@ def iter_json_lines(path: str) -> Iterator[tuple[int, dict]]:
         raise TraceError(f"{path}: {exc.strerror or exc}") from None
 
 
-def read_requests(path: str, limit: int | None = None) -> list[Request]:
+def read_requests(path: str, limit: int | None = None,
+                  max_line_bytes: int | None = None) -> list[Request]:
     """The first `limit` requests of a trace file (all when None), in file order."""
     requests = []
-    for lineno, obj in iter_json_lines(path):
+    for lineno, obj in iter_json_lines(path, max_line_bytes):
         if limit is not None and len(requests) >= limit:
             break
         for field in ("prompt", "output"):

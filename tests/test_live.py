@@ -1,9 +1,9 @@
 """Live generation against the real embedded model (SmolLM2-135M-Instruct Q4_1): no mocks.
 
 Speculative greedy decoding must give the plain greedy output. Where it does not, the test does not
-skip: it checks that at the first difference the target's two best logits are closer than the
-float noise between llama.cpp's one-token and multi-token kernels (`divergence_report`), and fails
-otherwise.
+skip: it checks that at the first difference both chosen tokens' logits lie closer to the best one
+than the float noise between llama.cpp's one-token and multi-token kernels (`divergence_report`),
+and fails otherwise.
 
 Kept small (n_ctx 768, <= 96 output tokens, one thread, one prompt pass per model) so that the
 module runs in about a minute on two cores.
@@ -235,15 +235,15 @@ def test_cli_refuses_other_vocab(other_vocab_gguf, capsys):
 
 
 def test_plugin_in_create_completion(model_path, prompt):
-    from llama_cpp import Llama
-
     from ngramspec.plugin import NgramspecDraftModel
+    from ngramspec.repack import load_llama
 
     draft = NgramspecDraftModel("ngram-simple,ngram-mod", n_ctx=N_CTX)
     kw = dict(n_ctx=N_CTX, n_threads=1, n_threads_batch=1, verbose=False)
     # logits_all: llama-cpp-python sizes its score buffer from it, not from draft_model.
-    spec_llm = Llama(model_path=model_path, draft_model=draft, logits_all=True, **kw)
-    plain_llm = Llama(model_path=model_path, **kw)
+    # load_llama: llama_cpp.Llama without AMX weight repacking on AMX hosts (issue 14).
+    spec_llm = load_llama(model_path, draft_model=draft, logits_all=True, **kw)
+    plain_llm = load_llama(model_path, **kw)
     gen = dict(max_tokens=64, temperature=0.0, top_k=1, repeat_penalty=1.0)
     ids = [int(t) for t in prompt]
     spec_text = spec_llm.create_completion(ids, **gen)["choices"][0]["text"]
@@ -330,7 +330,8 @@ def test_cli_text_report(capsys, tmp_path, prompt):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--prompt-file", "/nonexistent/prompt.txt"], "No such file"),
+    (["--prompt-file", "/nonexistent/prompt.txt"],
+     "--prompt-file /nonexistent/prompt.txt: no such file"),
     (["--prompt-tokens", __file__], "not JSON"),
     (["--prompt", "x", "--model", "/nonexistent.gguf"], "not found"),
     (["--prompt", "x", "--spec-type", "draft-simple"], "--model-draft"),
@@ -342,7 +343,10 @@ def test_cli_text_report(capsys, tmp_path, prompt):
      "--spec-draft-p-min = 1.5 is out of range: allowed 0.0 .. 1.0"),
 ])
 def test_cli_errors_are_one_line(capsys, argv, needle):
-    rc = cli_main(["generate", *argv])
+    try:
+        rc = cli_main(["generate", *argv])
+    except SystemExit as exc:  # argparse's own checks
+        rc = exc.code
     err = capsys.readouterr().err
     assert rc == 2
     assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
@@ -357,7 +361,7 @@ def test_divergence_report_tells_noise_from_a_wrong_token(llm, prompt, plain):
         assert rep.index == 10 and rep.token_b == out[10]
         assert rep.logit_b == rep.top1            # plain greedy took the single-path argmax
         assert 0 < rep.noise < 5                  # the kernels differ, but only a little
-        if rep.logit_a < rep.top2:                # not even second best: never float noise
+        if rep.top1 - rep.logit_a > rep.noise:    # further from the best than the noise
             assert not rep.within_noise()
     # The reports keep the prompt cache valid: a repeat of the plain run gives the same tokens.
     again = generate_plain(llm, prompt, n_predict=12)
