@@ -402,7 +402,8 @@ cdef class PyProposer(Proposer):
 
     Memory: whatever the subclass keeps; the wrapper itself holds nothing per slot.
 
-    Thread-safety: the ``on_*`` methods run with the GIL held; one thread per slot at a time.
+    Thread-safety: the ``on_*`` methods run with the GIL held; one thread per slot at a time (a
+    second call on a busy slot raises RuntimeError, see `Proposer`).
     """
 
     def on_begin(self, slot, prompt):
@@ -637,7 +638,8 @@ cdef class SimpleProposer(Proposer):
     Memory: with the index, per slot 4 bytes per context token plus a hash table of 24 to 48
     bytes per distinct n-gram (12-byte entries, at most half full); the scan needs nothing.
 
-    Thread-safety: one thread per slot at a time (the index is per slot). Drafts that index
+    Thread-safety: one thread per slot at a time (the index is per slot; a second call on a
+    busy slot raises RuntimeError). Drafts that index
     many new positions (the first after begin) release the GIL.
     """
     cdef readonly Py_ssize_t size_n, size_m, min_hits
@@ -708,7 +710,7 @@ cdef class SimpleProposer(Proposer):
             r = simple_draft_indexed(ix, inp, n, sampled, self.size_n, self.size_m, self.a_pow,
                                      out)
         if r < 0:
-            raise MemoryError()
+            raise MemoryError("out of memory while indexing ngram-simple's context")
         return r
 
 
@@ -1242,7 +1244,8 @@ cdef class MapProposer(Proposer):
     bytes of lookup table. ngram-map-k4v adds, once a statistics scan covers 2048 positions, a
     ScanIndex: 4 bytes per context token plus a table of 16-32 bytes per distinct n-gram.
 
-    Thread-safety: each slot's map is independent: one thread per slot at a time.
+    Thread-safety: each slot's map is independent: one thread per slot at a time (a second
+    call on a busy slot raises RuntimeError).
     """
     cdef MapParams params
     cdef MapState* states
@@ -1339,7 +1342,7 @@ cdef class MapProposer(Proposer):
                 r = scan_extend(&self.states[slot].scan, prompt, n - self.params.n,
                                 self.params.n, self.params.a_pow)
         if r < 0:
-            raise MemoryError()
+            raise MemoryError(f"out of memory while indexing {self.name}'s prompt")
         return 0
 
     cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
@@ -1356,7 +1359,7 @@ cdef class MapProposer(Proposer):
         else:
             r = map_draft(s, &self.params, inp, n, sampled, out)
         if r < 0:
-            raise MemoryError()
+            raise MemoryError(f"out of memory while updating {self.name}'s map")
         return r
 
     cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
@@ -1418,7 +1421,7 @@ cdef class ModPool:
             return 0
         self.entries = <int32_t*>malloc(nbytes)
         if self.entries == NULL:
-            raise MemoryError()
+            raise MemoryError("out of memory for ngram-mod's 16 MiB pool")
         return 0
 
     def __dealloc__(self):
@@ -1548,7 +1551,7 @@ cdef class ModProposer(Proposer):
 
     Memory: the shared 16 MiB pool plus 24 bytes per slot and an (n_match + n_max)-token buffer
     per slot. Thread-safety: pool access is locked (see `ModPool`); per-slot state needs one
-    thread per slot at a time. begin() releases the GIL while it inserts the prompt.
+    thread per slot at a time (a second call on a busy slot raises RuntimeError). begin() releases the GIL while it inserts the prompt.
     """
     cdef readonly ModPool pool
     cdef readonly Py_ssize_t n_match, n_min, n_max

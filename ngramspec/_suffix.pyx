@@ -840,7 +840,8 @@ cdef class SuffixProposer(Proposer):
 
     Thread-safety
     -------------
-    One thread per slot at a time. The global store is shared by all slots and protected by a
+    One thread per slot at a time (a second call on a busy slot raises RuntimeError, also
+    through the engine, and leaves the slot alone). The global store is shared by all slots and protected by a
     lock: ``begin`` inserts under it with the GIL released; a draft only tries it and, when
     another thread holds it, drafts from the local index alone (drafts never wait).
     """
@@ -968,7 +969,7 @@ cdef class SuffixProposer(Proposer):
             return 0
         buf = <token_t*>malloc((n_pr + n_out + k) * sizeof(token_t))
         if buf == NULL:
-            raise MemoryError()
+            raise MemoryError("out of memory while storing a finished ngram-suffix request")
         memcpy(buf, S.text + a - n_pr, (n_pr + n_out) * sizeof(token_t))
         memcpy(buf + n_pr + n_out, s.last_draft, k * sizeof(token_t))
         with nogil:
@@ -977,7 +978,7 @@ cdef class SuffixProposer(Proposer):
             PyThread_release_lock(self.lock)
         free(buf)
         if rc < 0:
-            raise MemoryError()
+            raise MemoryError("out of memory while storing a finished ngram-suffix request")
         return 0
 
     cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
