@@ -853,9 +853,9 @@ cdef class NgramCacheProposer(Proposer):
     cdef ngs_cache* static_c
     cdef ngs_cache* dynamic_c
 
-    def __init__(self, Py_ssize_t n_slots=1, NgramCache static=None, NgramCache dynamic=None,
+    def __init__(self, n_slots=1, NgramCache static=None, NgramCache dynamic=None,
                  restart=False):
-        super().__init__("ngram-cache", n_slots, CACHE_N_DRAFT)
+        super().__init__("ngram-cache", n_slots, CACHE_N_DRAFT)   # checks n_slots; runs once
         self.restart = bool(restart)
         self.static_cache = static if static is not None else NgramCache()
         self.dynamic_cache = dynamic if dynamic is not None else NgramCache()
@@ -864,7 +864,11 @@ cdef class NgramCacheProposer(Proposer):
         self.static_c = &self.static_cache.c
         self.dynamic_c = &self.dynamic_cache.c
         self.slots.clear()
-        self.slots.resize(n_slots)
+        try:
+            self.slots.resize(self.n_slots)
+        except MemoryError:
+            self.forget_slots()              # no slot to call (see Proposer.forget_slots)
+            raise
 
     cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
         if self.restart:

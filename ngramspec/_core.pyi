@@ -9,6 +9,7 @@ EMPTY_DRAFT: npt.NDArray[np.int32]
 Tokens = Sequence[int] | npt.NDArray[np.integer]
 
 def check_int(name: str, value: Any, lo: int, hi: int | None = ...) -> int: ...
+def _fail_allocation(fail_at: int | None = ...) -> int: ...
 
 class Proposer:
     name: str

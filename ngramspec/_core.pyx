@@ -9,6 +9,7 @@ comments name the llama.cpp functions each kernel reproduces (``common/ngram-map
 ``common/ngram-mod.cpp``, ``common/speculative.cpp``).
 """
 import operator
+import sys
 
 import numpy as np
 
@@ -16,7 +17,9 @@ cimport numpy as cnp
 from cpython.long cimport PyLong_AsLongLong, PyLong_AsSsize_t, PyLong_CheckExact
 from cpython.ref cimport PyObject
 from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.stdint cimport SIZE_MAX
+from libc.stdlib cimport free
+from libc cimport stdlib
 from libc.string cimport memcmp, memcpy, memmove, memset
 from posix.mman cimport (MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap,
                          munmap)
@@ -56,6 +59,64 @@ DEF MAP_MAX_COUNT = 16380
 # Kernels whose work exceeds this many tokens release the GIL (below it the release costs more
 # than it buys).
 DEF NOGIL_MIN_TOKENS = 4096
+
+
+# --------------------------------------------------------------------------------------------
+# The kernels' allocator (declared in _core.pxd; _suffix uses it too)
+# --------------------------------------------------------------------------------------------
+
+# Fault injection for tests: once armed, allocations are counted and number `fault_at` (1-based)
+# fails as if memory ran out. Off (one predictable branch per allocation) unless a test arms
+# it; not thread-safe, so tests arm it around single-threaded calls only.
+cdef bint fault_armed = False
+cdef long long fault_at = 0
+cdef long long fault_seen = 0
+
+
+cdef inline bint fault_now() noexcept nogil:
+    global fault_seen
+    if not fault_armed:
+        return False
+    fault_seen += 1
+    return fault_seen == fault_at
+
+
+cdef void* malloc(size_t n) noexcept nogil:
+    return NULL if fault_now() else stdlib.malloc(n)
+
+
+cdef void* calloc(size_t count, size_t size) noexcept nogil:
+    return NULL if fault_now() else stdlib.calloc(count, size)
+
+
+cdef void* realloc(void* p, size_t n) noexcept nogil:
+    return NULL if fault_now() else stdlib.realloc(p, n)
+
+
+def _fail_allocation(fail_at=None):
+    """Testing only: arm (``fail_at`` >= 1: the kernels' allocation number `fail_at` from now
+    fails; 0: count only) or disarm (None) the fault injection of ngramspec's kernels (_core and
+    _suffix). Returns the number of allocations counted since it was last armed."""
+    global fault_armed, fault_at, fault_seen
+    seen = fault_seen
+    fault_armed = fail_at is not None
+    fault_at = check_int("fail_at", fail_at, 0) if fail_at is not None else 0
+    fault_seen = 0
+    return seen
+
+
+cdef void* alloc_per_slot(Py_ssize_t n_slots, size_t each, str what) except NULL:
+    """calloc(n_slots, each), zeroed; MemoryError naming n_slots when the size overflows or
+    memory runs out."""
+    cdef void* p
+    if each and <size_t>n_slots > SIZE_MAX // each:
+        raise MemoryError(f"n_slots = {n_slots} is too large: {what} would need more than "
+                          f"2**64 bytes")
+    p = calloc(n_slots, each)
+    if p == NULL:
+        raise MemoryError(f"n_slots = {n_slots}: out of memory for {what} "
+                          f"({<size_t>n_slots * each} bytes)")
+    return p
 
 
 cdef inline int64_t now_ns() noexcept nogil:
@@ -123,14 +184,34 @@ cdef inline Py_ssize_t first_negative(const token_t* t, Py_ssize_t n) noexcept n
     return -1
 
 
+cdef inline int check_length(Py_ssize_t n, str name) except -1:
+    # the kernels keep token positions in 32 bits (as llama.cpp's llama_pos)
+    if n > TOKEN_MAX_C:
+        raise ValueError(f"{name} holds {n} tokens: at most {TOKEN_MAX} are allowed")
+    return 0
+
+
 def _tokens_slow(obj, str name):
-    """Convert any 1-D integer array-like to a C-contiguous int32 array, or raise."""
+    """Convert any 1-D integer array-like to a C-contiguous int32 array, or raise.
+
+    Byte strings (bytes, bytearray, a memoryview of them) are refused: they are text or raw
+    data, not token ids; so are bools, as everywhere an integer is expected."""
+    if isinstance(obj, (bytes, bytearray)) or (isinstance(obj, memoryview)
+                                               and isinstance(obj.obj, (bytes, bytearray))):
+        raise TypeError(f"{name} must be a 1-D sequence of integer token ids, got "
+                        f"{type(obj.obj if isinstance(obj, memoryview) else obj).__name__} "
+                        f"(bytes are not token ids: tokenize the text first)")
+    if isinstance(obj, (list, tuple)) and bool in map(type, obj):
+        pos = list(map(type, obj)).index(bool)
+        raise TypeError(f"{name}[{pos}] = {obj[pos]} is not a token id: ids must be integers, "
+                        f"not bool")
     try:
         arr = np.asarray(obj)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be a 1-D sequence of integer token ids ({exc})") from None
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {arr.shape}")
+    check_length(arr.size, name)
     if arr.size == 0:
         return np.empty(0, dtype=np.int32)
     if (arr.dtype.kind == "O" or arr.dtype.kind == "f" and isinstance(obj, (list, tuple))) and all(
@@ -167,6 +248,7 @@ cdef cnp.ndarray as_tokens(object obj, str name, Py_ssize_t skip=0):
             and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>obj)):
         arr = <cnp.ndarray>obj
         n = cnp.PyArray_DIMS(arr)[0]
+        check_length(n, name)
         if skip > n or skip < 0:
             skip = 0
         bad = first_negative(<const token_t*>cnp.PyArray_DATA(arr) + skip, n - skip)
@@ -193,6 +275,8 @@ cdef token_t as_token(object value, str name) except? -1:
     cdef long long v
     if exact_int_in(value, 0, TOKEN_MAX_C, &v):
         return <token_t>v
+    if isinstance(value, bool):              # an int subclass, refused as for every integer
+        raise TypeError(f"{name} must be an integer token id, got bool")
     if PyLong_CheckExact(value):
         try:
             v = PyLong_AsLongLong(value)
@@ -257,17 +341,34 @@ cdef class Proposer:
     Memory: the base class holds nothing per slot; each subclass documents its own.
 
     Thread-safety: per-slot state may be used by one thread per slot at a time; state shared
-    across slots is documented by each subclass.
+    across slots is documented by each subclass. A second call on a slot while one runs (from
+    another thread) raises RuntimeError instead of touching the slot. ``__init__`` runs once:
+    calling it again raises RuntimeError.
     """
 
-    def __init__(self, str name, Py_ssize_t n_slots, Py_ssize_t max_draft):
-        if n_slots < 1:
-            raise ValueError(f"n_slots = {n_slots} is out of range: allowed >= 1")
+    def __init__(self, str name, n_slots, Py_ssize_t max_draft):
+        if self.busy != NULL:
+            raise RuntimeError(f"{type(self).__name__} is already initialised")
+        n_slots = check_int("n_slots", n_slots, 1)
+        if n_slots > sys.maxsize:
+            raise MemoryError(f"n_slots = {n_slots} is too large: allowed 1 .. {sys.maxsize}")
         if max_draft < 1:
             raise ValueError(f"max_draft = {max_draft} is out of range: allowed >= 1")
+        self.busy = <unsigned char*>alloc_per_slot(n_slots, 1, f"{name}'s slot flags")
         self.name = name
         self.n_slots = n_slots
         self.max_draft = max_draft
+
+    def __dealloc__(self):
+        free(self.busy)
+
+    cdef int forget_slots(self) except -1:
+        """Back to uninitialised (n_slots 0), after a subclass freed its per-slot state: what
+        an __init__ that failed half-way leaves (no slot to call, __init__ may run again)."""
+        free(self.busy)
+        self.busy = NULL
+        self.n_slots = 0
+        return 0
 
     cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
         return 0
@@ -287,6 +388,11 @@ cdef class Proposer:
         return f"<{type(self).__name__} {self.name!r} n_slots={self.n_slots}>"
 
 
+cdef int raise_busy(Proposer p, Py_ssize_t slot) except -1:
+    raise RuntimeError(f"{p.name} slot {slot} used concurrently from two threads (one thread "
+                       f"per slot at a time)")
+
+
 cdef class PyProposer(Proposer):
     """A proposer written in Python (e.g. a draft model).
 
@@ -296,7 +402,8 @@ cdef class PyProposer(Proposer):
 
     Memory: whatever the subclass keeps; the wrapper itself holds nothing per slot.
 
-    Thread-safety: the ``on_*`` methods run with the GIL held; one thread per slot at a time.
+    Thread-safety: the ``on_*`` methods run with the GIL held; one thread per slot at a time (a
+    second call on a busy slot raises RuntimeError, see `Proposer`).
     """
 
     def on_begin(self, slot, prompt):
@@ -531,7 +638,8 @@ cdef class SimpleProposer(Proposer):
     Memory: with the index, per slot 4 bytes per context token plus a hash table of 24 to 48
     bytes per distinct n-gram (12-byte entries, at most half full); the scan needs nothing.
 
-    Thread-safety: one thread per slot at a time (the index is per slot). Drafts that index
+    Thread-safety: one thread per slot at a time (the index is per slot; a second call on a
+    busy slot raises RuntimeError). Drafts that index
     many new positions (the first after begin) release the GIL.
     """
     cdef readonly Py_ssize_t size_n, size_m, min_hits
@@ -544,17 +652,23 @@ cdef class SimpleProposer(Proposer):
 
     def __init__(self, size_n=12, size_m=48, min_hits=1, n_slots=1, indexed=True):
         cdef Py_ssize_t i
-        self.size_n = check_int("size_n", size_n, 1, 1024)
-        self.size_m = check_int("size_m", size_m, 1, 1024)
-        self.min_hits = check_int("min_hits", min_hits, 1)
-        Proposer.__init__(self, "ngram-simple", n_slots, self.size_m)
+        size_n = check_int("size_n", size_n, 1, 1024)
+        size_m = check_int("size_m", size_m, 1, 1024)
+        min_hits = check_int("min_hits", min_hits, 1)
+        Proposer.__init__(self, "ngram-simple", n_slots, size_m)   # first: it refuses a re-run
+        self.size_n = size_n
+        self.size_m = size_m
+        self.min_hits = min_hits
         self.indexed = bool(indexed)
         self.a_pow = 1
         for i in range(self.size_n - 1):
             self.a_pow *= MOD_LCG_A
-        self.index = <SimpleIndex*>calloc(n_slots, sizeof(SimpleIndex))
-        if self.index == NULL:
-            raise MemoryError()
+        try:
+            self.index = <SimpleIndex*>alloc_per_slot(n_slots, sizeof(SimpleIndex),
+                                                      "ngram-simple's index")
+        except MemoryError:
+            self.forget_slots()
+            raise
         for i in range(n_slots):
             self.index[i].next_j = 1
 
@@ -596,7 +710,7 @@ cdef class SimpleProposer(Proposer):
             r = simple_draft_indexed(ix, inp, n, sampled, self.size_n, self.size_m, self.a_pow,
                                      out)
         if r < 0:
-            raise MemoryError()
+            raise MemoryError("out of memory while indexing ngram-simple's context")
         return r
 
 
@@ -840,6 +954,7 @@ cdef int keytab_rebuild(MapState* s, const token_t* inp, Py_ssize_t L, Py_ssize_
             s.kt_linear = True               # its text is not there yet: rare, stay exact
             return 0
         if keytab_insert(s, mod_hash(inp + s.keys[i].key_idx, n), i) < 0:
+            s.kt_stale = True                # incomplete: rebuild at the next lookup
             return -1
     return 0
 
@@ -1063,6 +1178,7 @@ cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, P
             ck.values[v].value_num = 0
             ck.values[v].n_accepted = <int16_t>m
         if not s.kt_linear and keytab_insert(s, key_hash, off) < 0:
+            s.kt_stale = True                # the new key is not in the table: rebuild
             return -1
     ck = &s.keys[off]
     if ck.key_num < MAP_MAX_COUNT:
@@ -1128,7 +1244,8 @@ cdef class MapProposer(Proposer):
     bytes of lookup table. ngram-map-k4v adds, once a statistics scan covers 2048 positions, a
     ScanIndex: 4 bytes per context token plus a table of 16-32 bytes per distinct n-gram.
 
-    Thread-safety: each slot's map is independent: one thread per slot at a time.
+    Thread-safety: each slot's map is independent: one thread per slot at a time (a second
+    call on a busy slot raises RuntimeError).
     """
     cdef MapParams params
     cdef MapState* states
@@ -1139,26 +1256,37 @@ cdef class MapProposer(Proposer):
     def __init__(self, size_n=12, size_m=48, min_hits=1, key_only=True, n_slots=1,
                  reindex=False, stat_index_min=STAT_INDEX_MIN):
         cdef Py_ssize_t i
-        self.params.reindex = bool(reindex)
-        self.params.n = check_int("size_n", size_n, 1, 1024)
-        self.params.m = check_int("size_m", size_m, 1, 1024)
-        self.params.min_hits = check_int("min_hits", min_hits, 1)
-        self.params.key_only = bool(key_only)
-        self.params.stat_index_min = check_int("stat_index_min", stat_index_min, 1)
-        self.params.a_pow = 1
-        for i in range(self.params.n - 1):
-            self.params.a_pow *= MOD_LCG_A
+        cdef MapParams params
+        params.reindex = bool(reindex)
+        params.n = check_int("size_n", size_n, 1, 1024)
+        params.m = check_int("size_m", size_m, 1, 1024)
+        params.min_hits = check_int("min_hits", min_hits, 1)
+        params.key_only = bool(key_only)
+        params.stat_index_min = check_int("stat_index_min", stat_index_min, 1)
+        params.a_pow = 1
+        for i in range(params.n - 1):
+            params.a_pow *= MOD_LCG_A
+        # first: it refuses a re-run, which would change the parameters under the slots' state
         Proposer.__init__(self, "ngram-map-k" if key_only else "ngram-map-k4v", n_slots,
-                          self.params.m)
-        self.states = <MapState*>calloc(n_slots, sizeof(MapState))
-        if self.states == NULL:
-            raise MemoryError()
-        for i in range(n_slots):
-            self.states[i].key_map = <uint32_t*>calloc(MAP_INDEX_SIZE, sizeof(uint32_t))
-            if self.states[i].key_map == NULL:
-                raise MemoryError()
+                          params.m)
+        self.params = params
+        try:
+            self.states = <MapState*>alloc_per_slot(n_slots, sizeof(MapState),
+                                                    f"{self.name}'s per-slot state")
+            for i in range(n_slots):
+                self.states[i].key_map = <uint32_t*>calloc(MAP_INDEX_SIZE, sizeof(uint32_t))
+                if self.states[i].key_map == NULL:
+                    raise MemoryError(f"n_slots = {n_slots}: out of memory for {self.name}'s "
+                                      f"hash index of slot {i} (1 MiB each)")
+        except MemoryError:
+            self.free_states()
+            self.forget_slots()
+            raise
 
     def __dealloc__(self):
+        self.free_states()
+
+    cdef void free_states(self) noexcept:
         cdef Py_ssize_t i
         if self.states != NULL:
             for i in range(self.n_slots):
@@ -1168,6 +1296,7 @@ cdef class MapProposer(Proposer):
                 free(self.states[i].kt_idx)
                 scan_free(&self.states[i].scan)
             free(self.states)
+            self.states = NULL
 
     @property
     def size_n(self):
@@ -1213,7 +1342,7 @@ cdef class MapProposer(Proposer):
                 r = scan_extend(&self.states[slot].scan, prompt, n - self.params.n,
                                 self.params.n, self.params.a_pow)
         if r < 0:
-            raise MemoryError()
+            raise MemoryError(f"out of memory while indexing {self.name}'s prompt")
         return 0
 
     cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
@@ -1230,7 +1359,7 @@ cdef class MapProposer(Proposer):
         else:
             r = map_draft(s, &self.params, inp, n, sampled, out)
         if r < 0:
-            raise MemoryError()
+            raise MemoryError(f"out of memory while updating {self.name}'s map")
         return r
 
     cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
@@ -1293,7 +1422,7 @@ cdef class ModPool:
             return 0
         self.entries = <int32_t*>malloc(nbytes)
         if self.entries == NULL:
-            raise MemoryError()
+            raise MemoryError("out of memory for ngram-mod's 16 MiB pool")
         return 0
 
     def __dealloc__(self):
@@ -1423,7 +1552,7 @@ cdef class ModProposer(Proposer):
 
     Memory: the shared 16 MiB pool plus 24 bytes per slot and an (n_match + n_max)-token buffer
     per slot. Thread-safety: pool access is locked (see `ModPool`); per-slot state needs one
-    thread per slot at a time. begin() releases the GIL while it inserts the prompt.
+    thread per slot at a time (a second call on a busy slot raises RuntimeError). begin() releases the GIL while it inserts the prompt.
     """
     cdef readonly ModPool pool
     cdef readonly Py_ssize_t n_match, n_min, n_max
@@ -1437,18 +1566,28 @@ cdef class ModProposer(Proposer):
 
     def __init__(self, n_match=24, n_min=48, n_max=64, ModPool pool=None, n_slots=1):
         cdef Py_ssize_t i
-        self.n_match = check_int("n_match", n_match, 1, 1024)
-        self.n_min = check_int("n_min", n_min, 0, 1024)
-        self.n_max = check_int("n_max", n_max, 0, 1024)
-        Proposer.__init__(self, "ngram-mod", n_slots, max(self.n_max, 1))
-        self.pool = pool if pool is not None else ModPool()
+        n_match = check_int("n_match", n_match, 1, 1024)
+        n_min = check_int("n_min", n_min, 0, 1024)
+        n_max = check_int("n_max", n_max, 0, 1024)
+        Proposer.__init__(self, "ngram-mod", n_slots, max(n_max, 1))   # first: refuses a re-run
+        self.n_match = n_match
+        self.n_min = n_min
+        self.n_max = n_max
         self.a_pow = 1
         for i in range(self.n_match - 1):
             self.a_pow *= MOD_LCG_A
-        self.slots = <ModSlot*>calloc(n_slots, sizeof(ModSlot))
-        self.bufs = <token_t*>malloc(n_slots * (self.n_match + self.n_max) * sizeof(token_t))
-        if self.slots == NULL or self.bufs == NULL:
-            raise MemoryError()
+        try:
+            self.pool = pool if pool is not None else ModPool()
+            self.slots = <ModSlot*>alloc_per_slot(n_slots, sizeof(ModSlot),
+                                                  "ngram-mod's per-slot state")
+            self.bufs = <token_t*>alloc_per_slot(n_slots,
+                                                 (self.n_match + self.n_max) * sizeof(token_t),
+                                                 "ngram-mod's per-slot buffers")
+        except MemoryError:
+            free(self.slots)
+            self.slots = NULL
+            self.forget_slots()
+            raise
 
     def __dealloc__(self):
         free(self.slots)
@@ -1574,7 +1713,9 @@ cdef class Engine:
     Memory: see each proposer; the engine adds ``n_slots * max_draft`` int32 of output buffers.
 
     Thread-safety: calls for different slots may come from different threads at once (one
-    thread per slot at a time); statistics are updated with the GIL held.
+    thread per slot at a time: a call on a slot while another runs on it raises RuntimeError and
+    leaves the slot alone); statistics are updated with the GIL held. ``__init__`` runs once:
+    calling it again raises RuntimeError.
     """
     cdef readonly tuple proposers
     cdef readonly Py_ssize_t n_slots
@@ -1589,17 +1730,17 @@ cdef class Engine:
     cdef size_t* checked_data                # alive, so its address cannot be reused) and its
                                              # data address; any other array is checked whole
     cdef token_t* out                        # per slot output buffer of max_draft tokens
+    cdef unsigned char* busy                 # per slot: 1 while a call on the slot runs
 
     def __cinit__(self):
-        self.counters = NULL
-        self.impl_last = NULL
-        self.pending = NULL
-        self.checked = NULL
-        self.checked_data = NULL
-        self.out = NULL
+        # the pointers start NULL (Cython zeroes C attributes); until __init__ the engine is an
+        # empty chain without slots
+        self.proposers = ()
 
     def __init__(self, proposers, n_slots=1, pool=None):
         cdef Py_ssize_t i
+        if self.busy != NULL:
+            raise RuntimeError("SpecEngine is already initialised")
         n_slots = check_int("n_slots", n_slots, 1)
         if pool is not None and not isinstance(pool, ModPool):
             raise TypeError(f"pool must be a ModPool, got {type(pool).__name__}")
@@ -1611,31 +1752,43 @@ cdef class Engine:
                 raise ValueError(f"proposer {p.name} has {p.n_slots} slots, the engine needs "
                                  f"{n_slots}")
         self.proposers = proposers
-        self.n_slots = n_slots
         if pool is None:
             pool = next((p.pool for p in proposers if isinstance(p, ModProposer)), None)
         self.pool = pool
         self.n_prop = len(proposers)
         self.max_draft = max([(<Proposer>p).max_draft for p in proposers] or [1])
-        self.counters = <Counters*>calloc(max(self.n_prop, 1), sizeof(Counters))
-        self.impl_last = <int*>malloc(n_slots * sizeof(int))
-        self.pending = <Py_ssize_t*>malloc(n_slots * sizeof(Py_ssize_t))
-        self.checked = <Py_ssize_t*>calloc(n_slots, sizeof(Py_ssize_t))
-        self.checked_data = <size_t*>calloc(n_slots, sizeof(size_t))
-        self.checked_owner = [None] * n_slots
-        self.out = <token_t*>malloc(n_slots * self.max_draft * sizeof(token_t))
-        if (self.counters == NULL or self.impl_last == NULL or self.pending == NULL
-                or self.checked == NULL or self.checked_data == NULL or self.out == NULL):
-            raise MemoryError()
-        for i in range(self.n_prop):
-            self.counters[i].acc_per_pos = <uint64_t*>calloc(self.max_draft, sizeof(uint64_t))
-            if self.counters[i].acc_per_pos == NULL:
-                raise MemoryError()
+        try:
+            self.counters = <Counters*>calloc(max(self.n_prop, 1), sizeof(Counters))
+            if self.counters == NULL:
+                raise MemoryError("out of memory for the engine's statistics")
+            for i in range(self.n_prop):
+                self.counters[i].acc_per_pos = <uint64_t*>calloc(self.max_draft,
+                                                                 sizeof(uint64_t))
+                if self.counters[i].acc_per_pos == NULL:
+                    raise MemoryError("out of memory for the engine's statistics")
+            self.impl_last = <int*>alloc_per_slot(n_slots, sizeof(int), "the engine's slots")
+            self.pending = <Py_ssize_t*>alloc_per_slot(n_slots, sizeof(Py_ssize_t),
+                                                       "the engine's slots")
+            self.checked = <Py_ssize_t*>alloc_per_slot(n_slots, sizeof(Py_ssize_t),
+                                                       "the engine's slots")
+            self.checked_data = <size_t*>alloc_per_slot(n_slots, sizeof(size_t),
+                                                         "the engine's slots")
+            self.out = <token_t*>alloc_per_slot(n_slots, self.max_draft * sizeof(token_t),
+                                                "the engine's draft buffers")
+            self.checked_owner = [None] * n_slots
+            self.busy = <unsigned char*>alloc_per_slot(n_slots, 1, "the engine's slots")
+        except MemoryError:
+            self.free_state()                # no slot to call; __init__ may run again
+            raise
+        self.n_slots = n_slots
         for i in range(n_slots):
             self.impl_last[i] = -1
             self.pending[i] = -1
 
     def __dealloc__(self):
+        self.free_state()
+
+    cdef void free_state(self) noexcept:
         cdef Py_ssize_t i
         if self.counters != NULL:
             for i in range(self.n_prop):
@@ -1646,6 +1799,16 @@ cdef class Engine:
         free(self.checked)
         free(self.checked_data)
         free(self.out)
+        free(self.busy)
+        self.counters = NULL
+        self.impl_last = NULL
+        self.pending = NULL
+        self.checked = NULL
+        self.checked_data = NULL
+        self.out = NULL
+        self.busy = NULL
+        self.n_prop = 0
+        self.n_slots = 0
 
     @property
     def types(self):
@@ -1678,15 +1841,27 @@ cdef class Engine:
         cdef Py_ssize_t n = cnp.PyArray_DIMS(arr)[0]
         cdef uint64_t t0
         cdef Proposer p
+        self.enter(s)
         self.pending[s] = -1
         self.checked[s] = 0                  # the next context is checked whole
         self.checked_owner[s] = None
-        for k in range(self.n_prop):
-            p = <Proposer>self.proposers[k]
-            t0 = ngs_ticks()
-            p.c_begin(s, t, n)
-            self.counters[k].t_begin += ticks_since(t0)
-            self.counters[k].calls_b += 1
+        try:
+            for k in range(self.n_prop):
+                p = <Proposer>self.proposers[k]
+                t0 = ngs_ticks()
+                proposer_begin(p, s, t, n)
+                self.counters[k].t_begin += ticks_since(t0)
+                self.counters[k].calls_b += 1
+        finally:
+            self.busy[s] = 0
+
+    cdef inline int enter(self, Py_ssize_t s) except -1:
+        """Mark slot s busy (with the GIL held), or raise if a call on it is running."""
+        if self.busy[s]:
+            raise RuntimeError(f"slot {s} used concurrently from two threads (one thread per "
+                               f"slot at a time)")
+        self.busy[s] = 1
+        return 0
 
     def draft(self, slot, context, sampled, n_max=None):
         """Draft tokens to follow `sampled` (first non-empty draft of the chain wins).
@@ -1704,7 +1879,7 @@ cdef class Engine:
         -------
         numpy.ndarray of int32 (empty: no draft).
         """
-        cdef Py_ssize_t s = self.slot_index(slot), k, length = 0, bound = 0
+        cdef Py_ssize_t s = self.slot_index(slot), bound = 0
         cdef Py_ssize_t skip = 0
         cdef long long v
         if (self.checked[s] > 0 and cnp.PyArray_CheckExact(context)
@@ -1716,9 +1891,6 @@ cdef class Engine:
         cdef const token_t* t = tok_ptr(arr)
         cdef Py_ssize_t L = cnp.PyArray_DIMS(arr)[0]
         cdef token_t* out = self.out + s * self.max_draft
-        cdef uint64_t t0
-        cdef Counters* c
-        cdef Proposer p
         if n_max is not None:
             # any bound >= max_draft truncates nothing (and fits a Py_ssize_t)
             if exact_int_in(n_max, 0, 1LL << 62, &v):
@@ -1726,6 +1898,20 @@ cdef class Engine:
             else:
                 bound = min(check_int("n_max", n_max, 0), self.max_draft)
         # every argument is valid: only now change the slot's state
+        self.enter(s)
+        try:
+            return self.draft_chain(s, arr, context, t, L, tok, out, n_max is not None, bound)
+        finally:
+            self.busy[s] = 0
+
+    cdef object draft_chain(self, Py_ssize_t s, cnp.ndarray arr, object context,
+                            const token_t* t, Py_ssize_t L, token_t tok, token_t* out,
+                            bint bounded, Py_ssize_t bound):
+        """draft()'s work on a validated call, with the slot marked busy."""
+        cdef Py_ssize_t k, length = 0
+        cdef uint64_t t0
+        cdef Counters* c
+        cdef Proposer p
         if arr is context:
             self.checked[s] = L
             self.checked_data[s] = <size_t>cnp.PyArray_DATA(arr)
@@ -1734,13 +1920,13 @@ cdef class Engine:
             self.checked[s] = 0
             self.checked_owner[s] = None
         self.pending[s] = -1
-        if n_max is not None and bound == 0:
+        if bounded and bound == 0:
             return EMPTY
         for k in range(self.n_prop):
             p = <Proposer>self.proposers[k]
             c = &self.counters[k]
             t0 = ngs_ticks()
-            length = p.c_draft(s, t, L, tok, out)
+            length = proposer_draft(p, s, t, L, tok, out)
             c.t_draft += ticks_since(t0)
             c.calls_g += 1
             if length > 0:
@@ -1774,20 +1960,24 @@ cdef class Engine:
         cdef Counters* c = &self.counters[which]
         cdef Proposer p
         cdef uint64_t t0 = ngs_ticks()
-        self.pending[s] = -1
-        for i in range(n):
-            c.acc_per_pos[i] += 1
-        if n > c.n_pos:
-            c.n_pos = n
-        if n > 0:
-            c.acc_drafts += 1
-            c.acc_tokens += n
-        (<Proposer>self.proposers[which]).c_accept(s, n, False)
-        c.calls_a += 1
-        c.t_accept += ticks_since(t0)
-        for k in range(self.n_prop):
-            if k != which:
-                (<Proposer>self.proposers[k]).c_accept(s, n, True)
+        self.enter(s)
+        try:
+            self.pending[s] = -1
+            for i in range(n):
+                c.acc_per_pos[i] += 1
+            if n > c.n_pos:
+                c.n_pos = n
+            if n > 0:
+                c.acc_drafts += 1
+                c.acc_tokens += n
+            proposer_accept(<Proposer>self.proposers[which], s, n, False)
+            c.calls_a += 1
+            c.t_accept += ticks_since(t0)
+            for k in range(self.n_prop):
+                if k != which:
+                    proposer_accept(<Proposer>self.proposers[k], s, n, True)
+        finally:
+            self.busy[s] = 0
 
     def stats(self):
         """llama.cpp's per-proposer counters (``n_call_begin`` ... ``t_accept_us`` of

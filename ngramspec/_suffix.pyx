@@ -65,10 +65,11 @@ from cpython.pythread cimport (NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock,
                                PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock,
                                PyThread_type_lock)
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free
 from libc.string cimport memcpy, memmove, memset
 
-from ngramspec._core cimport Proposer, token_t
+from ngramspec._core cimport (Proposer, alloc_per_slot, malloc, proposer_accept, proposer_begin,
+                              proposer_draft, realloc, token_t)
 
 cnp.import_array()
 
@@ -598,6 +599,7 @@ cdef int store_insert(Store* G, const token_t* t, int32_t n) noexcept nogil:
             keep_from = i
         G.n_evictions += 1
         sam_rebuild_tail(S, keep_from)
+        G.gen += 1                       # the cursors' states are gone, even if reserve fails
     if sam_reserve(S, S.n + n + 1) < 0:
         return -1
     for i in range(n):
@@ -730,12 +732,13 @@ cdef int slot_sync(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
     cdef Sam* S = &s.loc
     slot_learn(s, P, inp, n, sampled)
     if L - s.loc_off > P.max_context:
-        # outgrown: re-index the newest half of the context
+        # outgrown: re-index the newest half of the context (room first: out of memory leaves
+        # the slot as it was)
         start = L - P.max_context // 2
-        sam_clear(S)
-        s.loc_off = start
         if sam_reserve(S, <int32_t>(L - start)) < 0:
             return -1
+        sam_clear(S)
+        s.loc_off = start
         for i in range(start, L):
             sam_extend(S, ctx_at(inp, n, sampled, i))
     else:
@@ -837,7 +840,8 @@ cdef class SuffixProposer(Proposer):
 
     Thread-safety
     -------------
-    One thread per slot at a time. The global store is shared by all slots and protected by a
+    One thread per slot at a time (a second call on a busy slot raises RuntimeError, also
+    through the engine, and leaves the slot alone). The global store is shared by all slots and protected by a
     lock: ``begin`` inserts under it with the GIL released; a draft only tries it and, when
     another thread holds it, drafts from the local index alone (drafts never wait).
     """
@@ -851,11 +855,10 @@ cdef class SuffixProposer(Proposer):
         self.lock = NULL
         memset(&self.store, 0, sizeof(Store))
 
-    def __init__(self, Py_ssize_t n_slots=1, Py_ssize_t max_draft=256, double min_prob=0.005,
+    def __init__(self, n_slots=1, Py_ssize_t max_draft=256, double min_prob=0.005,
                  double gain_cost=0.02, double draft_cost=0.0078125,
                  Py_ssize_t max_context=65536, Py_ssize_t global_tokens=1048576,
                  Py_ssize_t global_prompt=8, *, Py_ssize_t _count_depth=COUNT_DEPTH):
-        cdef Py_ssize_t i
         for name, value, lo, hi in (("max_draft", max_draft, 1, 4096),
                                     ("min_prob", min_prob, 0.0, 1.0),
                                     ("gain_cost", gain_cost, 0.0, 1.0),
@@ -866,26 +869,34 @@ cdef class SuffixProposer(Proposer):
                                     ("_count_depth", _count_depth, 1, 1 << 20)):
             if not lo <= value <= hi:
                 raise ValueError(f"{name} = {value} is out of range: allowed {lo} .. {hi}")
-        super().__init__("ngram-suffix", n_slots, max_draft)
+        Proposer.__init__(self, "ngram-suffix", n_slots, max_draft)   # first: refuses a re-run
         self.P.max_draft = <int32_t>max_draft
         self.P.min_p = <uint32_t>(min_prob * ONE + 0.5)
         self.P.gain_cost = <uint32_t>(gain_cost * ONE + 0.5)
         self.P.draft_cost = <uint32_t>(draft_cost * ONE + 0.5)
         self.P.max_context = <int32_t>max_context
         self.P.global_prompt = <int32_t>global_prompt
-        self.lock = PyThread_allocate_lock()
-        if self.lock == NULL:
-            raise MemoryError()
         self.store.budget = <int32_t>global_tokens
         self.store.sam.max_cap = <int32_t>global_tokens
         self.store.sam.depth = <int32_t>_count_depth
         self.store.gen = 1
+        try:
+            self.init_state(self.n_slots, max_draft, max_context, global_tokens, _count_depth)
+        except MemoryError:
+            self.free_state()
+            self.forget_slots()              # no slot to call; __init__ may run again
+            raise
+
+    cdef int init_state(self, Py_ssize_t n_slots, Py_ssize_t max_draft, Py_ssize_t max_context,
+                        Py_ssize_t global_tokens, Py_ssize_t _count_depth) except -1:
+        """The allocations of __init__ (the caller frees them all if one fails)."""
+        cdef Py_ssize_t i
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError("out of memory for ngram-suffix's store lock")
         if global_tokens >= 2 and sam_reserve(&self.store.sam, 1) < 0:
-            raise MemoryError()
-        self.slots = <Slot*>malloc(n_slots * sizeof(Slot))
-        if self.slots == NULL:
-            raise MemoryError()
-        memset(self.slots, 0, n_slots * sizeof(Slot))
+            raise MemoryError("out of memory for ngram-suffix's global store")
+        self.slots = <Slot*>alloc_per_slot(n_slots, sizeof(Slot), "ngram-suffix's per-slot state")
         for i in range(n_slots):
             self.slots[i].loc.max_cap = <int32_t>max_context
             self.slots[i].loc.depth = <int32_t>_count_depth
@@ -897,9 +908,14 @@ cdef class SuffixProposer(Proposer):
             self.slots[i].last_draft = <token_t*>malloc((max_draft + 1) * sizeof(token_t))
             if (self.slots[i].pred_tok == NULL or self.slots[i].pred_cell == NULL
                     or self.slots[i].last_draft == NULL):
-                raise MemoryError()
+                raise MemoryError(f"n_slots = {n_slots}: out of memory for ngram-suffix's "
+                                  f"buffers of slot {i}")
+        return 0
 
     def __dealloc__(self):
+        self.free_state()
+
+    cdef void free_state(self) noexcept:
         cdef Py_ssize_t i
         if self.slots != NULL:
             for i in range(self.n_slots):
@@ -908,9 +924,11 @@ cdef class SuffixProposer(Proposer):
                 free(self.slots[i].pred_cell)
                 free(self.slots[i].last_draft)
             free(self.slots)
+            self.slots = NULL
         sam_free(&self.store.sam)
         if self.lock != NULL:
             PyThread_free_lock(self.lock)
+            self.lock = NULL
 
     # -- the engine's interface ---------------------------------------------------------------
 
@@ -928,7 +946,7 @@ cdef class SuffixProposer(Proposer):
         else:
             rc = slot_begin(s, prompt + off, n - off, off)
         if rc < 0:
-            raise MemoryError()
+            raise MemoryError("out of memory while indexing ngram-suffix's prompt")
         return 0
 
     cdef int finish(self, Slot* s) except -1:
@@ -951,7 +969,7 @@ cdef class SuffixProposer(Proposer):
             return 0
         buf = <token_t*>malloc((n_pr + n_out + k) * sizeof(token_t))
         if buf == NULL:
-            raise MemoryError()
+            raise MemoryError("out of memory while storing a finished ngram-suffix request")
         memcpy(buf, S.text + a - n_pr, (n_pr + n_out) * sizeof(token_t))
         memcpy(buf + n_pr + n_out, s.last_draft, k * sizeof(token_t))
         with nogil:
@@ -960,7 +978,7 @@ cdef class SuffixProposer(Proposer):
             PyThread_release_lock(self.lock)
         free(buf)
         if rc < 0:
-            raise MemoryError()
+            raise MemoryError("out of memory while storing a finished ngram-suffix request")
         return 0
 
     cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
@@ -974,7 +992,11 @@ cdef class SuffixProposer(Proposer):
             s.active = True
             s.out_start = n
         if slot_sync(s, &self.P, inp, n, sampled) < 0:
-            raise MemoryError()
+            # the slot may be half-synced (e.g. its output start set past an empty automaton):
+            # forget the request, so that the next call starts over cleanly
+            slot_restart(s)
+            s.active = False
+            raise MemoryError("out of memory while indexing ngram-suffix's context")
         if self.store.budget >= 2 and PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
             slot_walk(s, &self.P, &self.store, inp, n, sampled)
             PyThread_release_lock(self.lock)
@@ -997,7 +1019,7 @@ cdef class SuffixProposer(Proposer):
         self._check_slot(slot)
         if prompt.shape[0] and np.asarray(prompt).min() < 0:
             raise ValueError("prompt holds a negative token id")
-        self.c_begin(slot, &prompt[0] if prompt.shape[0] else NULL, prompt.shape[0])
+        proposer_begin(self, slot, &prompt[0] if prompt.shape[0] else NULL, prompt.shape[0])
 
     def draft(self, Py_ssize_t slot, const token_t[::1] context, token_t sampled):
         """The draft (int32 array, possibly empty) to follow context + [sampled]. Only the
@@ -1009,9 +1031,10 @@ cdef class SuffixProposer(Proposer):
         if sampled < 0 or (context.shape[0] > lo and np.asarray(context[lo:]).min() < 0):
             raise ValueError("negative token id")
         cdef cnp.ndarray out = np.empty(self.max_draft, dtype=np.int32)
-        cdef Py_ssize_t k = self.c_draft(slot, &context[0] if context.shape[0] else NULL,
-                                         context.shape[0], sampled,
-                                         <token_t*>cnp.PyArray_DATA(out))
+        cdef Py_ssize_t k = proposer_draft(self, slot,
+                                           &context[0] if context.shape[0] else NULL,
+                                           context.shape[0], sampled,
+                                           <token_t*>cnp.PyArray_DATA(out))
         return out[:k]
 
     def accept(self, Py_ssize_t slot, Py_ssize_t n_accepted):
@@ -1019,7 +1042,15 @@ cdef class SuffixProposer(Proposer):
         self._check_slot(slot)
         if n_accepted < 0:
             raise ValueError(f"n_accepted = {n_accepted} is out of range: allowed >= 0")
-        self.c_accept(slot, n_accepted, False)
+        proposer_accept(self, slot, n_accepted, False)
+
+    cdef int lock_store(self) except -1:
+        """Take the store's lock (waiting without the GIL)."""
+        if self.lock == NULL:
+            raise RuntimeError("SuffixProposer is not initialised")
+        with nogil:
+            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        return 0
 
     def _check_slot(self, Py_ssize_t slot):
         if not 0 <= slot < self.n_slots:
@@ -1029,8 +1060,7 @@ cdef class SuffixProposer(Proposer):
         """Bytes held now: every slot and the global store."""
         cdef size_t total = 0
         cdef Py_ssize_t i
-        with nogil:
-            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        self.lock_store()
         if self.store.sam.cap:
             total += sam_bytes_for(self.store.sam.cap, self.store.sam.hbits)
         PyThread_release_lock(self.lock)
@@ -1044,8 +1074,7 @@ cdef class SuffixProposer(Proposer):
     def global_stats(self):
         """The global store: {'tokens', 'capacity', 'budget', 'states', 'transitions',
         'evictions', 'generation'}."""
-        with nogil:
-            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        self.lock_store()
         try:
             return dict(tokens=self.store.sam.n, capacity=self.store.sam.cap,
                         budget=self.store.budget, states=self.store.sam.n_states,
@@ -1057,8 +1086,7 @@ cdef class SuffixProposer(Proposer):
     def global_text(self):
         """The global store's tokens (sequences separated by -1), oldest first: a copy."""
         cdef cnp.ndarray out
-        with nogil:
-            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        self.lock_store()
         try:
             out = np.empty(self.store.sam.n, dtype=np.int32)
             if self.store.sam.n:

@@ -890,3 +890,52 @@ def test_cli_empty_requests_are_not_errors(tmp_path, capsys):
     for f in (path, str(tmp_path / "empty.jsonl")):
         rc, err = _cli_in_process(["replay", f, "--spec-type", CHAIN], capsys)
         assert rc == 0 and err == "", err
+
+
+# ---------------------------------------------------------------------------------------------
+# bools and byte strings (issue 20, point 10): refused wherever an integer or token ids are
+# expected, as slot=True always was
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [True, False, np.bool_(True)], ids=["True", "False", "np.bool_"])
+def test_bool_sampled_is_refused(bad):
+    eng = SpecEngine(CHAIN)
+    eng.begin(0, [1, 2, 3])
+    with pytest.raises(TypeError, match=r"sampled must be an integer token id, got bool"):
+        eng.draft(0, [1, 2, 3], bad)
+
+
+@pytest.mark.parametrize("where", ["prompt", "context"])
+@pytest.mark.parametrize("bad", [[5, True, 7], (5, 6, False)], ids=["list", "tuple"])
+def test_bool_in_token_list_is_refused(where, bad):
+    eng = SpecEngine(CHAIN)
+    pos = [type(v) for v in bad].index(bool)
+    with pytest.raises(TypeError, match=rf"{where}\[{pos}\] = {bad[pos]} is not a token id: "
+                                        r"ids must be integers, not bool"):
+        eng.begin(0, bad) if where == "prompt" else eng.draft(0, bad, 1)
+
+
+@pytest.mark.parametrize("where", ["prompt", "context"])
+@pytest.mark.parametrize("bad", [bytearray(b"\x01\x02\x03"), b"\x01\x02\x03",
+                                 memoryview(bytearray(b"\x01\x02\x03")), memoryview(b"abc")],
+                         ids=["bytearray", "bytes", "memoryview-bytearray", "memoryview-bytes"])
+def test_byte_strings_are_not_token_ids(where, bad):
+    """bytes were refused (a 0-d string array) while bytearray passed as uint8 ids: both are
+    text or raw data, not token ids. Integer buffers (array.array, memoryview of an int array,
+    numpy uint8) stay accepted: see FORMS."""
+    eng = SpecEngine(CHAIN)
+    with pytest.raises(TypeError, match=rf"{where} must be a 1-D sequence of integer token ids, "
+                                        r"got (bytearray|bytes) \(bytes are not token ids"):
+        eng.begin(0, bad) if where == "prompt" else eng.draft(0, bad, 1)
+    eng.begin(0, np.frombuffer(bytes(bad), dtype=np.uint8))   # an explicit uint8 array is ids
+
+
+@pytest.mark.parametrize("cls", ["SimpleProposer", "MapProposer", "ModProposer",
+                                 "SuffixProposer", "NgramCacheProposer"])
+def test_proposer_n_slots_bool_is_refused(cls):
+    from ngramspec import _cache, _core, _suffix
+    make = next(getattr(m, cls) for m in (_core, _suffix, _cache) if hasattr(m, cls))
+    with pytest.raises(TypeError, match=r"n_slots must be an integer, got bool"):
+        make(n_slots=True)
+    with pytest.raises(ValueError, match=r"n_slots = 0 is out of range: allowed >= 1"):
+        make(n_slots=0)
