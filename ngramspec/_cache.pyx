@@ -9,11 +9,15 @@ followed it: ``context`` (learned online from the slot's token stream), ``dynami
 Bit-exactness hinges on one thing the spec cannot write down as a formula: when two candidate
 tokens tie, llama.cpp keeps the one that comes first in the iteration order of libstdc++'s
 ``std::unordered_map<int32_t, int32_t>`` (spec 6.4). That order depends on the prime bucket
-policy and on the insertion history, so this module keeps the counts in that very container
-(compiled with g++/libstdc++) and fills it with the same sequence of insertions as llama.cpp:
-`cache_update` mirrors ``common_ngram_cache_update`` loop for loop, and file loading inserts in
-file order. The outer map (n-gram -> part) uses llama.cpp's own n-gram hash, so iterating it,
-and therefore a saved file, comes out in the same order as ``common_ngram_cache_save``.
+policy and on the insertion history, so this module keeps the counts in a table that reproduces
+that container's node list, bucket walk and rehash policy (``_ordered_table.h``, built on
+libstdc++'s own ``_Prime_rehash_policy``) and fills it with the same sequence of insertions as
+llama.cpp: `cache_update` mirrors ``common_ngram_cache_update`` loop for loop, and file loading
+inserts in file order. The outer table (n-gram -> part) is ordered by llama.cpp's own n-gram
+hash, so iterating it, and therefore a saved file, comes out in the same order as
+``common_ngram_cache_save``. Keys are never found through those two hashes, which crafted
+input floods ((x, x) and (x, x, y, y) all hash to 0): a separate index keyed with a random
+per-process SipHash finds them in O(1) whatever the tokens (issue 20).
 
 Layout: C++ container primitives in the verbatim block below (they catch ``std::bad_alloc`` so
 the Cython kernels can stay ``noexcept nogil``), the algorithms as Cython kernels, and two
@@ -38,9 +42,12 @@ cdef extern from * nogil:
     """
     #include <cstddef>
     #include <cstdint>
+    #include <functional>
     #include <new>
     #include <unordered_map>
     #include <vector>
+
+    #include "_ordered_table.h"
 
     // llama.cpp's common_ngram: 4 token ids, the unused tail is LLAMA_TOKEN_NULL (-1).
     struct ngs_ngram {
@@ -51,10 +58,9 @@ cdef extern from * nogil:
         }
     };
 
-    // llama.cpp's common_ngram_hash_function (Fibonacci hashing, XOR-combined). Only the outer
-    // map uses it; keeping it identical makes a saved file come out in llama.cpp's order.
-    // Deliberately not noexcept, like the original: libstdc++ then caches the hash code in each
-    // node, which changes memory use but not the iteration order.
+    // llama.cpp's common_ngram_hash_function (Fibonacci hashing, XOR-combined). It only orders
+    // the outer table (and so a saved file) as llama.cpp's; it is never used to find a key:
+    // (x, x) and (x, x, y, y) all hash to 0.
     struct ngs_ngram_hash {
         size_t operator()(const ngs_ngram & g) const {
             const uint64_t fib = 11400714819323198485ull;
@@ -66,9 +72,21 @@ cdef extern from * nogil:
         }
     };
 
-    // Must stay exactly llama.cpp's common_ngram_cache_part: its iteration order breaks ties.
-    typedef std::unordered_map<int32_t, int32_t> ngs_part;
-    typedef std::unordered_map<ngs_ngram, ngs_part, ngs_ngram_hash> ngs_cache;
+    // The index's hashes: CPython's keyed SipHash, so that no input can be crafted to collide.
+    struct ngs_ngram_index_hash {
+        size_t operator()(const ngs_ngram & g) const {
+            return ngs::keyed_hash(g.tokens, sizeof g.tokens);
+        }
+    };
+    struct ngs_token_index_hash {
+        size_t operator()(int32_t t) const { return ngs::keyed_hash(&t, sizeof t); }
+    };
+
+    // llama.cpp's common_ngram_cache_part (unordered_map<int32, int32>) and common_ngram_cache
+    // (unordered_map<common_ngram, part, common_ngram_hash_function>): the same iteration
+    // orders, which break ties and order saved files, but O(1) lookups (_ordered_table.h).
+    typedef ngs::ordered_table<int32_t, int32_t, std::hash<int32_t>, ngs_token_index_hash> ngs_part;
+    typedef ngs::ordered_table<ngs_ngram, ngs_part, ngs_ngram_hash, ngs_ngram_index_hash> ngs_cache;
 
     struct ngs_slot {
         size_t cache_size = 0;   // tokens of the slot's stream already seen (never reset, spec 6.4)
@@ -84,31 +102,28 @@ cdef extern from * nogil:
     }
 
     static inline ngs_part * ngs_find(ngs_cache * c, const ngs_ngram & g) {
-        auto it = c->find(g);
-        return it == c->end() ? nullptr : &it->second;
+        return c->get(g);
     }
 
-    // cache[g][tok] += count, inserting absent keys. Same container operations, hence the same
-    // node placement, as common_ngram_cache_update / _merge: a new n-gram gets a part holding
-    // just {tok: count}; a new token is emplaced into the existing part. 0 = ok, -1 = no memory.
+    // cache[g][tok] += count, inserting absent keys. The same insertions, hence the same
+    // orders, as common_ngram_cache_update / _merge: a new n-gram gets a new part holding just
+    // {tok: count}; a new token is inserted into the existing part. 0 = ok, -1 = no memory
+    // (nothing changed then).
     static inline int ngs_add(ngs_cache * c, const ngs_ngram & g, int32_t tok, int32_t count) {
         try {
-            auto it = c->find(g);
-            if (it == c->end()) {
-                ngs_part & p = (*c)[g];
-                try {
-                    p.emplace(tok, count);
-                } catch (...) {
-                    c->erase(g);   // never leave an empty part (it would be an invalid record)
-                    throw;
-                }
+            const ngs_cache::probe pg = c->lookup(g);
+            if (pg.found == nullptr) {
+                ngs_part p;
+                p.insert_new(tok, std::move(count));
+                c->insert_new(g, std::move(p), &pg);
                 return 0;
             }
-            auto jt = it->second.find(tok);
-            if (jt == it->second.end()) {
-                it->second.emplace(tok, count);
+            ngs_part & part = pg.found->kv.second;
+            const ngs_part::probe pt = part.lookup(tok);
+            if (pt.found == nullptr) {
+                part.insert_new(tok, std::move(count), &pt);
             } else {
-                jt->second = ngs_sat_add(jt->second, count);
+                pt.found->kv.second = ngs_sat_add(pt.found->kv.second, count);
             }
             return 0;
         } catch (const std::bad_alloc &) {
@@ -119,12 +134,15 @@ cdef extern from * nogil:
     // For loading: the part of a new n-gram, or nullptr (*is_new = false) if g is already there;
     // a file's later duplicate is ignored, as common_ngram_cache_load's emplace ignores it.
     static inline ngs_part * ngs_new_part(ngs_cache * c, const ngs_ngram & g, int * is_new) {
+        const ngs_cache::probe pg = c->lookup(g);
+        if (pg.found != nullptr) {
+            *is_new = 0;
+            return nullptr;
+        }
+        *is_new = 1;
         try {
-            auto r = c->try_emplace(g);
-            *is_new = r.second ? 1 : 0;
-            return r.second ? &r.first->second : nullptr;
+            return c->insert_new(g, ngs_part(), &pg);
         } catch (const std::bad_alloc &) {
-            *is_new = 1;
             return nullptr;
         }
     }
@@ -132,7 +150,8 @@ cdef extern from * nogil:
     // emplace (first occurrence wins). 0 = ok, -1 = no memory.
     static inline int ngs_part_emplace(ngs_part * p, int32_t tok, int32_t count) {
         try {
-            p->emplace(tok, count);
+            const ngs_part::probe pt = p->lookup(tok);
+            if (pt.found == nullptr) p->insert_new(tok, std::move(count), &pt);
             return 0;
         } catch (const std::bad_alloc &) {
             return -1;
@@ -143,7 +162,7 @@ cdef extern from * nogil:
     // iteration order, exactly as common_ngram_cache_merge's emplace(ngram, part) does.
     static inline int ngs_insert_copy(ngs_cache * c, const ngs_ngram & g, const ngs_part * p) {
         try {
-            c->emplace(g, *p);
+            c->insert_new(g, ngs_part(*p));    // the caller's lookup found nothing
             return 0;
         } catch (const std::bad_alloc &) {
             return -1;
@@ -153,7 +172,7 @@ cdef extern from * nogil:
     // Empty a cache and give its memory back (clear() keeps the bucket array): the old
     // contents move into a temporary that is destroyed here.
     static inline void ngs_free(ngs_cache * c) {
-        ngs_cache().swap(*c);
+        c->reset();
     }
 
     static inline int ngs_copy_cache(ngs_cache * dst, const ngs_cache * src) {
@@ -163,6 +182,40 @@ cdef extern from * nogil:
         } catch (const std::bad_alloc &) {
             return -1;
         }
+    }
+
+    // For tests only: llama.cpp's containers themselves (libstdc++'s unordered_map with
+    // llama.cpp's hashes), to check that ngs_cache iterates in exactly their order.
+    typedef std::unordered_map<int32_t, int32_t> ngs_std_part;
+    typedef std::unordered_map<ngs_ngram, ngs_std_part, ngs_ngram_hash> ngs_std_cache;
+
+    static inline void ngs_std_add(ngs_std_cache * c, const ngs_ngram & g, int32_t tok,
+                                   int32_t count) {
+        auto it = c->find(g);
+        if (it == c->end()) {
+            (*c)[g].emplace(tok, count);
+            return;
+        }
+        auto jt = it->second.find(tok);
+        if (jt == it->second.end()) it->second.emplace(tok, count);
+        else jt->second = ngs_sat_add(jt->second, count);
+    }
+
+    // common_ngram_cache_merge, verbatim in its container operations.
+    static inline void ngs_std_merge(ngs_std_cache * dst, const ngs_std_cache * src) {
+        for (const auto & kv : *src) {
+            if (dst->find(kv.first) == dst->end()) {
+                dst->emplace(kv.first, kv.second);
+                continue;
+            }
+            for (const auto & tc : kv.second) ngs_std_add(dst, kv.first, tc.first, tc.second);
+        }
+    }
+
+    // common_ngram_cache_load's insertions for one record.
+    static inline ngs_std_part * ngs_std_new_part(ngs_std_cache * c, const ngs_ngram & g) {
+        auto r = c->try_emplace(g);
+        return r.second ? &r.first->second : nullptr;
     }
 
     // Thresholds of common_ngram_cache_draft, indexed by n-gram size - 1.
@@ -187,6 +240,7 @@ cdef extern from * nogil:
         iterator find(int32_t&)
         size_t size()
         size_t bucket_count()
+        size_t index_capacity()
 
     ctypedef pair[ngs_ngram, ngs_part] ngs_item
 
@@ -200,12 +254,41 @@ cdef extern from * nogil:
         iterator end()
         size_t size()
         size_t bucket_count()
+        size_t index_capacity()
         void clear()
 
     cdef cppclass ngs_slot:
         size_t cache_size
         bint busy
         ngs_cache context
+
+    cdef cppclass ngs_std_part:
+        cppclass iterator:
+            ngs_tc& operator*()
+            iterator operator++()
+            bint operator!=(iterator)
+        iterator begin()
+        iterator end()
+        size_t size()
+        size_t bucket_count()
+        void emplace(int32_t, int32_t)
+
+    ctypedef pair[ngs_ngram, ngs_std_part] ngs_std_item
+
+    cdef cppclass ngs_std_cache:
+        cppclass iterator:
+            ngs_std_item& operator*()
+            iterator operator++()
+            bint operator!=(iterator)
+        iterator begin()
+        iterator end()
+        size_t size()
+        size_t bucket_count()
+        void clear()
+
+    void ngs_std_add(ngs_std_cache* c, const ngs_ngram& g, int32_t tok, int32_t count) except +
+    void ngs_std_merge(ngs_std_cache* dst, const ngs_std_cache* src) except +
+    ngs_std_part* ngs_std_new_part(ngs_std_cache* c, const ngs_ngram& g) except +
 
     ngs_part* ngs_find(ngs_cache* c, const ngs_ngram& g)
     int ngs_add(ngs_cache* c, const ngs_ngram& g, int32_t tok, int32_t count)
@@ -533,13 +616,15 @@ cdef int cache_merge(ngs_cache* target, ngs_cache* add) noexcept nogil:
 
 
 cdef Py_ssize_t cache_bytes(ngs_cache* c) noexcept nogil:
-    """Approximate heap bytes of a cache (libstdc++ node and bucket sizes, malloc rounding)."""
+    """Approximate heap bytes of a cache (node, bucket and index sizes, malloc rounding)."""
     cdef ngs_cache.iterator it = c.begin()
-    cdef Py_ssize_t total = 8 * <Py_ssize_t>c.bucket_count()
+    cdef Py_ssize_t total = 8 * <Py_ssize_t>(c.bucket_count() + c.index_capacity())
     while it != c.end():
-        # outer node: next + key + part object + cached hash; inner node: next + pair -> 32
+        # outer node: next + hash code + key + part object -> 96; inner node: next + code +
+        # pair -> 32
         total += 96 + 32 * <Py_ssize_t>deref(it).second.size()
-        total += 8 * <Py_ssize_t>deref(it).second.bucket_count()
+        total += 8 * <Py_ssize_t>(deref(it).second.bucket_count()
+                                  + deref(it).second.index_capacity())
         inc(it)
     return total
 
@@ -611,11 +696,12 @@ cdef list part_list(ngs_part* part):
 cdef class NgramCache:
     """One llama.cpp n-gram cache: n-gram (1..4 token ids) -> {next token: count}.
 
-    The in-memory layout is llama.cpp's own (``std::unordered_map`` of libstdc++), so the
-    iteration order of every part, which breaks ties between equally likely tokens, is the one
-    llama.cpp has after the same sequence of updates, loads and merges.
+    The iteration orders are those of llama.cpp's ``std::unordered_map`` (libstdc++) after the
+    same sequence of updates, loads and merges: the order of every part breaks ties between
+    equally likely tokens, the outer order is the saved file's. Lookups and insertions cost
+    O(1) whatever the tokens (no hash flooding).
 
-    Memory: about 100 bytes per n-gram plus 40 bytes per (n-gram, token) entry. A static cache
+    Memory: about 120 bytes per n-gram plus 40 bytes per (n-gram, token) entry. A static cache
     built from N corpus tokens holds at most N 2-grams; a context cache holds up to 4 n-grams
     per token seen.
 
@@ -735,6 +821,18 @@ cdef class NgramCache:
         self._check_read()
         cdef ngs_ngram g = make_key(ngram)
         return ngs_find(&self.c, g) != NULL
+
+    def _bucket_count(self, ngram=None):
+        """Buckets of the outer table, or of the part of ``ngram`` (KeyError if absent): the
+        counts libstdc++'s unordered_map would have. For tests."""
+        self._check_read()
+        if ngram is None:
+            return self.c.bucket_count()
+        cdef ngs_ngram g = make_key(ngram)
+        cdef ngs_part* part = ngs_find(&self.c, g)
+        if part == NULL:
+            raise KeyError(tuple(ngram))
+        return part.bucket_count()
 
     def items(self):
         """List of ``(ngram tuple, [(token, count), ...])`` in iteration (= file) order."""
@@ -1073,3 +1171,80 @@ def _replay_request(Proposer p, Py_ssize_t slot, prompt, output, list timings=No
         sampled = ov[produced]
         produced += 1
     return steps, drafts
+
+
+# ---------------------------------------------------------------------------------------------
+# For tests: llama.cpp's own containers
+# ---------------------------------------------------------------------------------------------
+
+cdef class _StdCache:
+    """The same operations as `NgramCache` (update, merge, load, clear, copy) on llama.cpp's
+    containers themselves, libstdc++'s ``std::unordered_map`` with llama.cpp's n-gram hash,
+    whose lookups scan buckets: the reference for `NgramCache`'s iteration orders. For tests
+    only (crafted input makes it quadratic)."""
+    cdef ngs_std_cache c
+
+    def update(self, tokens, int ngram_min=NGRAM_MIN, int ngram_max=NGRAM_MAX):
+        """common_ngram_cache_update over ``tokens`` (size outer, position inner)."""
+        arr = _as_tokens(tokens)
+        cdef const token_t[::1] v = arr
+        cdef Py_ssize_t i, n = v.shape[0]
+        cdef int size, j
+        cdef ngs_ngram g
+        for size in range(ngram_min, ngram_max + 1):
+            for j in range(NGRAM_MAX):
+                g.tokens[j] = TOKEN_NULL
+            for i in range(size, n):
+                for j in range(size):
+                    g.tokens[j] = v[i - size + j]
+                ngs_std_add(&self.c, g, v[i], 1)
+
+    def merge(self, _StdCache other not None):
+        ngs_std_merge(&self.c, &other.c)
+
+    def load(self, records):
+        """common_ngram_cache_load's insertions for ``[(ngram, [(token, count), ...]), ...]``:
+        a repeated n-gram or token keeps its first occurrence."""
+        cdef ngs_ngram g
+        cdef ngs_std_part* part
+        for ngram, pairs in records:
+            g = make_key(ngram)
+            part = ngs_std_new_part(&self.c, g)
+            if part != NULL:
+                for tok, cnt in pairs:
+                    part.emplace(tok, cnt)
+
+    def clear(self):
+        self.c.clear()
+
+    def copy(self):
+        cdef _StdCache dup = _StdCache()
+        dup.c = self.c
+        return dup
+
+    def bucket_count(self, ngram=None):
+        """Buckets of the outer map, or of the part of ``ngram``."""
+        cdef ngs_std_cache.iterator it = self.c.begin()
+        if ngram is None:
+            return self.c.bucket_count()
+        key = tuple(ngram)
+        while it != self.c.end():
+            if key_tuple(deref(it).first) == key:
+                return deref(it).second.bucket_count()
+            inc(it)
+        raise KeyError(key)
+
+    def items(self):
+        """Like `NgramCache.items`: iteration order, outer and inner."""
+        cdef ngs_std_cache.iterator it = self.c.begin()
+        cdef ngs_std_part.iterator jt
+        out = []
+        while it != self.c.end():
+            pairs = []
+            jt = deref(it).second.begin()
+            while jt != deref(it).second.end():
+                pairs.append((deref(jt).first, deref(jt).second))
+                inc(jt)
+            out.append((key_tuple(deref(it).first), pairs))
+            inc(it)
+        return out
