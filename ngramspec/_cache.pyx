@@ -31,6 +31,7 @@ from libcpp.vector cimport vector
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from ngramspec._core cimport Proposer, token_t
+from ngramspec._core import check_int
 
 import os
 import weakref
@@ -317,6 +318,9 @@ cdef enum:
     # Context caches with at least this many n-grams are freed without the GIL (~0.1 ms+).
     NOGIL_FREE_NGRAMS = 4096
 
+# vocab_end without a vocabulary bound: every int32 token id >= 0 is below it.
+cdef int64_t VOCAB_UNBOUNDED = 1 << 31
+
 # Error codes of parse_cache (also used by the Python-level message builder).
 cdef enum:
     PARSE_OK = 0
@@ -439,8 +443,11 @@ cdef token_t try_static(ngs_part* part_static) noexcept nogil:
 
 cdef Py_ssize_t cache_draft(ngs_cache* context, ngs_cache* dynamic, ngs_cache* static_,
                             const token_t* inp, Py_ssize_t L, token_t sampled, token_t* out,
-                            Py_ssize_t n_draft) noexcept nogil:
+                            Py_ssize_t n_draft, int64_t vocab_end) noexcept nogil:
     """common_ngram_cache_draft over X = inp + [sampled] + out[0:nd] (spec 6.3), read in place.
+
+    The draft ends before the first token >= vocab_end (the target's vocabulary size; 2**31
+    for no bound), which the target could not take.
 
     Tiny contexts: for len(inp) + 1 in {2, 3}, llama.cpp builds the 3- and 4-grams from
     positions before the start of the buffer (undefined behaviour, spec 6.4 item 3). Here an
@@ -481,7 +488,7 @@ cdef Py_ssize_t cache_draft(ngs_cache* context, ngs_cache* dynamic, ngs_cache* s
                             ngs_min_n_strict, ngs_min_pct_strict)
         if t == TOKEN_NULL:
             t = try_static(part_static)
-        if t == TOKEN_NULL:
+        if t == TOKEN_NULL or t >= vocab_end:
             break
         out[nd] = t
         nd += 1
@@ -629,6 +636,25 @@ cdef Py_ssize_t cache_bytes(ngs_cache* c) noexcept nogil:
     return total
 
 
+cdef int32_t cache_max_token(ngs_cache* c) noexcept nogil:
+    """The largest token id in a cache's n-grams and parts, -1 if it is empty."""
+    cdef ngs_cache.iterator it = c.begin()
+    cdef ngs_part.iterator jt
+    cdef int32_t m = -1
+    cdef int j
+    while it != c.end():
+        for j in range(NGRAM_MAX):
+            if deref(it).first.tokens[j] > m:
+                m = deref(it).first.tokens[j]
+        jt = deref(it).second.begin()
+        while jt != deref(it).second.end():
+            if deref(jt).first > m:
+                m = deref(jt).first
+            inc(jt)
+        inc(it)
+    return m
+
+
 # ---------------------------------------------------------------------------------------------
 # Python layer
 # ---------------------------------------------------------------------------------------------
@@ -713,6 +739,7 @@ cdef class NgramCache:
     """
     cdef ngs_cache c
     cdef bint _frozen
+    cdef readonly object source     # the file it was loaded from (or from_bytes' source), or None
     cdef bint writing           # a mutating call is running (possibly without the GIL)
     cdef int readers            # reading calls running without the GIL
     cdef object __weakref__
@@ -822,6 +849,19 @@ cdef class NgramCache:
         cdef ngs_ngram g = make_key(ngram)
         return ngs_find(&self.c, g) != NULL
 
+    def max_token(self):
+        """The largest token id the cache holds (in an n-gram or as a next token), -1 if empty;
+        e.g. to check that it fits a model's vocabulary. Releases the GIL."""
+        cdef int32_t m
+        self._check_read()
+        self.readers += 1
+        try:
+            with nogil:
+                m = cache_max_token(&self.c)
+        finally:
+            self.readers -= 1
+        return m
+
     def _bucket_count(self, ngram=None):
         """Buckets of the outer table, or of the part of ``ngram`` (KeyError if absent): the
         counts libstdc++'s unordered_map would have. For tests."""
@@ -881,6 +921,7 @@ cdef class NgramCache:
         with nogil:
             rc = parse_cache(&cache.c, &view[0], n, &err_off, &err_val)
         if rc == PARSE_OK:
+            cache.source = source
             return cache
         if rc == PARSE_NOMEM:
             raise MemoryError(f"{source}: out of memory while loading the n-gram cache")
@@ -934,6 +975,9 @@ cdef class NgramCacheProposer(Proposer):
         learns the whole new prompt as a new proposer would (the golden files' "fresh" state).
         Without it, a server slot keeps counting n-grams of unrelated earlier requests and
         learns nothing from a prompt shorter than what it has already seen.
+    n_vocab : int or None
+        The target model's vocabulary size (see `set_vocab`): drafts never hold a token id
+        >= n_vocab, and caches holding one are refused. None (default): no bound.
 
     Memory: per slot, the context cache grows without bound in a long-lived slot (about four
     n-grams per token of new context, ~150 bytes each); with ``restart`` it holds one request.
@@ -943,17 +987,23 @@ cdef class NgramCacheProposer(Proposer):
     first call of a request) hashes it without the GIL, and freeing a large context cache
     (begin with ``restart``, `reset`) also runs without it; another thread may then use other
     slots, while a second call on the same slot raises RuntimeError. The shared caches are
-    frozen, so concurrent reads are safe.
+    frozen, so concurrent reads are safe. Call `set_vocab` before the slots are in use.
     """
     cdef vector[ngs_slot] slots
     cdef readonly NgramCache static_cache
     cdef readonly NgramCache dynamic_cache
     cdef readonly bint restart
+    cdef readonly object n_vocab
+    cdef int64_t vocab_end              # n_vocab, or 2**31 (no bound)
+    cdef object max_tokens              # (static, dynamic) max_token(), computed once
     cdef ngs_cache* static_c
     cdef ngs_cache* dynamic_c
 
+    def __cinit__(self):
+        self.vocab_end = VOCAB_UNBOUNDED
+
     def __init__(self, Py_ssize_t n_slots=1, NgramCache static=None, NgramCache dynamic=None,
-                 restart=False):
+                 restart=False, n_vocab=None):
         super().__init__("ngram-cache", n_slots, CACHE_N_DRAFT)
         self.restart = bool(restart)
         self.static_cache = static if static is not None else NgramCache()
@@ -962,8 +1012,39 @@ cdef class NgramCacheProposer(Proposer):
         self.dynamic_cache._frozen = True
         self.static_c = &self.static_cache.c
         self.dynamic_c = &self.dynamic_cache.c
+        self.max_tokens = None
         self.slots.clear()
         self.slots.resize(n_slots)
+        self.set_vocab(n_vocab)
+
+    def set_vocab(self, n_vocab):
+        """Bound the drafts to the target model's vocabulary, token ids 0 .. n_vocab - 1
+        (e.g. ``llm.n_vocab()``); None removes the bound (llama.cpp's behaviour).
+
+        Raises ValueError naming the cache file and the token if the static or dynamic cache
+        holds a token id >= n_vocab, as a cache built with another tokenizer does: its drafts
+        would be tokens the target cannot decode (llama_decode fails, older llama.cpp builds
+        read out of bounds). The bound is then left as it was. Whatever their source (the
+        slot's context cache learns whatever context the driver passes), drafts end before
+        the first token >= n_vocab.
+        """
+        if n_vocab is None:
+            self.n_vocab = None
+            self.vocab_end = VOCAB_UNBOUNDED
+            return
+        n_vocab = check_int("n_vocab", n_vocab, 1, VOCAB_UNBOUNDED)
+        if self.max_tokens is None:     # the shared caches are frozen: scan them once
+            self.max_tokens = (self.static_cache.max_token(), self.dynamic_cache.max_token())
+        for which, cache, top in (("static", self.static_cache, self.max_tokens[0]),
+                                  ("dynamic", self.dynamic_cache, self.max_tokens[1])):
+            if top >= n_vocab:
+                source = cache.source if cache.source is not None else f"the {which} cache"
+                raise ValueError(
+                    f"{source}: token id {top} is outside the model's vocabulary (n_vocab = "
+                    f"{n_vocab}: ids 0 .. {n_vocab - 1}); was this {which} n-gram cache "
+                    f"built with another tokenizer?")
+        self.n_vocab = n_vocab
+        self.vocab_end = n_vocab
 
     cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
         if self.restart:
@@ -1013,7 +1094,7 @@ cdef class NgramCacheProposer(Proposer):
                 raise MemoryError("out of memory while updating the ngram-cache context cache")
             st.cache_size = n + 1
         return cache_draft(&st.context, self.dynamic_c, self.static_c, inp, n, sampled, out,
-                           CACHE_N_DRAFT)
+                           CACHE_N_DRAFT, self.vocab_end)
 
     cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
         return 0    # llama.cpp: accept is a no-op
