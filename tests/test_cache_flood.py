@@ -11,7 +11,7 @@ import struct
 import time
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ngramspec import SpecEngine
@@ -161,6 +161,8 @@ op_st = st.one_of(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op_st, min_size=1, max_size=12))
+@example([("update", 0, [0, 0, 1, 0, 0, 1], 1, 4), ("reload", 0, 0), ("merge", 1, 0),
+          ("copy", 2, 1), ("clear", 1), ("update", 1, [5, 5, 5], 1, 2), ("merge", 2, 1)])
 def test_operations_match_llamacpp_containers(ops):
     """Any sequence of update / merge / copy / clear / load on three caches leaves every
     cache in exactly the state libstdc++'s unordered_map reaches: same items in the same
@@ -187,9 +189,9 @@ def test_operations_match_llamacpp_containers(ops):
             refs[op[1]].clear()
         else:   # load cache j's file into a new cache i (file order = j's iteration order)
             _, i, j = op
-            data = caches[j].to_bytes()
+            data, records = caches[j].to_bytes(), refs[j].items()
             caches[i] = NgramCache.from_bytes(data)
             refs[i] = _StdCache()
-            refs[i].load(refs[j].items())
+            refs[i].load(records)
     for c, r in zip(caches, refs):
         assert_same(c, r)
