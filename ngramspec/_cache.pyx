@@ -9,11 +9,15 @@ followed it: ``context`` (learned online from the slot's token stream), ``dynami
 Bit-exactness hinges on one thing the spec cannot write down as a formula: when two candidate
 tokens tie, llama.cpp keeps the one that comes first in the iteration order of libstdc++'s
 ``std::unordered_map<int32_t, int32_t>`` (spec 6.4). That order depends on the prime bucket
-policy and on the insertion history, so this module keeps the counts in that very container
-(compiled with g++/libstdc++) and fills it with the same sequence of insertions as llama.cpp:
-`cache_update` mirrors ``common_ngram_cache_update`` loop for loop, and file loading inserts in
-file order. The outer map (n-gram -> part) uses llama.cpp's own n-gram hash, so iterating it,
-and therefore a saved file, comes out in the same order as ``common_ngram_cache_save``.
+policy and on the insertion history, so this module keeps the counts in a table that reproduces
+that container's node list, bucket walk and rehash policy (``_ordered_table.h``, built on
+libstdc++'s own ``_Prime_rehash_policy``) and fills it with the same sequence of insertions as
+llama.cpp: `cache_update` mirrors ``common_ngram_cache_update`` loop for loop, and file loading
+inserts in file order. The outer table (n-gram -> part) is ordered by llama.cpp's own n-gram
+hash, so iterating it, and therefore a saved file, comes out in the same order as
+``common_ngram_cache_save``. Keys are never found through those two hashes, which crafted
+input floods ((x, x) and (x, x, y, y) all hash to 0): a separate index keyed with a random
+per-process SipHash finds them in O(1) whatever the tokens (issue 20).
 
 Layout: C++ container primitives in the verbatim block below (they catch ``std::bad_alloc`` so
 the Cython kernels can stay ``noexcept nogil``), the algorithms as Cython kernels, and two
@@ -26,6 +30,7 @@ from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 
 from ngramspec._core cimport Proposer, token_t
+from ngramspec._core import check_int
 
 import os
 import weakref
@@ -37,9 +42,12 @@ cdef extern from * nogil:
     """
     #include <cstddef>
     #include <cstdint>
+    #include <functional>
     #include <new>
     #include <unordered_map>
     #include <vector>
+
+    #include "_ordered_table.h"
 
     // llama.cpp's common_ngram: 4 token ids, the unused tail is LLAMA_TOKEN_NULL (-1).
     struct ngs_ngram {
@@ -50,10 +58,9 @@ cdef extern from * nogil:
         }
     };
 
-    // llama.cpp's common_ngram_hash_function (Fibonacci hashing, XOR-combined). Only the outer
-    // map uses it; keeping it identical makes a saved file come out in llama.cpp's order.
-    // Deliberately not noexcept, like the original: libstdc++ then caches the hash code in each
-    // node, which changes memory use but not the iteration order.
+    // llama.cpp's common_ngram_hash_function (Fibonacci hashing, XOR-combined). It only orders
+    // the outer table (and so a saved file) as llama.cpp's; it is never used to find a key:
+    // (x, x) and (x, x, y, y) all hash to 0.
     struct ngs_ngram_hash {
         size_t operator()(const ngs_ngram & g) const {
             const uint64_t fib = 11400714819323198485ull;
@@ -65,9 +72,21 @@ cdef extern from * nogil:
         }
     };
 
-    // Must stay exactly llama.cpp's common_ngram_cache_part: its iteration order breaks ties.
-    typedef std::unordered_map<int32_t, int32_t> ngs_part;
-    typedef std::unordered_map<ngs_ngram, ngs_part, ngs_ngram_hash> ngs_cache;
+    // The index's hashes: CPython's keyed SipHash, so that no input can be crafted to collide.
+    struct ngs_ngram_index_hash {
+        size_t operator()(const ngs_ngram & g) const {
+            return ngs::keyed_hash(g.tokens, sizeof g.tokens);
+        }
+    };
+    struct ngs_token_index_hash {
+        size_t operator()(int32_t t) const { return ngs::keyed_hash(&t, sizeof t); }
+    };
+
+    // llama.cpp's common_ngram_cache_part (unordered_map<int32, int32>) and common_ngram_cache
+    // (unordered_map<common_ngram, part, common_ngram_hash_function>): the same iteration
+    // orders, which break ties and order saved files, but O(1) lookups (_ordered_table.h).
+    typedef ngs::ordered_table<int32_t, int32_t, std::hash<int32_t>, ngs_token_index_hash> ngs_part;
+    typedef ngs::ordered_table<ngs_ngram, ngs_part, ngs_ngram_hash, ngs_ngram_index_hash> ngs_cache;
 
     struct ngs_slot {
         size_t cache_size = 0;   // tokens of the slot's stream already seen (never reset, spec 6.4)
@@ -83,31 +102,28 @@ cdef extern from * nogil:
     }
 
     static inline ngs_part * ngs_find(ngs_cache * c, const ngs_ngram & g) {
-        auto it = c->find(g);
-        return it == c->end() ? nullptr : &it->second;
+        return c->get(g);
     }
 
-    // cache[g][tok] += count, inserting absent keys. Same container operations, hence the same
-    // node placement, as common_ngram_cache_update / _merge: a new n-gram gets a part holding
-    // just {tok: count}; a new token is emplaced into the existing part. 0 = ok, -1 = no memory.
+    // cache[g][tok] += count, inserting absent keys. The same insertions, hence the same
+    // orders, as common_ngram_cache_update / _merge: a new n-gram gets a new part holding just
+    // {tok: count}; a new token is inserted into the existing part. 0 = ok, -1 = no memory
+    // (nothing changed then).
     static inline int ngs_add(ngs_cache * c, const ngs_ngram & g, int32_t tok, int32_t count) {
         try {
-            auto it = c->find(g);
-            if (it == c->end()) {
-                ngs_part & p = (*c)[g];
-                try {
-                    p.emplace(tok, count);
-                } catch (...) {
-                    c->erase(g);   // never leave an empty part (it would be an invalid record)
-                    throw;
-                }
+            const ngs_cache::probe pg = c->lookup(g);
+            if (pg.found == nullptr) {
+                ngs_part p;
+                p.insert_new(tok, std::move(count));
+                c->insert_new(g, std::move(p), &pg);
                 return 0;
             }
-            auto jt = it->second.find(tok);
-            if (jt == it->second.end()) {
-                it->second.emplace(tok, count);
+            ngs_part & part = pg.found->kv.second;
+            const ngs_part::probe pt = part.lookup(tok);
+            if (pt.found == nullptr) {
+                part.insert_new(tok, std::move(count), &pt);
             } else {
-                jt->second = ngs_sat_add(jt->second, count);
+                pt.found->kv.second = ngs_sat_add(pt.found->kv.second, count);
             }
             return 0;
         } catch (const std::bad_alloc &) {
@@ -118,12 +134,15 @@ cdef extern from * nogil:
     // For loading: the part of a new n-gram, or nullptr (*is_new = false) if g is already there;
     // a file's later duplicate is ignored, as common_ngram_cache_load's emplace ignores it.
     static inline ngs_part * ngs_new_part(ngs_cache * c, const ngs_ngram & g, int * is_new) {
+        const ngs_cache::probe pg = c->lookup(g);
+        if (pg.found != nullptr) {
+            *is_new = 0;
+            return nullptr;
+        }
+        *is_new = 1;
         try {
-            auto r = c->try_emplace(g);
-            *is_new = r.second ? 1 : 0;
-            return r.second ? &r.first->second : nullptr;
+            return c->insert_new(g, ngs_part(), &pg);
         } catch (const std::bad_alloc &) {
-            *is_new = 1;
             return nullptr;
         }
     }
@@ -131,7 +150,8 @@ cdef extern from * nogil:
     // emplace (first occurrence wins). 0 = ok, -1 = no memory.
     static inline int ngs_part_emplace(ngs_part * p, int32_t tok, int32_t count) {
         try {
-            p->emplace(tok, count);
+            const ngs_part::probe pt = p->lookup(tok);
+            if (pt.found == nullptr) p->insert_new(tok, std::move(count), &pt);
             return 0;
         } catch (const std::bad_alloc &) {
             return -1;
@@ -142,7 +162,7 @@ cdef extern from * nogil:
     // iteration order, exactly as common_ngram_cache_merge's emplace(ngram, part) does.
     static inline int ngs_insert_copy(ngs_cache * c, const ngs_ngram & g, const ngs_part * p) {
         try {
-            c->emplace(g, *p);
+            c->insert_new(g, ngs_part(*p));    // the caller's lookup found nothing
             return 0;
         } catch (const std::bad_alloc &) {
             return -1;
@@ -152,7 +172,7 @@ cdef extern from * nogil:
     // Empty a cache and give its memory back (clear() keeps the bucket array): the old
     // contents move into a temporary that is destroyed here.
     static inline void ngs_free(ngs_cache * c) {
-        ngs_cache().swap(*c);
+        c->reset();
     }
 
     static inline int ngs_copy_cache(ngs_cache * dst, const ngs_cache * src) {
@@ -162,6 +182,40 @@ cdef extern from * nogil:
         } catch (const std::bad_alloc &) {
             return -1;
         }
+    }
+
+    // For tests only: llama.cpp's containers themselves (libstdc++'s unordered_map with
+    // llama.cpp's hashes), to check that ngs_cache iterates in exactly their order.
+    typedef std::unordered_map<int32_t, int32_t> ngs_std_part;
+    typedef std::unordered_map<ngs_ngram, ngs_std_part, ngs_ngram_hash> ngs_std_cache;
+
+    static inline void ngs_std_add(ngs_std_cache * c, const ngs_ngram & g, int32_t tok,
+                                   int32_t count) {
+        auto it = c->find(g);
+        if (it == c->end()) {
+            (*c)[g].emplace(tok, count);
+            return;
+        }
+        auto jt = it->second.find(tok);
+        if (jt == it->second.end()) it->second.emplace(tok, count);
+        else jt->second = ngs_sat_add(jt->second, count);
+    }
+
+    // common_ngram_cache_merge, verbatim in its container operations.
+    static inline void ngs_std_merge(ngs_std_cache * dst, const ngs_std_cache * src) {
+        for (const auto & kv : *src) {
+            if (dst->find(kv.first) == dst->end()) {
+                dst->emplace(kv.first, kv.second);
+                continue;
+            }
+            for (const auto & tc : kv.second) ngs_std_add(dst, kv.first, tc.first, tc.second);
+        }
+    }
+
+    // common_ngram_cache_load's insertions for one record.
+    static inline ngs_std_part * ngs_std_new_part(ngs_std_cache * c, const ngs_ngram & g) {
+        auto r = c->try_emplace(g);
+        return r.second ? &r.first->second : nullptr;
     }
 
     // Thresholds of common_ngram_cache_draft, indexed by n-gram size - 1.
@@ -186,6 +240,7 @@ cdef extern from * nogil:
         iterator find(int32_t&)
         size_t size()
         size_t bucket_count()
+        size_t index_capacity()
 
     ctypedef pair[ngs_ngram, ngs_part] ngs_item
 
@@ -199,12 +254,41 @@ cdef extern from * nogil:
         iterator end()
         size_t size()
         size_t bucket_count()
+        size_t index_capacity()
         void clear()
 
     cdef cppclass ngs_slot:
         size_t cache_size
         bint busy
         ngs_cache context
+
+    cdef cppclass ngs_std_part:
+        cppclass iterator:
+            ngs_tc& operator*()
+            iterator operator++()
+            bint operator!=(iterator)
+        iterator begin()
+        iterator end()
+        size_t size()
+        size_t bucket_count()
+        void emplace(int32_t, int32_t)
+
+    ctypedef pair[ngs_ngram, ngs_std_part] ngs_std_item
+
+    cdef cppclass ngs_std_cache:
+        cppclass iterator:
+            ngs_std_item& operator*()
+            iterator operator++()
+            bint operator!=(iterator)
+        iterator begin()
+        iterator end()
+        size_t size()
+        size_t bucket_count()
+        void clear()
+
+    void ngs_std_add(ngs_std_cache* c, const ngs_ngram& g, int32_t tok, int32_t count) except +
+    void ngs_std_merge(ngs_std_cache* dst, const ngs_std_cache* src) except +
+    ngs_std_part* ngs_std_new_part(ngs_std_cache* c, const ngs_ngram& g) except +
 
     ngs_part* ngs_find(ngs_cache* c, const ngs_ngram& g)
     int ngs_add(ngs_cache* c, const ngs_ngram& g, int32_t tok, int32_t count)
@@ -232,6 +316,9 @@ cdef enum:
     NOGIL_UPDATE_TOKENS = 2048
     # Context caches with at least this many n-grams are freed without the GIL (~0.1 ms+).
     NOGIL_FREE_NGRAMS = 4096
+
+# vocab_end without a vocabulary bound: every int32 token id >= 0 is below it.
+cdef int64_t VOCAB_UNBOUNDED = 1 << 31
 
 # Error codes of parse_cache (also used by the Python-level message builder).
 cdef enum:
@@ -355,8 +442,11 @@ cdef token_t try_static(ngs_part* part_static) noexcept nogil:
 
 cdef Py_ssize_t cache_draft(ngs_cache* context, ngs_cache* dynamic, ngs_cache* static_,
                             const token_t* inp, Py_ssize_t L, token_t sampled, token_t* out,
-                            Py_ssize_t n_draft) noexcept nogil:
+                            Py_ssize_t n_draft, int64_t vocab_end) noexcept nogil:
     """common_ngram_cache_draft over X = inp + [sampled] + out[0:nd] (spec 6.3), read in place.
+
+    The draft ends before the first token >= vocab_end (the target's vocabulary size; 2**31
+    for no bound), which the target could not take.
 
     Tiny contexts: for len(inp) + 1 in {2, 3}, llama.cpp builds the 3- and 4-grams from
     positions before the start of the buffer (undefined behaviour, spec 6.4 item 3). Here an
@@ -397,7 +487,7 @@ cdef Py_ssize_t cache_draft(ngs_cache* context, ngs_cache* dynamic, ngs_cache* s
                             ngs_min_n_strict, ngs_min_pct_strict)
         if t == TOKEN_NULL:
             t = try_static(part_static)
-        if t == TOKEN_NULL:
+        if t == TOKEN_NULL or t >= vocab_end:
             break
         out[nd] = t
         nd += 1
@@ -532,15 +622,36 @@ cdef int cache_merge(ngs_cache* target, ngs_cache* add) noexcept nogil:
 
 
 cdef Py_ssize_t cache_bytes(ngs_cache* c) noexcept nogil:
-    """Approximate heap bytes of a cache (libstdc++ node and bucket sizes, malloc rounding)."""
+    """Approximate heap bytes of a cache (node, bucket and index sizes, malloc rounding)."""
     cdef ngs_cache.iterator it = c.begin()
-    cdef Py_ssize_t total = 8 * <Py_ssize_t>c.bucket_count()
+    cdef Py_ssize_t total = 8 * <Py_ssize_t>(c.bucket_count() + c.index_capacity())
     while it != c.end():
-        # outer node: next + key + part object + cached hash; inner node: next + pair -> 32
+        # outer node: next + hash code + key + part object -> 96; inner node: next + code +
+        # pair -> 32
         total += 96 + 32 * <Py_ssize_t>deref(it).second.size()
-        total += 8 * <Py_ssize_t>deref(it).second.bucket_count()
+        total += 8 * <Py_ssize_t>(deref(it).second.bucket_count()
+                                  + deref(it).second.index_capacity())
         inc(it)
     return total
+
+
+cdef int32_t cache_max_token(ngs_cache* c) noexcept nogil:
+    """The largest token id in a cache's n-grams and parts, -1 if it is empty."""
+    cdef ngs_cache.iterator it = c.begin()
+    cdef ngs_part.iterator jt
+    cdef int32_t m = -1
+    cdef int j
+    while it != c.end():
+        for j in range(NGRAM_MAX):
+            if deref(it).first.tokens[j] > m:
+                m = deref(it).first.tokens[j]
+        jt = deref(it).second.begin()
+        while jt != deref(it).second.end():
+            if deref(jt).first > m:
+                m = deref(jt).first
+            inc(jt)
+        inc(it)
+    return m
 
 
 # ---------------------------------------------------------------------------------------------
@@ -610,11 +721,12 @@ cdef list part_list(ngs_part* part):
 cdef class NgramCache:
     """One llama.cpp n-gram cache: n-gram (1..4 token ids) -> {next token: count}.
 
-    The in-memory layout is llama.cpp's own (``std::unordered_map`` of libstdc++), so the
-    iteration order of every part, which breaks ties between equally likely tokens, is the one
-    llama.cpp has after the same sequence of updates, loads and merges.
+    The iteration orders are those of llama.cpp's ``std::unordered_map`` (libstdc++) after the
+    same sequence of updates, loads and merges: the order of every part breaks ties between
+    equally likely tokens, the outer order is the saved file's. Lookups and insertions cost
+    O(1) whatever the tokens (no hash flooding).
 
-    Memory: about 100 bytes per n-gram plus 40 bytes per (n-gram, token) entry. A static cache
+    Memory: about 120 bytes per n-gram plus 40 bytes per (n-gram, token) entry. A static cache
     built from N corpus tokens holds at most N 2-grams; a context cache holds up to 4 n-grams
     per token seen.
 
@@ -626,6 +738,7 @@ cdef class NgramCache:
     """
     cdef ngs_cache c
     cdef bint _frozen
+    cdef readonly object source     # the file it was loaded from (or from_bytes' source), or None
     cdef bint writing           # a mutating call is running (possibly without the GIL)
     cdef int readers            # reading calls running without the GIL
     cdef object __weakref__
@@ -735,6 +848,31 @@ cdef class NgramCache:
         cdef ngs_ngram g = make_key(ngram)
         return ngs_find(&self.c, g) != NULL
 
+    def max_token(self):
+        """The largest token id the cache holds (in an n-gram or as a next token), -1 if empty;
+        e.g. to check that it fits a model's vocabulary. Releases the GIL."""
+        cdef int32_t m
+        self._check_read()
+        self.readers += 1
+        try:
+            with nogil:
+                m = cache_max_token(&self.c)
+        finally:
+            self.readers -= 1
+        return m
+
+    def _bucket_count(self, ngram=None):
+        """Buckets of the outer table, or of the part of ``ngram`` (KeyError if absent): the
+        counts libstdc++'s unordered_map would have. For tests."""
+        self._check_read()
+        if ngram is None:
+            return self.c.bucket_count()
+        cdef ngs_ngram g = make_key(ngram)
+        cdef ngs_part* part = ngs_find(&self.c, g)
+        if part == NULL:
+            raise KeyError(tuple(ngram))
+        return part.bucket_count()
+
     def items(self):
         """List of ``(ngram tuple, [(token, count), ...])`` in iteration (= file) order."""
         self._check_read()
@@ -782,6 +920,7 @@ cdef class NgramCache:
         with nogil:
             rc = parse_cache(&cache.c, &view[0], n, &err_off, &err_val)
         if rc == PARSE_OK:
+            cache.source = source
             return cache
         if rc == PARSE_NOMEM:
             raise MemoryError(f"{source}: out of memory while loading the n-gram cache")
@@ -835,6 +974,9 @@ cdef class NgramCacheProposer(Proposer):
         learns the whole new prompt as a new proposer would (the golden files' "fresh" state).
         Without it, a server slot keeps counting n-grams of unrelated earlier requests and
         learns nothing from a prompt shorter than what it has already seen.
+    n_vocab : int or None
+        The target model's vocabulary size (see `set_vocab`): drafts never hold a token id
+        >= n_vocab, and caches holding one are refused. None (default): no bound.
 
     Memory: per slot, the context cache grows without bound in a long-lived slot (about four
     n-grams per token of new context, ~150 bytes each); with ``restart`` it holds one request.
@@ -844,17 +986,23 @@ cdef class NgramCacheProposer(Proposer):
     first call of a request) hashes it without the GIL, and freeing a large context cache
     (begin with ``restart``, `reset`) also runs without it; another thread may then use other
     slots, while a second call on the same slot raises RuntimeError. The shared caches are
-    frozen, so concurrent reads are safe.
+    frozen, so concurrent reads are safe. Call `set_vocab` before the slots are in use.
     """
     cdef vector[ngs_slot] slots
     cdef readonly NgramCache static_cache
     cdef readonly NgramCache dynamic_cache
     cdef readonly bint restart
+    cdef readonly object n_vocab
+    cdef int64_t vocab_end              # n_vocab, or 2**31 (no bound)
+    cdef object max_tokens              # (static, dynamic) max_token(), computed once
     cdef ngs_cache* static_c
     cdef ngs_cache* dynamic_c
 
+    def __cinit__(self):
+        self.vocab_end = VOCAB_UNBOUNDED
+
     def __init__(self, n_slots=1, NgramCache static=None, NgramCache dynamic=None,
-                 restart=False):
+                 restart=False, n_vocab=None):
         super().__init__("ngram-cache", n_slots, CACHE_N_DRAFT)   # checks n_slots; runs once
         self.restart = bool(restart)
         self.static_cache = static if static is not None else NgramCache()
@@ -863,12 +1011,43 @@ cdef class NgramCacheProposer(Proposer):
         self.dynamic_cache._frozen = True
         self.static_c = &self.static_cache.c
         self.dynamic_c = &self.dynamic_cache.c
+        self.max_tokens = None
         self.slots.clear()
         try:
             self.slots.resize(self.n_slots)
         except MemoryError:
             self.forget_slots()              # no slot to call (see Proposer.forget_slots)
             raise
+        self.set_vocab(n_vocab)
+
+    def set_vocab(self, n_vocab):
+        """Bound the drafts to the target model's vocabulary, token ids 0 .. n_vocab - 1
+        (e.g. ``llm.n_vocab()``); None removes the bound (llama.cpp's behaviour).
+
+        Raises ValueError naming the cache file and the token if the static or dynamic cache
+        holds a token id >= n_vocab, as a cache built with another tokenizer does: its drafts
+        would be tokens the target cannot decode (llama_decode fails, older llama.cpp builds
+        read out of bounds). The bound is then left as it was. Whatever their source (the
+        slot's context cache learns whatever context the driver passes), drafts end before
+        the first token >= n_vocab.
+        """
+        if n_vocab is None:
+            self.n_vocab = None
+            self.vocab_end = VOCAB_UNBOUNDED
+            return
+        n_vocab = check_int("n_vocab", n_vocab, 1, VOCAB_UNBOUNDED)
+        if self.max_tokens is None:     # the shared caches are frozen: scan them once
+            self.max_tokens = (self.static_cache.max_token(), self.dynamic_cache.max_token())
+        for which, cache, top in (("static", self.static_cache, self.max_tokens[0]),
+                                  ("dynamic", self.dynamic_cache, self.max_tokens[1])):
+            if top >= n_vocab:
+                source = cache.source if cache.source is not None else f"the {which} cache"
+                raise ValueError(
+                    f"{source}: token id {top} is outside the model's vocabulary (n_vocab = "
+                    f"{n_vocab}: ids 0 .. {n_vocab - 1}); was this {which} n-gram cache "
+                    f"built with another tokenizer?")
+        self.n_vocab = n_vocab
+        self.vocab_end = n_vocab
 
     cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
         if self.restart:
@@ -918,7 +1097,7 @@ cdef class NgramCacheProposer(Proposer):
                 raise MemoryError("out of memory while updating the ngram-cache context cache")
             st.cache_size = n + 1
         return cache_draft(&st.context, self.dynamic_c, self.static_c, inp, n, sampled, out,
-                           CACHE_N_DRAFT)
+                           CACHE_N_DRAFT, self.vocab_end)
 
     cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
         return 0    # llama.cpp: accept is a no-op
@@ -976,3 +1155,80 @@ def _draft_once(Proposer p, Py_ssize_t slot, inp, int sampled):
     out.resize(p.max_draft)
     k = p.c_draft(slot, &view[0] if view.shape[0] else &dummy, view.shape[0], sampled, out.data())
     return [out[i] for i in range(k)]
+
+
+# ---------------------------------------------------------------------------------------------
+# For tests: llama.cpp's own containers
+# ---------------------------------------------------------------------------------------------
+
+cdef class _StdCache:
+    """The same operations as `NgramCache` (update, merge, load, clear, copy) on llama.cpp's
+    containers themselves, libstdc++'s ``std::unordered_map`` with llama.cpp's n-gram hash,
+    whose lookups scan buckets: the reference for `NgramCache`'s iteration orders. For tests
+    only (crafted input makes it quadratic)."""
+    cdef ngs_std_cache c
+
+    def update(self, tokens, int ngram_min=NGRAM_MIN, int ngram_max=NGRAM_MAX):
+        """common_ngram_cache_update over ``tokens`` (size outer, position inner)."""
+        arr = _as_tokens(tokens)
+        cdef const token_t[::1] v = arr
+        cdef Py_ssize_t i, n = v.shape[0]
+        cdef int size, j
+        cdef ngs_ngram g
+        for size in range(ngram_min, ngram_max + 1):
+            for j in range(NGRAM_MAX):
+                g.tokens[j] = TOKEN_NULL
+            for i in range(size, n):
+                for j in range(size):
+                    g.tokens[j] = v[i - size + j]
+                ngs_std_add(&self.c, g, v[i], 1)
+
+    def merge(self, _StdCache other not None):
+        ngs_std_merge(&self.c, &other.c)
+
+    def load(self, records):
+        """common_ngram_cache_load's insertions for ``[(ngram, [(token, count), ...]), ...]``:
+        a repeated n-gram or token keeps its first occurrence."""
+        cdef ngs_ngram g
+        cdef ngs_std_part* part
+        for ngram, pairs in records:
+            g = make_key(ngram)
+            part = ngs_std_new_part(&self.c, g)
+            if part != NULL:
+                for tok, cnt in pairs:
+                    part.emplace(tok, cnt)
+
+    def clear(self):
+        self.c.clear()
+
+    def copy(self):
+        cdef _StdCache dup = _StdCache()
+        dup.c = self.c
+        return dup
+
+    def bucket_count(self, ngram=None):
+        """Buckets of the outer map, or of the part of ``ngram``."""
+        cdef ngs_std_cache.iterator it = self.c.begin()
+        if ngram is None:
+            return self.c.bucket_count()
+        key = tuple(ngram)
+        while it != self.c.end():
+            if key_tuple(deref(it).first) == key:
+                return deref(it).second.bucket_count()
+            inc(it)
+        raise KeyError(key)
+
+    def items(self):
+        """Like `NgramCache.items`: iteration order, outer and inner."""
+        cdef ngs_std_cache.iterator it = self.c.begin()
+        cdef ngs_std_part.iterator jt
+        out = []
+        while it != self.c.end():
+            pairs = []
+            jt = deref(it).second.begin()
+            while jt != deref(it).second.end():
+                pairs.append((deref(jt).first, deref(jt).second))
+                inc(jt)
+            out.append((key_tuple(deref(it).first), pairs))
+            inc(it)
+        return out

@@ -1815,6 +1815,22 @@ cdef class Engine:
         """Proposer type names in priority order."""
         return [p.name for p in self.proposers]
 
+    def set_vocab(self, n_vocab):
+        """Bound the drafts to the target model's vocabulary, token ids 0 .. n_vocab - 1
+        (e.g. ``llm.n_vocab()``; None: no bound), in every proposer that drafts tokens from
+        outside the request (ngram-cache's cache files: `NgramCacheProposer.set_vocab`).
+        Raises ValueError naming the cache file and the token if a loaded cache holds a
+        token id >= n_vocab (built with another tokenizer).
+
+        Thread-safety: call while no slot is drafting (before serving, between requests).
+        """
+        if n_vocab is not None:
+            check_int("n_vocab", n_vocab, 1, 1 << 31)
+        for p in self.proposers:
+            setter = getattr(p, "set_vocab", None)
+            if setter is not None:
+                setter(n_vocab)
+
     cdef inline Py_ssize_t slot_index(self, object slot) except -1:
         cdef Py_ssize_t s = -1
         cdef long long v

@@ -419,6 +419,11 @@ def _check_engine_models(llm, engine) -> None:
         check = getattr(prop, "check_target", None)
         if check is not None:
             check(llm)
+    # So must ngram-cache's files: a cache of another tokenizer is refused (ValueError naming
+    # the file and the token), and no draft holds an id the target lacks.
+    set_vocab = getattr(engine, "set_vocab", None)
+    if set_vocab is not None:
+        set_vocab(llm.n_vocab())
 
 
 def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slot: int = 0,
