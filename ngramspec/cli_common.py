@@ -134,7 +134,11 @@ def check_writable(flag: str, path: str, streams: bool = False) -> None:
         raise IsADirectoryError(f"{flag} {path}: is a directory, not a file")
     if os.path.exists(path) and not os.path.isfile(path):  # a pipe or device
         if not streams:
-            raise ValueError(f"{flag} {path}: not a regular file")
+            import stat
+            kind = {stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
+                    stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket"}.get(
+                        stat.S_IFMT(os.stat(path).st_mode), "special file")
+            raise ValueError(f"{flag} {path}: is a {kind}, not a regular file")
         if not os.access(path, os.W_OK):
             raise PermissionError(f"{flag} {path}: not writable")
         return

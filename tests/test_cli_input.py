@@ -158,7 +158,7 @@ def test_replay_output_through_a_link_and_to_a_stream(tmp_path, capsys):
     assert fifo.exists() and not fifo.is_file()          # still the pipe
     # a cache file is replaced atomically: a device or pipe is refused, named
     r = cli(capsys, "cache", "create", "--traces", good, "-o", fifo)
-    one_line_error(r, f"--output {fifo}: not a regular file")
+    one_line_error(r, f"--output {fifo}: is a FIFO, not a regular file")
 
 
 @pytest.mark.parametrize("flags, needle", [
