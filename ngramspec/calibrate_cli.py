@@ -4,12 +4,11 @@ from __future__ import annotations
 import json
 import sys
 
+from ngramspec.cli_common import positive_int as _positive
 
-def _positive(text):
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
+
+def _ks(text):
+    return tuple(sorted({_positive(part) for part in text.split(",")}))
 
 
 def add_parser(subparsers):
@@ -28,6 +27,11 @@ def add_parser(subparsers):
                    help="n_batch of the context (default 512, as generate)")
     p.add_argument("-c", "--ctx-size", type=_positive, default=4096, metavar="N",
                    help="context size (default 4096, as generate); bounds the KV lengths measured")
+    p.add_argument("--ks", type=_ks, default=None, metavar="K,K,...",
+                   help="batch sizes to measure, a comma list of integers >= 1 (default "
+                        "1,2,3,4,6,8,12,16,32,64; 1 is always measured)")
+    p.add_argument("--reps", type=_positive, default=2, metavar="N",
+                   help="decodes per point, the fastest kept (default 2)")
     p.add_argument("--refresh", action="store_true",
                    help="measure again even when a cached curve exists")
     p.add_argument("--json", action="store_true", help="print the cost model as JSON")
@@ -42,8 +46,12 @@ def _execute(args):
     from ngramspec.live import load_model
     if args.model is not None and not os.path.isfile(args.model):
         raise ValueError(f"--model: file not found: {args.model}")
-    if args.ctx_size < 128:
-        raise ValueError(f"--ctx-size must be >= 128 to calibrate, got {args.ctx_size}")
+    k_max = max(args.ks or cost.DEFAULT_KS)
+    if k_max > args.batch_size:
+        raise ValueError(f"--ks: batches of up to {k_max} tokens need --batch-size >= {k_max}")
+    if args.ctx_size < k_max + 32:
+        raise ValueError(f"--ctx-size must be >= {k_max + 32} to calibrate batches of {k_max} "
+                         f"tokens, got {args.ctx_size}")
     llm = load_model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
                      n_threads=args.threads)
     key = cost.calibration_key(llm.model_path, int(llm.context_params.n_threads),
@@ -54,7 +62,8 @@ def _execute(args):
 
     def measure():
         measured.append(True)
-        return cost.calibrate(llm, progress=progress)
+        return cost.calibrate(llm, ks=args.ks or cost.DEFAULT_KS, reps=args.reps,
+                              progress=progress)
 
     model = cost.cached_calibration(key, measure, refresh=args.refresh)
     fresh = bool(measured)

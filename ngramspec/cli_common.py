@@ -84,3 +84,11 @@ def engine_params(args: argparse.Namespace) -> dict:
             if value is not None:
                 params[p.name] = value
     return params
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse turns the ValueError into a one-line error)."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
