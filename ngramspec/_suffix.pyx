@@ -1091,6 +1091,20 @@ cdef class SuffixProposer(Proposer):
             o[j] = cal_prob(s.cal_acc, s.cal_tried, s.pred_cell[off + j]) / <double>ONE
         return out
 
+    def draft_tried(self, Py_ssize_t slot):
+        """How many outcomes (fading) back each probability of `draft_probs`: the record count
+        of each drafted token's calibration cell. Cells of late draft positions stay sparse
+        while the slot's drafts are cut short (only tokens that arrive are scored), and their
+        probability is then mostly the prior."""
+        self._check_slot(slot)
+        cdef Slot* s = &self.slots[slot]
+        cdef int32_t j, off = s.last_src * (self.P.max_draft + 1)
+        out = np.empty(s.n_last_draft, dtype=np.float64)
+        cdef double[::1] o = out
+        for j in range(s.n_last_draft):
+            o[j] = s.cal_tried[s.pred_cell[off + j]]
+        return out
+
     def calibration(self, Py_ssize_t slot):
         """(acc, tried) of the slot's fine calibration cells, uint32 arrays of shape
         (source, length bucket, frequency bucket, stage, agreement) = (2, 10, 7, 6, 2)."""
