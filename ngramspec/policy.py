@@ -147,13 +147,10 @@ class AutoPolicy:
             prop = _proposer(loop.engine, proposer)
             probs = getattr(prop, "draft_probs", None)
             if probs is not None:
-                p = probs(loop.slot)
+                p, tried = probs(loop.slot)
                 if len(p) >= n:
-                    tried = getattr(prop, "draft_tried", None)
-                    if tried is not None:
-                        p = lean_on_previous(p[:n], tried(loop.slot)[:n],
-                                             self._est_args["prior_weight"])
-                    return p[:n], True
+                    w = self._est_args["prior_weight"]
+                    return lean_on_previous(p[:n], tried[:n], w), True
         return self._estimator(st, proposer).conditional(n), False
 
     def _probe_due(self, st: _SlotState) -> bool:

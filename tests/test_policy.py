@@ -208,8 +208,9 @@ def test_last_proposer_and_suffix_probabilities():
     d = eng.draft(1, text[:100], int(text[100]))
     assert len(d) > 0
     assert eng.types[eng.last_proposer(1)] == "ngram-suffix"
-    probs = eng.proposers[0].draft_probs(1)
-    assert len(probs) == len(d)
+    probs, tried = eng.proposers[0].draft_probs(1)
+    assert len(probs) == len(d) == len(tried)
+    assert (tried >= 0).all()
     assert ((probs > 0) & (probs <= 1)).all()
     assert np.prod(probs) >= 0.005 - 1e-9            # drafted only while above min_prob
     eng.accept(1, len(d))
