@@ -31,7 +31,7 @@ from typing import Callable, Dict, Iterator, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["CostModel", "PROFILES", "modeled_speedup", "step_costs", "FORMAT", "DEFAULT_KS", "load_cost_model", "calibrate",
+__all__ = ["CostModel", "PROFILES", "modeled_speedup", "oracle_speedup", "step_costs", "FORMAT", "DEFAULT_KS", "load_cost_model", "calibrate",
            "cached_calibration", "calibration_for", "calibration_key", "cache_dir", "cache_path",
            "backend_description", "model_identity"]
 
@@ -263,6 +263,43 @@ def modeled_speedup(records, cost_model: CostModel) -> dict:
         total += float(step_costs(cost_model, int(rec["n_prompt"]), rec["steps"]).sum())
     return {"cost_model": cost_model.name, "tokens": tokens, "cost": round(total, 3),
             "speedup": round(tokens / total, 4) if total else 1.0}
+
+
+def oracle_speedup(cost_model: CostModel, n_prompt: int, n_output: int,
+                   k_max: int = 64) -> dict:
+    """The most any drafter could gain on one request under `cost_model`.
+
+    The oracle drafts the true continuation, so every drafted token is accepted, and it picks
+    the draft length of every step to minimize the total cost (dynamic programming over the
+    output position): the first of the ``n_output`` tokens comes from the prompt pass, each
+    step verifies k <= ``k_max`` drafted tokens at c(k + 1, L) and emits k + 1.
+
+    Returns
+    -------
+    dict
+        ``tokens`` (n_output - 1), ``cost`` (single-token decodes), ``speedup``, ``k_mean``
+        (mean drafted tokens per step of the best plan).
+    """
+    n = int(n_output) - 1
+    if n <= 0:
+        return {"tokens": 0, "cost": 0.0, "speedup": 1.0, "k_mean": 0.0}
+    k_max = max(0, min(int(k_max), n - 1))
+    ks = np.arange(k_max + 1)
+    pos = np.arange(n)
+    c = cost_model.cost_many(ks[None, :] + 1, n_prompt + pos[:, None])   # (n, k_max + 1)
+    best = np.zeros(n + 1)
+    choice = np.zeros(n, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        m = min(k_max, n - 1 - i)
+        total = c[i, :m + 1] + best[i + 1:i + m + 2]
+        choice[i] = int(np.argmin(total))
+        best[i] = total[choice[i]]
+    steps, i = [], 0
+    while i < n:
+        steps.append(choice[i])
+        i += choice[i] + 1
+    return {"tokens": n, "cost": round(float(best[0]), 3),
+            "speedup": round(n / float(best[0]), 4), "k_mean": round(float(np.mean(steps)), 2)}
 
 
 # ------------------------------------------------------------------------------------------

@@ -69,6 +69,16 @@ def _policies(args):
     return cost_model, runs
 
 
+def _oracle(records, cost_model):
+    """The oracle's modeled speed-up over the requests (drafts = the recorded output)."""
+    from ngramspec.cost import oracle_speedup
+    plans = [oracle_speedup(cost_model, r["n_prompt"], r["n_output"]) for r in records]
+    tokens = sum(p["tokens"] for p in plans)
+    cost = sum(p["cost"] for p in plans)
+    return {"cost_model": cost_model.name, "tokens": tokens, "cost": round(cost, 3),
+            "speedup": round(tokens / cost, 4) if cost else 1.0}
+
+
 def run(args) -> int:
     cost_model, runs = _policies(args)
     given = engine_params(args)
@@ -92,6 +102,8 @@ def run(args) -> int:
                         **modeled_speedup(res.requests, cost_model),
                         "tokens_per_step": res.summary["tokens_per_step"],
                         **({"policy": res.summary["policy"]} if "policy" in res.summary else {})}
+            if cost_model is not None:
+                result.summary["modeled"]["oracle"] = _oracle(result.requests, cost_model)
             result.summary["params"] = given     # file names, not the loaded caches
             if out is not None:
                 head = {"config": args.spec_type, "family": _family(requests, path),
@@ -130,7 +142,17 @@ def _print_report(path, result):
     print("  " + acceptance_line(s["n_acc_tokens"], s["n_draft_tokens"], s["n_drafts"]))
     for st in s["llama_stats"]:
         print("  " + statistics_line(st))
-    for name, m in s.get("modeled", {}).items():
+    modeled = s.get("modeled", {})
+    oracle = modeled.get("oracle")
+    for name, m in modeled.items():
+        if name == "oracle":
+            continue
+        share = ""
+        if oracle and oracle["speedup"] > 1:
+            share = f", {(m['speedup'] - 1) / (oracle['speedup'] - 1):.0%} of the oracle's gain"
         print(f"  modeled speed-up ({name}, cost model {m['cost_model']}): {m['speedup']:.3f}x "
               f"({m['tokens']} tokens for {m['cost']:.1f} single-token decodes, "
-              f"{m['tokens_per_step']:.3f} tokens per step)")
+              f"{m['tokens_per_step']:.3f} tokens per step{share})")
+    if oracle:
+        print(f"  modeled speed-up (oracle: drafts = the recorded output, best length per "
+              f"step): {oracle['speedup']:.3f}x")

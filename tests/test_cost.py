@@ -217,3 +217,32 @@ def test_vectorized_costs_match_the_scalar_ones():
         table_model().cost_many(np.array([0, 1]), 0)
     with pytest.raises(TypeError):
         table_model().seconds_many(np.array([1.5]), 0)
+
+
+def test_oracle_speedup():
+    flat = CostModel([1, 64], [0], [[1.0, 1.0]], name="flat", source="s")
+    o = cost_mod.oracle_speedup(flat, 10, 101, k_max=9)
+    # 100 tokens, batches of 10 for the cost of one: 10 steps
+    assert o["tokens"] == 100 and o["cost"] == pytest.approx(10) and o["k_mean"] == 9
+    linear = CostModel([1, 64], [0], [[1.0, 64.0]], name="lin", source="s")
+    assert cost_mod.oracle_speedup(linear, 10, 50)["speedup"] == pytest.approx(1.0)
+    # a curve with a sweet spot: c(4) = 2, steeper after; the oracle drafts 3 and gets 2x
+    knee = CostModel([1, 4, 8], [0], [[1.0, 2.0, 8.0]], name="knee", source="s")
+    o = cost_mod.oracle_speedup(knee, 0, 1 + 400)
+    assert o["speedup"] == pytest.approx(2.0) and o["k_mean"] == 3
+    assert cost_mod.oracle_speedup(knee, 0, 1)["speedup"] == 1.0
+    # brute force on a short request: no plan (a composition of the 9 tokens into steps of
+    # k + 1) beats the oracle's
+    cm = PROFILES["cpu-embedded"]
+
+    def plans(n):
+        if n == 0:
+            yield []
+        for first in range(1, n + 1):
+            for rest in plans(n - first):
+                yield [first] + rest
+
+    def plan_cost(plan):
+        return sum(cm.cost(size, 5 + sum(plan[:j])) for j, size in enumerate(plan))
+    best = min(plan_cost(p) for p in plans(9))
+    assert cost_mod.oracle_speedup(cm, 5, 10)["cost"] == pytest.approx(best, abs=1e-3)

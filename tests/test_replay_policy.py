@@ -30,6 +30,7 @@ def test_replay_reports_fixed_and_auto_modeled_speedups(tmp_path):
     out = run_cli("replay", CHAT, "--limit", "5", "--cost-model", "cpu-embedded").stdout
     assert "modeled speed-up (fixed, cost model cpu-embedded)" in out
     assert "modeled speed-up (auto, cost model cpu-embedded)" in out
+    assert "modeled speed-up (oracle" in out
     dst = tmp_path / "o.jsonl"
     run_cli("replay", CHAT, "--limit", "5", "--cost-model", "cpu-embedded", "--spec-type",
             "ngram-suffix", "--output", str(dst))
@@ -40,6 +41,8 @@ def test_replay_reports_fixed_and_auto_modeled_speedups(tmp_path):
     # chat under a CPU cost: ngram-suffix's drafts lose as they come; auto declines them
     assert fixed["speedup"] < 0.9 < auto["speedup"]
     assert auto["policy"]["plain"] > 0
+    # the oracle drafts the recorded output itself: nothing does better
+    assert summary["modeled"]["oracle"]["speedup"] >= max(fixed["speedup"], auto["speedup"])
 
 
 def test_replay_auto_only(tmp_path):
