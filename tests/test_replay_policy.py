@@ -50,7 +50,7 @@ def test_replay_auto_only(tmp_path):
     run_cli("replay", CHAT, "--limit", "3", "--spec-policy", "auto", "--cost-model", "gpu",
             "--output", str(dst))
     summary = json.loads(dst.read_text().splitlines()[0])["summary"]
-    assert summary["spec_policy"] == "auto" and list(summary["modeled"]) == ["auto"]
+    assert summary["spec_policy"] == "auto" and list(summary["modeled"]) == ["auto", "oracle"]
     assert summary["policy"]["policy"] == "auto"
 
 
