@@ -12,9 +12,11 @@ from ngramspec.stats import acceptance_line, statistics_line
 
 from ngramspec._cache import CacheFileError, NgramCache, NgramCacheProposer
 from ngramspec._suffix import SuffixProposer
+from ngramspec.cost import CostModel, load_cost_model
+from ngramspec.policy import AutoPolicy
 
 __all__ = [
-    "POOL_SIZE", "CacheFileError", "MapProposer", "ModPool", "ModProposer", "NgramCache",
-    "NgramCacheProposer", "Proposer", "PyProposer", "SimpleProposer", "SpecEngine",
-    "SuffixProposer", "__version__", "acceptance_line", "statistics_line",
+    "POOL_SIZE", "AutoPolicy", "CacheFileError", "CostModel", "MapProposer", "ModPool",
+    "ModProposer", "NgramCache", "NgramCacheProposer", "Proposer", "PyProposer", "SimpleProposer", "SpecEngine",
+    "SuffixProposer", "__version__", "acceptance_line", "load_cost_model", "statistics_line",
 ]
