@@ -230,3 +230,34 @@ def test_auto_policy_on_a_real_chain_keeps_the_output():
         assert loop.n_output == len(output)
         assert np.array_equal(loop.context[len(prompt):], output[:loop.n_context - len(prompt)])
         assert policy.n_verified > 0
+
+
+def test_expensive_proposer_is_not_called_when_no_draft_would_pay():
+    # a proposer that costs 2 ms a token (a draft model) against a 1 ms target decode: after
+    # its first draft it is called only for probes
+    import time
+
+    class Slow(ScriptedEngine):
+        calls = 0
+
+        def draft(self, slot, context, sampled, n_max):
+            Slow.calls += 1
+            d = super().draft(slot, context, sampled, n_max)
+            time.sleep(0.002 * len(d))
+            return d
+
+    cm = CostModel([1, 64], [0], [[0.001, 0.064]], name="linear-ms", source="test")
+    policy = AutoPolicy(cm)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 1000, 20).astype(np.int32)
+    output = rng.integers(0, 1000, 120).astype(np.int32)
+    eng = Slow(len(prompt), output, 4, geometric(0.5))
+    loop = run_recorded(eng, 0, prompt, output, policy=policy)
+    assert loop.n_output == len(output)
+    assert policy.n_skipped_calls > 0
+    assert Slow.calls == loop.n_draft_calls < len(loop.steps) / 2
+    # the same proposer, its time not counted (a replay against a profile): called every step
+    policy = AutoPolicy(cm, proposer_time=False)
+    loop = run_recorded(Slow(len(prompt), output, 4, geometric(0.5)), 0, prompt, output,
+                        policy=policy)
+    assert policy.n_skipped_calls == 0 and loop.n_draft_calls == len(loop.steps)
