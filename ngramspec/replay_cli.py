@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import os
 
-from ngramspec.cli_common import (add_policy_flags, add_spec_flags, engine_params,
-                                  load_cache_files)
+from ngramspec.cli_common import (add_policy_flags, add_spec_flags, check_spec_flags,
+                                  engine_params, load_cache_files)
 from ngramspec.cost import modeled_speedup
 from ngramspec.replay import ProgressBar, replay
 from ngramspec.stats import acceptance_line, statistics_line
@@ -82,6 +82,7 @@ def _oracle(records, cost_model):
 def run(args) -> int:
     cost_model, runs = _policies(args)
     given = engine_params(args)
+    check_spec_flags(args.spec_type, given)
     # cache files are read once, for every trace file and every engine of --state fresh
     args.spec_type, params = load_cache_files(args.spec_type, given)
     out = open(args.output, "w", encoding="utf-8") if args.output else None
