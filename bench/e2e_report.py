@@ -49,7 +49,8 @@ if (ROOT / "ngramspec" / "__init__.py").is_file():
 
 import ngramspec  # noqa: E402
 from ngramspec import SpecEngine  # noqa: E402
-from ngramspec.cost import calibration_for, oracle_speedup  # noqa: E402
+from ngramspec.calibration import calibration_for  # noqa: E402
+from ngramspec.cost import oracle_speedup  # noqa: E402
 from ngramspec.live import (_prompt_pass, _target_decoder, detokenize,  # noqa: E402
                             divergence_report, generate_plain, generate_speculative, load_model)
 from ngramspec.model import default_model_path  # noqa: E402

@@ -42,11 +42,11 @@ def add_parser(subparsers):
 def _execute(args):
     import os
 
-    from ngramspec import cost
+    from ngramspec import calibration, cost
     from ngramspec.live import load_model
     if args.model is not None and not os.path.isfile(args.model):
         raise ValueError(f"--model: file not found: {args.model}")
-    k_max = max(args.ks or cost.DEFAULT_KS)
+    k_max = max(args.ks or calibration.DEFAULT_KS)
     if k_max > args.batch_size:
         raise ValueError(f"--ks: batches of up to {k_max} tokens need --batch-size >= {k_max}")
     if args.ctx_size < k_max + 32:
@@ -54,16 +54,15 @@ def _execute(args):
                          f"tokens, got {args.ctx_size}")
     llm = load_model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
                      n_threads=args.threads)
-    key = cost.calibration_key(llm.model_path, int(llm.context_params.n_threads),
-                               int(llm.n_batch), cost.backend_description(llm))
+    key = calibration.key_for(llm)
     path = cost.cache_path(key)
     progress = None if args.json else (lambda msg: sys.stderr.write(msg + "\n"))
     measured = []
 
     def measure():
         measured.append(True)
-        return cost.calibrate(llm, ks=args.ks or cost.DEFAULT_KS, reps=args.reps,
-                              progress=progress)
+        return calibration.calibrate(llm, ks=args.ks or calibration.DEFAULT_KS,
+                                     reps=args.reps, progress=progress)
 
     model = cost.cached_calibration(key, measure, refresh=args.refresh)
     fresh = bool(measured)

@@ -217,15 +217,14 @@ def _execute(args):
 def _auto_policy(llm, cost_model, quiet):
     """AutoPolicy on `cost_model`, or on the loaded model's cached calibration (measured here at
     first use: a few seconds, said on stderr)."""
-    from ngramspec import cost
+    from ngramspec import calibration, cost
     from ngramspec.policy import AutoPolicy
     if cost_model is None:
-        key = cost.calibration_key(llm.model_path, int(llm.context_params.n_threads),
-                                   int(llm.n_batch), cost.backend_description(llm))
+        key = calibration.key_for(llm)
         if not cost.cache_path(key).exists() and not quiet:
             sys.stderr.write("calibrating the verify cost of this model (first use; "
                              "`ngramspec calibrate` shows it)...\n")
-        cost_model = cost.calibration_for(llm)
+        cost_model = calibration.calibration_for(llm)
     return AutoPolicy(cost_model)
 
 

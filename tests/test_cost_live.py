@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from clitools import cli  # noqa: E402
-from ngramspec import cost  # noqa: E402
+from ngramspec import calibration, cost  # noqa: E402
 from ngramspec.live import generate_plain, load_model  # noqa: E402
 
 KS = (1, 2, 4, 8)
@@ -24,7 +24,7 @@ def llm():
 
 
 def test_calibrate_measures_the_model(llm):
-    m = cost.calibrate(llm, ks=KS + (1000,), n_pasts=(16, 128), reps=1)
+    m = calibration.calibrate(llm, ks=KS + (1000,), n_pasts=(16, 128), reps=1)
     assert m.ks == KS                       # 1000 > n_batch: dropped
     assert m.n_pasts == (16, 128)
     assert m.meta["n_threads"] == 1 and m.meta["n_batch"] == 64 and m.meta["n_ctx"] == 256
@@ -41,18 +41,18 @@ def test_calibrate_measures_the_model(llm):
 
 def test_calibrate_refuses_kv_lengths_past_the_context(llm):
     with pytest.raises(ValueError, match="exceed n_ctx"):
-        cost.calibrate(llm, ks=KS, n_pasts=(250,), reps=1)
+        calibration.calibrate(llm, ks=KS, n_pasts=(250,), reps=1)
     with pytest.raises(ValueError, match="reps"):
-        cost.calibrate(llm, ks=KS, reps=0)
+        calibration.calibrate(llm, ks=KS, reps=0)
 
 
 def test_calibration_for_is_cached_per_threads(llm, cache):
-    first = cost.calibration_for(llm, ks=(1, 2), n_pasts=(16,), reps=1)
-    again = cost.calibration_for(llm, ks=(1, 2), n_pasts=(16,), reps=1)
+    first = calibration.calibration_for(llm, ks=(1, 2), n_pasts=(16,), reps=1)
+    again = calibration.calibration_for(llm, ks=(1, 2), n_pasts=(16,), reps=1)
     assert again == first                                 # read back, not measured again
     assert len(list(cache.glob("*.json"))) == 1
     other = load_model(n_ctx=256, n_batch=64, n_threads=2)
-    cost.calibration_for(other, ks=(1, 2), n_pasts=(16,), reps=1)
+    calibration.calibration_for(other, ks=(1, 2), n_pasts=(16,), reps=1)
     assert len(list(cache.glob("*.json"))) == 2           # another thread count: its own entry
 
 
