@@ -16,7 +16,8 @@ import numpy as np
 from .cost import CostModel, cached_calibration, calibration_key, model_identity
 from .live import _reset, _target_decoder
 
-__all__ = ["DEFAULT_KS", "backend_description", "calibrate", "calibration_for", "key_for"]
+__all__ = ["DEFAULT_KS", "auto_policy", "backend_description", "calibrate", "calibration_for",
+           "key_for"]
 
 #: Batch sizes a calibration measures. llama.cpp drafts up to 64 tokens (ngram-mod's n_max);
 #: beyond the largest measured k the curve is extended linearly (a decode of k tokens splits
@@ -165,3 +166,11 @@ def calibration_for(llm, *, refresh: bool = False, **kwargs) -> CostModel:
     """The cached calibration of ``llm`` (`key_for`), measured with :func:`calibrate`
     (``kwargs``) at first use or with ``refresh=True``."""
     return cached_calibration(key_for(llm), lambda: calibrate(llm, **kwargs), refresh=refresh)
+
+
+def auto_policy(llm, cost_model: Optional[CostModel] = None, **kwargs):
+    """An `ngramspec.policy.AutoPolicy` for a target ``llm``: on `cost_model` when given, else on
+    ``llm``'s cached calibration (measured now at first use). For drivers that own a loaded
+    model (``generate``, a server); ``kwargs`` go to AutoPolicy."""
+    from .policy import AutoPolicy
+    return AutoPolicy(cost_model if cost_model is not None else calibration_for(llm), **kwargs)

@@ -114,7 +114,8 @@ class CostModel:
     # -- evaluation ------------------------------------------------------------------------
 
     def _rows(self, k: np.ndarray) -> np.ndarray:
-        """Seconds at every measured KV length for batch sizes ``k``: shape (len(n_pasts), len(k))."""
+        """Seconds at every measured KV length for batch sizes ``k``, shape
+        (len(n_pasts), len(k))."""
         ks = np.asarray(self.ks, dtype=np.float64)
         out = np.empty((len(self.n_pasts), len(k)))
         beyond = k > ks[-1]

@@ -218,14 +218,10 @@ def _auto_policy(llm, cost_model, quiet):
     """AutoPolicy on `cost_model`, or on the loaded model's cached calibration (measured here at
     first use: a few seconds, said on stderr)."""
     from ngramspec import calibration, cost
-    from ngramspec.policy import AutoPolicy
-    if cost_model is None:
-        key = calibration.key_for(llm)
-        if not cost.cache_path(key).exists() and not quiet:
-            sys.stderr.write("calibrating the verify cost of this model (first use; "
-                             "`ngramspec calibrate` shows it)...\n")
-        cost_model = calibration.calibration_for(llm)
-    return AutoPolicy(cost_model)
+    if cost_model is None and not quiet and not cost.cache_path(calibration.key_for(llm)).exists():
+        sys.stderr.write("calibrating the verify cost of this model (first use; "
+                         "`ngramspec calibrate` shows it)...\n")
+    return calibration.auto_policy(llm, cost_model)
 
 
 def _print_text(res, spec, plain):
