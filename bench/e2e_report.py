@@ -49,9 +49,12 @@ if (ROOT / "ngramspec" / "__init__.py").is_file():
 
 import ngramspec  # noqa: E402
 from ngramspec import SpecEngine  # noqa: E402
+from ngramspec.calibration import calibration_for  # noqa: E402
+from ngramspec.cost import oracle_speedup  # noqa: E402
 from ngramspec.live import (_prompt_pass, _target_decoder, detokenize,  # noqa: E402
                             divergence_report, generate_plain, generate_speculative, load_model)
 from ngramspec.model import default_model_path  # noqa: E402
+from ngramspec.policy import AutoPolicy  # noqa: E402
 from ngramspec.replay import replay  # noqa: E402
 from ngramspec.traces import Request, read_requests  # noqa: E402
 
@@ -77,7 +80,13 @@ CONFIGS = {
     # by ~0.5 per token), so draft while the whole draft is accepted with probability >= 0.5
     "ngram-suffix min_prob 0.5": ("ngram-suffix", {"ngram_suffix_min_prob": 0.5}),
     "chain": (CHAIN, {}),
+    # the cost-aware policy (ngramspec.policy.AutoPolicy) on the machine's calibrated c(k):
+    # generate's default configuration, llama.cpp's default chain, ngram-suffix
+    "ngram-mod 8/32 auto": ("ngram-mod", {"ngram_mod_n_min": 8, "ngram_mod_n_max": 32}),
+    "chain auto": (CHAIN, {}),
+    "ngram-suffix auto": ("ngram-suffix", {}),
 }
+AUTO = {"ngram-mod 8/32 auto", "chain auto", "ngram-suffix auto"}
 ALL_NAMES = [PLAIN, *CONFIGS, LCP_PLAIN, LCP_LOOKUP]
 BATCH_KS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -97,11 +106,19 @@ def pick(requests, n, lo, hi):
     return [fit[int(i * step)] for i in range(n)]
 
 
-def load_prompts(n_code, n_chat, code_range=(500, 1800), chat_range=(20, 400)):
-    """Code-edit prompts (rewrite a file with a change) and chat prompts, as trace requests."""
+def load_prompts(n_code, n_chat, code_range=(500, 1800), chat_range=(20, 400), n_reasoning=0,
+                 n_agentic=0, max_prompt=3500):
+    """Code-edit prompts (rewrite a file with a change), chat, reasoning and agentic prompts, as
+    trace requests. Reasoning and agentic prompts (4k-8k tokens in the traces) are cut to their
+    newest `max_prompt` tokens, so that they fit the context with the output; the recorded
+    output stays as it is."""
     code = pick(read_requests(str(TRACES / "code-edit.jsonl.gz")), n_code, *code_range)
     chat = pick(read_requests(str(TRACES / "chat.jsonl.gz")), n_chat, *chat_range)
-    return [("code-edit", r) for r in code] + [("chat", r) for r in chat]
+    out = [("code-edit", r) for r in code] + [("chat", r) for r in chat]
+    for family, n in (("reasoning", n_reasoning), ("agentic", n_agentic)):
+        for r in pick(read_requests(str(TRACES / f"{family}.jsonl.gz")), n, 1, 1 << 30):
+            out.append((family, Request(r.id, r.prompt[-max_prompt:], r.output, r.extra)))
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -112,12 +129,14 @@ class Models:
     """The three models of a run: ngramspec's (plain and speculative share it, and its prompt
     cache), llama-cpp-python's plain one, and llama-cpp-python's with the prompt lookup."""
 
-    def __init__(self, n_ctx, threads, model_path=None):
+    def __init__(self, n_ctx, threads, model_path=None, cost_model=None):
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         from ngramspec.repack import load_llama
         path = model_path or default_model_path()
         self.ours = load_model(path, n_ctx=n_ctx, n_threads=threads)
+        # the auto policy's c(k): this machine's cached calibration (measured at first use)
+        self.cost_model = cost_model or calibration_for(self.ours)
         # load_llama: llama_cpp.Llama, without AMX weight repacking on AMX hosts (issue 14)
         kw = dict(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
                   n_threads_batch=threads, verbose=False)
@@ -141,11 +160,12 @@ class Models:
 def run_ours(models, name, prompt, n_predict):
     llm = models.ours
     engine = None if name == PLAIN else SpecEngine(CONFIGS[name][0], **CONFIGS[name][1])
+    policy = AutoPolicy(models.cost_model) if name in AUTO else None
     c0 = time.thread_time()
     if engine is None:
         res = generate_plain(llm, prompt, n_predict=n_predict)
     else:
-        res = generate_speculative(llm, prompt, engine, n_predict=n_predict)
+        res = generate_speculative(llm, prompt, engine, n_predict=n_predict, policy=policy)
     # The whole call (the prompt is cached: see `warm`), begin and detokenizing included.
     cpu = time.thread_time() - c0
     n = res.n_output
@@ -242,8 +262,9 @@ def measure_speed(models, prompts, names, n_predict, runs, log=print):
         plain["text"] = detokenize(models.ours, plain["tokens"])
         checks = {name: check_against_plain(models, prompt, name, recs[name][0], plain)
                   for name in names if name != PLAIN}
+        oracle = oracle_speedup(models.cost_model, len(prompt), plain["n_output"])
         out.append({"family": family, "id": req.id, "n_prompt": len(prompt),
-                    "records": recs, "checks": checks,
+                    "records": recs, "checks": checks, "oracle": oracle["speedup"],
                     "copied_from_trace": copied_prefix(plain["tokens"], req.output),
                     "match4_live": match4(prompt, plain["tokens"]),
                     "match4_recorded": match4(prompt, req.output[:len(plain["tokens"])])})
@@ -329,16 +350,22 @@ def ceiling(ms):
 # Replay of the recorded trace output on the same prompts
 # ------------------------------------------------------------------------------------------
 
-def replay_tokens_per_step(req, n_predict, names):
+def replay_tokens_per_step(req, n_predict, names, cost_model=None):
     """Tokens per verification step when the target's output is the recorded one (cut to
-    n_predict tokens), the same as the live runs' ``(n_output - 1) / steps``."""
+    n_predict tokens), the same as the live runs' ``(n_output - 1) / steps``; the auto
+    configurations weigh drafts against `cost_model`."""
     out = {}
     cut = Request(req.id, req.prompt, req.output[:n_predict], {})
     for name in names:
         if name not in CONFIGS:
             continue
         types, params = CONFIGS[name]
-        out[name] = replay([cut], types, params, state="fresh").requests[0]["tokens_per_step"]
+        factory = None
+        if name in AUTO:
+            def factory():
+                return AutoPolicy(cost_model, proposer_time=False)
+        out[name] = replay([cut], types, params, state="fresh",
+                           policy_factory=factory).requests[0]["tokens_per_step"]
     return out
 
 
@@ -360,7 +387,7 @@ def summarize(speed, names):
         base = recs[PLAIN]
         lcp_base = recs.get(LCP_PLAIN)
         row = {k: p[k] for k in ("family", "id", "n_prompt", "copied_from_trace", "match4_live",
-                                 "match4_recorded")}
+                                 "match4_recorded", "oracle") if k in p}
         row["configs"] = {}
         for name in names:
             runs = recs[name]
@@ -393,6 +420,15 @@ def summarize(speed, names):
             for key in ("tps", "cpu_tps", "vs_plain", "vs_plain_cpu", "vs_lcp_plain",
                         "vs_lcp_plain_cpu")} for name in names}
         for name in names:
+            if all("oracle" in r for r in rows):
+                # the gain as a share of the oracle's (the most any drafter could gain here)
+                oracle = geomean([r["oracle"] for r in rows])
+                per_family[fam][name]["oracle"] = oracle
+                per_family[fam][name]["share_of_oracle"] = (
+                    (per_family[fam][name]["vs_plain_cpu"] - 1) / (oracle - 1)
+                    if oracle > 1 else None)
+            per_family[fam][name]["min_vs_plain_cpu"] = min(
+                r["configs"][name]["vs_plain_cpu"] for r in rows)
             per_family[fam][name]["all_match"] = all(
                 r["configs"][name]["match"] or (r["configs"][name].get("divergence") or {})
                 .get("within_float_noise", False) for r in rows)
@@ -425,19 +461,23 @@ def machine():
 
 def measure(n_code=4, n_chat=3, n_predict=256, runs=3, threads=1, n_ctx=4096, names=None,
             ks=BATCH_KS, batch_threads=(1, 2), batch_reps=5, batch_position=1468,
-            code_range=(500, 1800), chat_range=(20, 400), log=print):
-    """Everything the report shows, as one JSON-ready dict."""
+            code_range=(500, 1800), chat_range=(20, 400), log=print, n_reasoning=0,
+            n_agentic=0, max_prompt=3500, cost_model=None):
+    """Everything the report shows, as one JSON-ready dict. `cost_model`: the auto policy's and
+    the oracle's c(k) (default: this machine's cached calibration, measured at first use)."""
     names = list(names or ALL_NAMES)
     if PLAIN not in names:
         names.insert(0, PLAIN)
     t_start = time.time()
-    prompts = load_prompts(n_code, n_chat, code_range, chat_range)
-    models = Models(n_ctx, threads)
+    prompts = load_prompts(n_code, n_chat, code_range, chat_range, n_reasoning, n_agentic,
+                           max_prompt)
+    models = Models(n_ctx, threads, cost_model=cost_model)
+    log(f"cost model: {models.cost_model.source}")
     log(f"prompts: {[(f, len(r.prompt)) for f, r in prompts]}")
     info = machine()
     speed = measure_speed(models, prompts, names, n_predict, runs, log)
     for p, (family, req) in zip(speed, prompts):
-        p["replay"] = replay_tokens_per_step(req, n_predict, names)
+        p["replay"] = replay_tokens_per_step(req, n_predict, names, models.cost_model)
     per_prompt, per_family = summarize(speed, names)
     batch = None
     if ks:
@@ -452,7 +492,10 @@ def measure(n_code=4, n_chat=3, n_predict=256, runs=3, threads=1, n_ctx=4096, na
     info["load_average_end"] = open("/proc/loadavg").read().split()[:3]
     info["seconds"] = round(time.time() - t_start, 1)
     return {"machine": info,
-            "settings": {"n_code": n_code, "n_chat": n_chat, "n_predict": n_predict,
+            "cost_model": models.cost_model.to_dict(),
+            "settings": {"n_code": n_code, "n_chat": n_chat, "n_reasoning": n_reasoning,
+                         "n_agentic": n_agentic, "max_prompt": max_prompt,
+                         "n_predict": n_predict,
                          "runs": runs, "threads": threads, "n_ctx": n_ctx, "names": names,
                          "configs": {k: {"spec_type": v[0], "params": v[1]}
                                      for k, v in CONFIGS.items() if k in names}},
@@ -491,10 +534,11 @@ def _prompt_row(name, c, replayed):
 
 
 def generate_config():
-    """The name in CONFIGS of `ngramspec generate`'s default configuration."""
+    """The name in CONFIGS of `ngramspec generate`'s default configuration (its policy is
+    auto)."""
     from ngramspec.generate_cli import GENERATE_DEFAULTS
     return next(name for name, (types, params) in CONFIGS.items()
-                if types == "ngram-mod" and params == GENERATE_DEFAULTS)
+                if types == "ngram-mod" and params == GENERATE_DEFAULTS and name in AUTO)
 
 
 def acceptance_summary(res, family="code-edit"):
@@ -516,6 +560,53 @@ def acceptance_summary(res, family="code-edit"):
             "proposer_us": statistics.median(c["proposer_us_per_step"] for c in cells),
             "target_ms": statistics.median(c["target_ms_per_step"] for c in cells)}
     return out
+
+
+def _oracle_section(p, res):
+    fams = list(res["per_family"])
+    names = res["settings"]["names"]
+    if not fams or "oracle" not in res["per_family"][fams[0]][names[0]]:
+        return
+    cm = res.get("cost_model", {})
+    p("## Against the oracle, and the never-slower target")
+    p("")
+    p("The oracle drafts the true greedy continuation (plain decoding's output) and picks the "
+      "best draft length of every step under this machine's c(k, n_past) (`ngramspec.cost."
+      f"oracle_speedup`; cost model: {cm.get('source', '?')}): the most any drafter could "
+      "gain here. Share = (× plain - 1) / (oracle - 1), CPU time, per family. min: the lowest "
+      "per-prompt × plain of the family (target for auto: >= 0.97 on every prompt).")
+    p("")
+    p("| configuration | " + " | ".join(f"{f}: × plain | {f}: share of oracle | {f}: min"
+                                        for f in fams) + " |")
+    p("|---|" + "---|---|---|" * len(fams))
+    p("| oracle (modeled) | " + " | ".join(
+        f"{res['per_family'][f][names[0]]['oracle']:.3f} | 100% | —" for f in fams) + " |")
+    for name in names:
+        cells = []
+        for f in fams:
+            c = res["per_family"][f][name]
+            share = c.get("share_of_oracle")
+            cells += [f"{c['vs_plain_cpu']:.3f}", "—" if share is None else f"{share:.0%}",
+                      f"{c['min_vs_plain_cpu']:.3f}"]
+        p(f"| {name} | " + " | ".join(cells) + " |")
+    p("")
+    auto = [n for n in names if n in AUTO]
+    if auto:
+        worst = {n: min(res["per_family"][f][n]["min_vs_plain_cpu"] for f in fams)
+                 for n in auto}
+        p("Never slower (auto >= 0.97× plain on every prompt): " + ", ".join(
+            f"{n}: {'yes' if w >= 0.97 else 'NO'} (worst {w:.3f})" for n, w in worst.items())
+          + ".")
+        fixed = [n for n in names if n in CONFIGS and n not in AUTO]
+        if fixed:
+            best_fixed = {f: max(res["per_family"][f][n]["vs_plain_cpu"] for n in fixed)
+                          for f in fams}
+            best_auto = {f: max(res["per_family"][f][n]["vs_plain_cpu"] for n in auto)
+                         for f in fams}
+            p("Best everywhere (an auto configuration >= the best fixed one, per family): "
+              + ", ".join(f"{f}: {'yes' if best_auto[f] >= best_fixed[f] else 'NO'} "
+                          f"({best_auto[f]:.3f} vs {best_fixed[f]:.3f})" for f in fams) + ".")
+        p("")
 
 
 def _limits_section(p, res):
@@ -589,6 +680,7 @@ def render(res):
                                                       in found else ""))
         p(f"| {name} | " + " | ".join(cells) + f" | {outputs} |")
     p("")
+    _oracle_section(p, res)
     _limits_section(p, res)
     p("## Per prompt")
     p("")
@@ -677,6 +769,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--code", type=int, default=4, help="code-edit prompts (default 4)")
     ap.add_argument("--chat", type=int, default=3, help="chat prompts (default 3)")
+    ap.add_argument("--reasoning", type=int, default=2, help="reasoning prompts (default 2)")
+    ap.add_argument("--agentic", type=int, default=2, help="agentic prompts (default 2)")
+    ap.add_argument("--max-prompt", type=int, default=3500,
+                    help="reasoning/agentic prompts are cut to their newest N tokens")
+    ap.add_argument("--cost-model", default=None, metavar="FILE|NAME",
+                    help="c(k) of the auto policy and the oracle (default: this machine's "
+                         "calibration, cached)")
     ap.add_argument("--n-predict", type=int, default=256)
     ap.add_argument("--runs", type=int, default=3, help="interleaved rounds per prompt")
     ap.add_argument("--threads", type=int, default=1)
@@ -697,10 +796,16 @@ def main(argv=None):
         for n in names or []:
             if n not in ALL_NAMES:
                 ap.error(f"unknown configuration {n!r}: allowed {', '.join(ALL_NAMES)}")
+        cost_model = None
+        if args.cost_model:
+            from ngramspec.cost import load_cost_model
+            cost_model = load_cost_model(args.cost_model)
         res = measure(args.code, args.chat, args.n_predict, args.runs, args.threads,
                       args.ctx_size, names, () if args.no_batch else BATCH_KS,
                       batch_reps=args.batch_reps,
-                      log=lambda msg: print(msg, file=sys.stderr, flush=True))
+                      log=lambda msg: print(msg, file=sys.stderr, flush=True),
+                      n_reasoning=args.reasoning, n_agentic=args.agentic,
+                      max_prompt=args.max_prompt, cost_model=cost_model)
         res["machine"]["command"] = "python bench/e2e_report.py " + " ".join(argv or sys.argv[1:])
         res = _restore_batch_keys(json.loads(json.dumps(_jsonable(res))))
         if args.json:

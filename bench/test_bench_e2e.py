@@ -12,13 +12,16 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 import e2e_report  # noqa: E402
+from ngramspec.cost import PROFILES  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def small_run():
+    # a named cost model: no calibration in a smoke run
     return e2e_report.measure(n_code=1, n_chat=1, n_predict=8, runs=1, n_ctx=1024,
                               ks=(1, 2, 4), batch_threads=(1,), batch_reps=1,
-                              code_range=(300, 700), log=lambda msg: None)
+                              code_range=(300, 700), log=lambda msg: None,
+                              cost_model=PROFILES["cpu-embedded"])
 
 
 def test_e2e_smoke(small_run):
@@ -51,6 +54,9 @@ def test_e2e_report_renders_and_round_trips(small_run, tmp_path):
     for name in e2e_report.ALL_NAMES:
         assert f"| {name} |" in text
     assert "ceiling" in text and "DIFFERS" not in text
+    assert "## Against the oracle" in text and "| oracle (modeled) |" in text
+    for row in small_run["per_prompt"]:
+        assert row["oracle"] >= 1.0
 
 
 def test_ceiling():

@@ -23,8 +23,10 @@ except ModuleNotFoundError as _exc:
         f"the installed package). Run from another directory, or build in place with "
         f"`python setup.py build_ext --inplace`, or install with `pip install -e .`",
         name=_exc.name) from None
+from ngramspec.cost import CostModel, load_cost_model
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import FixedPolicy, SlotLoop
+from ngramspec.policy import AutoPolicy
 from ngramspec.replay import replay
 from ngramspec.stats import acceptance_line, statistics_line
 
@@ -41,8 +43,9 @@ def __getattr__(name):
 
 
 __all__ = [
-    "CacheFileError", "FixedPolicy", "MapProposer", "ModPool", "ModProposer", "NgramCache",
-    "NgramCacheProposer", "Proposer", "PyProposer", "SimpleProposer", "SlotLoop", "SpecEngine",
-    "SuffixProposer", "__version__", "acceptance_line", "generate_plain", "generate_speculative",
+    "AutoPolicy", "CacheFileError", "CostModel", "FixedPolicy", "MapProposer", "ModPool",
+    "ModProposer", "NgramCache", "NgramCacheProposer", "Proposer", "PyProposer",
+    "SimpleProposer", "SlotLoop", "SpecEngine", "SuffixProposer", "__version__",
+    "acceptance_line", "generate_plain", "generate_speculative", "load_cost_model",
     "load_model", "replay", "statistics_line",
 ]

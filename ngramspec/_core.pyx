@@ -1995,6 +1995,12 @@ cdef class Engine:
         finally:
             self.busy[s] = 0
 
+    def last_proposer(self, slot):
+        """Index in `proposers` of the proposer that made the slot's last non-empty draft (the
+        one its next `accept` goes to), or -1 before its first. Lets a draft-length policy
+        weigh a draft by its proposer's record."""
+        return self.impl_last[self.slot_index(slot)]
+
     def stats(self):
         """llama.cpp's per-proposer counters (``n_call_begin`` ... ``t_accept_us`` of
         common/speculative.cpp), one dict per proposer in priority order.

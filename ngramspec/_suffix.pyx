@@ -642,6 +642,7 @@ cdef struct Slot:
     # the last draft and its accepted length, for the end of the output
     token_t* last_draft
     int32_t n_last_draft
+    int32_t last_src        # the walk it came from: 0 local, 1 global
     int32_t n_last_acc      # -1: no accept since the last draft
     uint32_t cal_acc[N_CAL]     # fine cells, then coarse cells
     uint32_t cal_tried[N_CAL]
@@ -793,6 +794,7 @@ cdef void slot_walk(Slot* s, const Params* P, const Store* G, const token_t* inp
     s.pred_base = n + 1
     # the draft: the walk expecting more accepted tokens (local on ties)
     s.n_last_draft = wg.n_draft if wg.score > wl.score else wl.n_draft
+    s.last_src = 1 if wg.score > wl.score else 0
     memcpy(s.last_draft, s.pred_tok + (stride if wg.score > wl.score else 0),
            s.n_last_draft * sizeof(token_t))
     s.n_last_acc = -1
@@ -1102,6 +1104,28 @@ cdef class SuffixProposer(Proposer):
         cdef Slot* s = &self.slots[slot]
         return dict(context=s.ctx_len, indexed=s.loc.n, capacity=s.loc.cap,
                     tokens_per_step=s.rate / ONE)
+
+    def draft_probs(self, Py_ssize_t slot):
+        """Per-token probabilities of the slot's last draft and the evidence behind them.
+
+        Returns ``(probs, tried)``, float64 arrays as long as the draft: ``probs[j]`` is the
+        calibrated probability that token j is accepted given that tokens 0 .. j-1 were (the
+        product of the first j + 1 is the probability the walk drafted by); ``tried[j]`` the
+        record count (fading) of that token's calibration cell. Cells of late draft positions
+        stay sparse while the slot's drafts are cut short (only tokens that arrive are scored),
+        and their probability is then mostly the prior. Valid until the slot's next draft
+        call, which updates the calibration."""
+        self._check_slot(slot)
+        cdef Slot* s = &self.slots[slot]
+        cdef int32_t j, cell, off = s.last_src * (self.P.max_draft + 1)
+        probs = np.empty(s.n_last_draft, dtype=np.float64)
+        tried = np.empty(s.n_last_draft, dtype=np.float64)
+        cdef double[::1] p = probs, t = tried
+        for j in range(s.n_last_draft):
+            cell = s.pred_cell[off + j]
+            p[j] = cal_prob(s.cal_acc, s.cal_tried, cell) / <double>ONE
+            t[j] = s.cal_tried[cell]
+        return probs, tried
 
     def calibration(self, Py_ssize_t slot):
         """(acc, tried) of the slot's fine calibration cells, uint32 arrays of shape

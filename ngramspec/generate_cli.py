@@ -6,9 +6,9 @@ import os
 import sys
 
 from ngramspec import registry
-from ngramspec.cli_common import (INT32_MAX, add_repack_flag, add_spec_flags,
-                                  check_spec_flags, check_writable, engine_params, int_arg,
-                                  load_cache_files)
+from ngramspec.cli_common import (INT32_MAX, add_policy_flags, add_repack_flag,
+                                  add_spec_flags, check_spec_flags, check_writable,
+                                  engine_params, int_arg, load_cache_files)
 
 #: llama.cpp's largest thread count (GGML_MAX_N_THREADS).
 MAX_THREADS = 512
@@ -62,6 +62,7 @@ def add_parser(subparsers):
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_repack_flag(p)
     add_spec_flags(p, include_live=True)
+    add_policy_flags(p, default="auto")
     _state_generate_defaults(p)
     p.set_defaults(run=run)
     return p
@@ -198,6 +199,10 @@ def _execute(args):
         prompt_ids = _read_prompt_tokens(args.prompt_tokens)
     elif args.prompt_file is not None:
         text = _read_text("--prompt-file", args.prompt_file)
+    cost_model = None
+    if args.cost_model is not None:
+        from ngramspec.cost import load_cost_model
+        cost_model = load_cost_model(args.cost_model)
     llm = load_model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
                      n_threads=args.threads, repack=args.repack)
     prompt = prompt_ids if prompt_ids is not None else tokenize_prompt(llm, text, chat=args.chat)
@@ -208,12 +213,19 @@ def _execute(args):
     if types:
         engine = _build_engine(llm, types, params, args)
 
+    policy = None
+    if engine is not None and args.spec_policy == "auto":
+        policy = _auto_policy(llm, cost_model, quiet=args.json)
+
     spec = generate_speculative(llm, prompt, engine, n_predict=args.n_predict,
-                                update_dynamic_cache=args.lookup_cache_dynamic)
+                                update_dynamic_cache=args.lookup_cache_dynamic, policy=policy)
     res = spec.to_dict()
     if args.lookup_cache_dynamic is not None:
         res["dynamic_cache_ngrams"] = spec.dynamic_cache_ngrams
     res["spec_type"] = ",".join(types) if types else "none"
+    res["spec_policy"] = args.spec_policy
+    if policy is not None:
+        res["policy"] = policy.summary()
     res["stats_lines"] = spec.stats_lines
     plain = None
     if args.compare:
@@ -231,6 +243,16 @@ def _execute(args):
             rep = divergence_report(llm, prompt, spec.output_tokens, plain.output_tokens)
             res["divergence"] = None if rep is None else rep.to_dict()
     return res, spec, plain
+
+
+def _auto_policy(llm, cost_model, quiet):
+    """AutoPolicy on `cost_model`, or on the loaded model's cached calibration (measured here at
+    first use: a few seconds, said on stderr)."""
+    from ngramspec import calibration, cost
+    if cost_model is None and not quiet and not cost.cache_path(calibration.key_for(llm)).exists():
+        sys.stderr.write("calibrating the verify cost of this model (first use; "
+                         "`ngramspec calibrate` shows it)...\n")
+    return calibration.auto_policy(llm, cost_model)
 
 
 def _print_text(res, spec, plain):
@@ -259,6 +281,11 @@ def _print_text(res, spec, plain):
             lines.append(f"  first difference at output token {div['index']}: logit gap "
                          f"{div['gap']:.4f}, batched/single-token logit noise {div['noise']:.4f} "
                          f"({'within' if div['within_float_noise'] else 'NOT within'} float noise)")
+    if "policy" in res:
+        pol = res["policy"]
+        lines.append(f"policy auto (cost model {pol['cost_model']}): {pol['drafts']} drafts, "
+                     f"{pol['verified']} verified, {pol['truncated']} shortened, "
+                     f"{pol['plain']} plain steps, {pol['probes']} probes")
     lines.extend(res["stats_lines"])
     if "dynamic_cache_ngrams" in res:
         lines.append(f"dynamic cache: {res['dynamic_cache_ngrams']} n-grams saved")

@@ -427,8 +427,8 @@ def _check_engine_models(llm, engine) -> None:
 
 
 def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slot: int = 0,
-                         record_steps: bool = False,
-                         update_dynamic_cache=None) -> GenerationResult:
+                         record_steps: bool = False, update_dynamic_cache=None,
+                         policy=None) -> GenerationResult:
     """Greedy generation verified against drafts from ``engine`` (llama-server's loop).
 
     Parameters
@@ -451,6 +451,10 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         the 1..4-grams of prompt + output are merged into it (created if absent), so the next
         run drafts from them (`ngramspec.cache_file.merge_into_dynamic`: atomic rewrite under a
         file lock, concurrent writers lose no counts). Not part of the timings.
+    policy : draft-length policy, optional
+        `ngramspec.loop.FixedPolicy` (the default: llama.cpp's behaviour) or
+        `ngramspec.policy.AutoPolicy` (cost-aware: verifies only the part of each draft that is
+        expected to pay). The output is the same greedy output either way.
 
     Returns
     -------
@@ -487,7 +491,7 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
     # Part of the prompt phase: every proposer ingests the prompt in begin() (a draft model runs
     # its own prompt pass there).
     loop = SlotLoop(engine, slot, prompt, sampled, n_ctx=n_ctx, n_predict=n_predict,
-                    capacity=n_ctx)
+                    policy=policy, capacity=n_ctx)
     t1 = pc()
     stats0 = engine.stats() if engine is not None else []
     out.append(sampled)

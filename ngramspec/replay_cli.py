@@ -7,6 +7,7 @@ import os
 from ngramspec.cache_file import atomic_write_bytes
 from ngramspec.cli_common import (INT32_MAX, add_spec_flags, check_spec_flags, check_writable,
                                   engine_params, int_arg, load_cache_files)
+from ngramspec.cost import modeled_speedup
 from ngramspec.replay import ProgressBar, replay
 from ngramspec.stats import acceptance_line, statistics_line
 from ngramspec.traces import read_requests
@@ -23,6 +24,7 @@ def add_parser(subparsers):
                     "llama.cpp's statistics.")
     p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files (.jsonl, .jsonl.gz)")
     add_spec_flags(p)
+    add_policy_flags(p, default="fixed")
     p.add_argument("--state", choices=("shared", "fresh"), default="shared",
                    help="shared: one engine for all requests (a server); fresh: one per request "
                         "(default: shared)")
@@ -44,7 +46,37 @@ def add_parser(subparsers):
     return p
 
 
+def _policies(args):
+    """(name, policy factory) of each replay: the --spec-policy one first; with --cost-model and
+    the fixed policy, auto against that cost model as well, for the comparison."""
+    if args.cost_model is None:
+        if args.spec_policy == "auto":
+            raise ValueError("--spec-policy auto in replay needs --cost-model FILE|NAME "
+                             "(the verify-cost curve it weighs drafts against)")
+        return None, [("fixed", None)]
+    from ngramspec.cost import load_cost_model
+    from ngramspec.policy import AutoPolicy
+    cost_model = load_cost_model(args.cost_model)
+
+    def auto():
+        # proposer time measured here says nothing about the machine the cost model describes
+        return AutoPolicy(cost_model, proposer_time=False)
+    runs = [("auto", auto)] if args.spec_policy == "auto" else [("fixed", None), ("auto", auto)]
+    return cost_model, runs
+
+
+def _oracle(records, cost_model):
+    """The oracle's modeled speed-up over the requests (drafts = the recorded output)."""
+    from ngramspec.cost import oracle_speedup
+    plans = [oracle_speedup(cost_model, r["n_prompt"], r["n_output"]) for r in records]
+    tokens = sum(p["tokens"] for p in plans)
+    cost = sum(p["cost"] for p in plans)
+    return {"cost_model": cost_model.name, "tokens": tokens, "cost": round(cost, 3),
+            "speedup": round(tokens / cost, 4) if cost else 1.0}
+
+
 def run(args) -> int:
+    cost_model, runs = _policies(args)
     given = engine_params(args)
     # Flags, then files: a bad flag is reported as such, whatever the files hold.
     check_spec_flags(args.spec_type, given)
@@ -55,10 +87,22 @@ def run(args) -> int:
     lines = []
     for path in args.traces:
         requests = read_requests(path, args.limit)
-        result = replay(requests, args.spec_type, params, state=args.state,
-                        n_slots=args.slots, record_drafts=args.drafts, repeat=args.repeat,
-                        n_ctx=args.ctx_size,
-                        progress=ProgressBar(f"replay {os.path.basename(path)}"))
+        result = None
+        for name, factory in runs:
+            res = replay(requests, args.spec_type, params, state=args.state,
+                         n_slots=args.slots, record_drafts=args.drafts, repeat=args.repeat,
+                         n_ctx=args.ctx_size, policy_factory=factory,
+                         progress=ProgressBar(f"replay {os.path.basename(path)} ({name})"))
+            if result is None:
+                result = res
+                result.summary["spec_policy"] = name
+            if cost_model is not None:
+                result.summary.setdefault("modeled", {})[name] = {
+                    **modeled_speedup(res.requests, cost_model),
+                    "tokens_per_step": res.summary["tokens_per_step"],
+                    **({"policy": res.summary["policy"]} if "policy" in res.summary else {})}
+        if cost_model is not None:
+            result.summary["modeled"]["oracle"] = _oracle(result.requests, cost_model)
         result.summary["params"] = given     # file names, not the loaded caches
         if args.output:
             head = {"config": args.spec_type, "family": _family(requests, path),
@@ -108,3 +152,17 @@ def _print_report(path, result):
     print("  " + acceptance_line(s["n_acc_tokens"], s["n_draft_tokens"], s["n_drafts"]))
     for st in s["llama_stats"]:
         print("  " + statistics_line(st))
+    modeled = s.get("modeled", {})
+    oracle = modeled.get("oracle")
+    for name, m in modeled.items():
+        if name == "oracle":
+            continue
+        share = ""
+        if oracle and oracle["speedup"] > 1:
+            share = f", {(m['speedup'] - 1) / (oracle['speedup'] - 1):.0%} of the oracle's gain"
+        print(f"  modeled speed-up ({name}, cost model {m['cost_model']}): {m['speedup']:.3f}x "
+              f"({m['tokens']} tokens for {m['cost']:.1f} single-token decodes, "
+              f"{m['tokens_per_step']:.3f} tokens per step{share})")
+    if oracle:
+        print(f"  modeled speed-up (oracle: drafts = the recorded output, best length per "
+              f"step): {oracle['speedup']:.3f}x")
