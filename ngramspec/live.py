@@ -24,7 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 __all__ = [
-    "GenerationResult", "DivergenceReport", "load_model", "tokenize_prompt", "detokenize",
+    "GenerationResult", "DivergenceReport", "load_model", "tokenize_prompt", "render_chat",
+    "detokenize",
     "generate_speculative", "generate_plain", "first_divergence", "divergence_report",
 ]
 
@@ -104,22 +105,29 @@ def tokenize_prompt(llm, text: str, *, chat: bool = False) -> np.ndarray:
     numpy.ndarray of int32
     """
     if chat:
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-        template = llm.metadata.get("tokenizer.chat_template")
-        if not template:
-            raise ValueError("--chat: the model has no chat template (tokenizer.chat_template)")
-        eos, bos = llm.token_eos(), llm.token_bos()
-        fmt = Jinja2ChatFormatter(
-            template=template,
-            eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
-            bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
-            add_generation_prompt=True)
-        rendered = fmt(messages=[{"role": "user", "content": text}]).prompt
+        rendered = render_chat(llm, [{"role": "user", "content": text}], flag="--chat")
         # The template writes BOS itself where the model wants one.
         toks = llm.tokenize(rendered.encode("utf-8"), add_bos=False, special=True)
     else:
         toks = llm.tokenize(text.encode("utf-8"), add_bos=llm._model.add_bos_token(), special=True)
     return np.asarray(toks, dtype=np.int32)
+
+
+def render_chat(llm, messages: Sequence[dict], *, flag: str = "chat") -> str:
+    """`messages` rendered with the GGUF's own chat template (``tokenizer.chat_template``),
+    generation prompt included, as llama-server renders a chat request. ValueError (naming
+    `flag`) when the model has no template. Works on a vocabulary-only model too."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        raise ValueError(f"{flag}: the model has no chat template (tokenizer.chat_template)")
+    eos, bos = llm.token_eos(), llm.token_bos()
+    fmt = Jinja2ChatFormatter(
+        template=template,
+        eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
+        bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
+        add_generation_prompt=True)
+    return fmt(messages=list(messages)).prompt
 
 
 def detokenize(llm, tokens: Sequence[int]) -> str:
