@@ -84,3 +84,12 @@ def engine_params(args: argparse.Namespace) -> dict:
             if value is not None:
                 params[p.name] = value
     return params
+
+
+def add_progress_flags(parser: argparse.ArgumentParser) -> None:
+    """``--progress`` / ``--no-progress`` (dest ``progress``: None = only on a terminal)."""
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="draw the progress bar even when stderr is not a terminal")
+    g.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="never draw the progress bar")
