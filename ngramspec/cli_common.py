@@ -93,3 +93,11 @@ def add_progress_flags(parser: argparse.ArgumentParser) -> None:
                    help="draw the progress bar even when stderr is not a terminal")
     g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="never draw the progress bar")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse turns the ValueError into a one-line error)."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value

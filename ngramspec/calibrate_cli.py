@@ -1,0 +1,107 @@
+"""``ngramspec calibrate``: measure the verify-cost curve c(k) of a GGUF model and cache it."""
+from __future__ import annotations
+
+import json
+import sys
+
+from ngramspec.cli_common import positive_int as _positive
+
+
+def _ks(text):
+    return tuple(sorted({_positive(part) for part in text.split(",")}))
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "calibrate", help="measure what verifying k draft tokens costs on this machine",
+        description="Decode batches of k tokens at three KV-cache lengths on the model and print "
+                    "c(k) = time(k tokens) / time(1 token), the curve the auto speculation "
+                    "policy weighs drafts against. The result is cached per model file, thread "
+                    "count, batch size and llama.cpp backend (a platform cache dir, or "
+                    "$NGRAMSPEC_CACHE_DIR); a cached curve is printed as it is unless --refresh.")
+    p.add_argument("-m", "--model", metavar="GGUF", default=None,
+                   help="model (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("-t", "--threads", type=_positive, default=None, metavar="N",
+                   help="decode threads (default: half the usable cores, as generate)")
+    p.add_argument("-b", "--batch-size", type=_positive, default=512, metavar="N",
+                   help="n_batch of the context (default 512, as generate)")
+    p.add_argument("-c", "--ctx-size", type=_positive, default=4096, metavar="N",
+                   help="context size (default 4096, as generate); bounds the KV lengths measured")
+    p.add_argument("--ks", type=_ks, default=None, metavar="K,K,...",
+                   help="batch sizes to measure, a comma list of integers >= 1 (default "
+                        "1,2,3,4,6,8,12,16,32,64; 1 is always measured)")
+    p.add_argument("--reps", type=_positive, default=2, metavar="N",
+                   help="decodes per point, the fastest kept (default 2)")
+    p.add_argument("--refresh", action="store_true",
+                   help="measure again even when a cached curve exists")
+    p.add_argument("--json", action="store_true", help="print the cost model as JSON")
+    p.set_defaults(run=run)
+    return p
+
+
+def _execute(args):
+    import os
+
+    from ngramspec import cost
+    from ngramspec.live import load_model
+    if args.model is not None and not os.path.isfile(args.model):
+        raise ValueError(f"--model: file not found: {args.model}")
+    k_max = max(args.ks or cost.DEFAULT_KS)
+    if k_max > args.batch_size:
+        raise ValueError(f"--ks: batches of up to {k_max} tokens need --batch-size >= {k_max}")
+    if args.ctx_size < k_max + 32:
+        raise ValueError(f"--ctx-size must be >= {k_max + 32} to calibrate batches of {k_max} "
+                         f"tokens, got {args.ctx_size}")
+    llm = load_model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
+                     n_threads=args.threads)
+    key = cost.calibration_key(llm.model_path, int(llm.context_params.n_threads),
+                               int(llm.n_batch), cost.backend_description(llm))
+    path = cost.cache_path(key)
+    progress = None if args.json else (lambda msg: sys.stderr.write(msg + "\n"))
+    measured = []
+
+    def measure():
+        measured.append(True)
+        return cost.calibrate(llm, ks=args.ks or cost.DEFAULT_KS, reps=args.reps,
+                              progress=progress)
+
+    model = cost.cached_calibration(key, measure, refresh=args.refresh)
+    fresh = bool(measured)
+    return model, path, fresh
+
+
+def _print_text(model, path, fresh):
+    meta = model.meta
+    out = [f"{'measured' if fresh else 'cached'}: {model.source}",
+           f"cache file: {path}",
+           f"calibration took {meta.get('calibration_s', 0):.1f} s"]
+    head = "| k | " + " | ".join(f"c(k) at KV {p}" for p in model.n_pasts) + " |"
+    out += ["", head, "|" + "---|" * (len(model.n_pasts) + 1)]
+    for k in model.ks:
+        out.append(f"| {k} | " + " | ".join(f"{model.cost(k, p):.2f}" for p in model.n_pasts)
+                   + " |")
+    out.append("| t(1) ms | " + " | ".join(f"{model.seconds(1, p) * 1e3:.2f}"
+                                           for p in model.n_pasts) + " |")
+    best = max(model.ks, key=lambda k: k / model.cost(k, model.n_pasts[0]))
+    out.append("")
+    gain = best / model.cost(best, model.n_pasts[0])
+    out.append(f"ceiling with every draft token accepted: {gain:.2f}x "
+               f"(batches of {best}, KV {model.n_pasts[0]})")
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+def run(args) -> int:
+    try:
+        model, path, fresh = _execute(args)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # one line, no traceback (llama.cpp errors are RuntimeErrors)
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        sys.stderr.write(f"ngramspec calibrate: error: {msg}\n")
+        return 2
+    if args.json:
+        sys.stdout.write(json.dumps({**model.to_dict(), "cache_file": str(path),
+                                     "measured": fresh}) + "\n")
+    else:
+        _print_text(model, path, fresh)
+    return 0

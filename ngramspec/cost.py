@@ -1,0 +1,555 @@
+"""Verify-cost curves: what one target decode of k tokens costs relative to a single token.
+
+Speculation pays when the tokens a draft wins are worth more than the extra cost of verifying
+it in one batch. That cost is c(k, n_past) = t(k, n_past) / t(1, n_past): the time of one decode
+of a batch of k tokens over a KV cache holding n_past tokens, in single-token decodes. On a CPU
+c(k) grows almost linearly in k (a small model on this project's 2-core machine: c(2) = 2.07,
+c(16) = 9.9); on a GPU a batch of 16-32 tokens costs little more than one token.
+
+A `CostModel` holds a table of measured seconds per decode at a few batch sizes k and KV lengths
+n_past, and interpolates between them. It comes from
+
+- :func:`calibrate`: a few seconds of decodes on the loaded llama model,
+- :func:`cached_calibration`: the same, cached on disk per model file, thread count, batch size
+  and backend (a platform cache dir, `platformdirs`), measured at first use,
+- :data:`PROFILES`: named curves (``gpu``, ``cpu-embedded``, ``local``),
+- :func:`load_cost_model`: a calibration JSON file or a profile name (``--cost-model``).
+
+Only :func:`calibrate` and :func:`backend_description` import llama_cpp.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Callable, Dict, Iterator, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["CostModel", "PROFILES", "FORMAT", "DEFAULT_KS", "load_cost_model", "calibrate",
+           "cached_calibration", "calibration_for", "calibration_key", "cache_dir", "cache_path",
+           "backend_description", "model_identity"]
+
+#: Format tag of a cost model's JSON form (`CostModel.to_dict`).
+FORMAT = "ngramspec-cost/1"
+
+#: Batch sizes a calibration measures. llama.cpp drafts up to 64 tokens (ngram-mod's n_max);
+#: beyond the largest measured k the curve is extended linearly (a decode of k tokens splits
+#: into n_batch chunks, so its time keeps growing linearly).
+DEFAULT_KS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+
+#: Environment variable that overrides the cache folder (tests, read-only homes).
+CACHE_DIR_ENV = "NGRAMSPEC_CACHE_DIR"
+
+
+def _as_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    return int(value)
+
+
+class CostModel:
+    """c(k, n_past): time of one decode of a batch of k tokens relative to a single-token decode.
+
+    Parameters
+    ----------
+    ks : sequence of int
+        Measured batch sizes, strictly increasing, the first one 1.
+    n_pasts : sequence of int
+        KV-cache lengths (tokens already in the cache) they were measured at, strictly
+        increasing, >= 0.
+    seconds : array-like, shape (len(n_pasts), len(ks))
+        Seconds of one decode (the argmax of the logits included) per KV length and batch size.
+    name : str
+        Short name (a profile name, or ``"calibrated"``).
+    source : str
+        Where the numbers come from (a machine and command, or a publication).
+    meta : dict, optional
+        Free-form facts of the measurement (model, threads, n_batch, backend, date).
+
+    Notes
+    -----
+    Interpolation: piecewise linear in k between the measured batch sizes, extended linearly
+    beyond the largest (the last segment's slope); linear in n_past between the measured KV
+    lengths, extended linearly beyond the largest (attention over the cache grows linearly with
+    its length) and held constant below the smallest. A measured curve that decreases somewhere
+    in k (timer noise) is raised to its running maximum first, so that a longer batch never
+    looks cheaper than a shorter one; `to_dict` keeps the raw numbers.
+
+    Memory: the table, a few hundred bytes.
+
+    Thread-safety: immutable after construction; every method may be called from any thread.
+    """
+
+    __slots__ = ("ks", "n_pasts", "_raw", "_sec", "name", "source", "meta")
+
+    def __init__(self, ks: Sequence[int], n_pasts: Sequence[int], seconds, *, name: str,
+                 source: str, meta: Optional[dict] = None):
+        ks_arr = np.asarray(ks)
+        np_arr = np.asarray(n_pasts)
+        sec = np.asarray(seconds, dtype=np.float64)
+        if ks_arr.ndim != 1 or ks_arr.size == 0 or not np.issubdtype(ks_arr.dtype, np.integer):
+            raise ValueError("cost model: ks must be a non-empty list of integers")
+        if ks_arr[0] != 1 or np.any(np.diff(ks_arr) <= 0):
+            raise ValueError(f"cost model: ks must start at 1 and increase strictly, "
+                             f"got {ks_arr.tolist()}")
+        if np_arr.ndim != 1 or np_arr.size == 0 or not np.issubdtype(np_arr.dtype, np.integer):
+            raise ValueError("cost model: n_past must be a non-empty list of integers")
+        if np_arr[0] < 0 or np.any(np.diff(np_arr) <= 0):
+            raise ValueError(f"cost model: n_past must be >= 0 and increase strictly, "
+                             f"got {np_arr.tolist()}")
+        if sec.shape != (np_arr.size, ks_arr.size):
+            raise ValueError(f"cost model: seconds must have shape (len(n_past), len(ks)) = "
+                             f"({np_arr.size}, {ks_arr.size}), got {sec.shape}")
+        if not np.all(np.isfinite(sec)) or np.any(sec <= 0):
+            raise ValueError("cost model: seconds must be finite and > 0")
+        self.ks = tuple(int(k) for k in ks_arr)
+        self.n_pasts = tuple(int(p) for p in np_arr)
+        self._raw = sec.copy()
+        self._raw.setflags(write=False)
+        self._sec = np.maximum.accumulate(sec, axis=1)
+        self._sec.setflags(write=False)
+        self.name = str(name)
+        self.source = str(source)
+        self.meta = dict(meta or {})
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def _row(self, i: int, k: int) -> float:
+        ks, row = self.ks, self._sec[i]
+        if k <= ks[-1]:
+            return float(np.interp(k, ks, row))
+        if len(ks) == 1:
+            return float(row[0]) * k  # one measured point: no batching gain assumed
+        slope = (row[-1] - row[-2]) / (ks[-1] - ks[-2])
+        return float(row[-1] + slope * (k - ks[-1]))
+
+    def seconds(self, n_tokens: int, n_past: int = 0) -> float:
+        """Absolute seconds of one decode of ``n_tokens`` tokens over ``n_past`` cached ones."""
+        k = _as_int("n_tokens", n_tokens)
+        p = _as_int("n_past", n_past)
+        if k < 1:
+            raise ValueError(f"n_tokens must be >= 1, got {k}")
+        if p < 0:
+            raise ValueError(f"n_past must be >= 0, got {p}")
+        ps = self.n_pasts
+        if len(ps) == 1 or p <= ps[0]:
+            return self._row(0, k)
+        j = min(int(np.searchsorted(ps, p)), len(ps) - 1)  # segment [ps[j-1], ps[j]]
+        lo, hi = self._row(j - 1, k), self._row(j, k)
+        w = (p - ps[j - 1]) / (ps[j] - ps[j - 1])
+        # Beyond the last KV length w > 1 extends the last segment; a cost never goes below the
+        # smaller row's (a KV cache that grows never makes a decode faster).
+        return max(lo + w * (hi - lo), min(lo, hi))
+
+    def cost(self, n_tokens: int, n_past: int = 0) -> float:
+        """c(n_tokens, n_past) = seconds(n_tokens, n_past) / seconds(1, n_past); c(1) == 1.0."""
+        if _as_int("n_tokens", n_tokens) == 1 and _as_int("n_past", n_past) >= 0:
+            return 1.0
+        return self.seconds(n_tokens, n_past) / self.seconds(1, n_past)
+
+    def curve(self, ks: Optional[Sequence[int]] = None, n_past: int = 0) -> Dict[int, float]:
+        """``{k: c(k, n_past)}`` for the given (default: the measured) batch sizes."""
+        return {int(k): self.cost(int(k), n_past) for k in (ks or self.ks)}
+
+    # -- serialization ---------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        """JSON-ready form: format tag, name, source, ks, n_past, seconds (raw), meta."""
+        return {"format": FORMAT, "name": self.name, "source": self.source,
+                "ks": list(self.ks), "n_past": list(self.n_pasts),
+                "seconds": [[float(x) for x in row] for row in self._raw],
+                "meta": dict(self.meta)}
+
+    @classmethod
+    def from_dict(cls, d) -> "CostModel":
+        """Inverse of `to_dict`; a ValueError names the missing or bad field."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"cost model: expected a JSON object, got {type(d).__name__}")
+        if d.get("format") != FORMAT:
+            raise ValueError(f"cost model: field 'format' must be {FORMAT!r}, "
+                             f"got {d.get('format')!r}")
+        for key in ("ks", "n_past", "seconds"):
+            if not isinstance(d.get(key), list):
+                raise ValueError(f"cost model: field {key!r} must be a list")
+        meta = d.get("meta", {})
+        if not isinstance(meta, Mapping):
+            raise ValueError("cost model: field 'meta' must be an object")
+        try:
+            sec = np.asarray(d["seconds"], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError("cost model: field 'seconds' must be a table of numbers") from None
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in d["ks"] + d["n_past"]):
+            raise ValueError("cost model: fields 'ks' and 'n_past' must hold integers")
+        return cls(d["ks"], d["n_past"], sec, name=str(d.get("name", "unnamed")),
+                   source=str(d.get("source", "")), meta=meta)
+
+    def __repr__(self) -> str:
+        c = ", ".join(f"c({k})={v:.2f}" for k, v in list(self.curve().items())[1:4])
+        return f"CostModel({self.name!r}, {c}, ...)"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, CostModel) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # mutable-looking value type: compare, do not hash
+
+
+# ------------------------------------------------------------------------------------------
+# Named profiles
+# ------------------------------------------------------------------------------------------
+
+def _from_ms(ks, ms_rows, n_pasts, name, source, **meta) -> CostModel:
+    return CostModel(ks, n_pasts, np.asarray(ms_rows, dtype=np.float64) / 1e3, name=name,
+                     source=source, meta=meta)
+
+
+def _gpu_profile() -> CostModel:
+    # llama.cpp PR #3726 ("perf : study batched decoding bottleneck", 2023-10-22): batched-bench,
+    # LLaMA 7B F16 fully offloaded to a CUDA GPU, 512-token shared prompt, 128 generated tokens
+    # per sequence, B = 1..32 sequences, first (unmodified, "normal") table. One TG step decodes
+    # B tokens in one batch, so T_TG / 128 is the time of a B-token decode: 1.622 s / 128 =
+    # 12.7 ms at B = 1, 1.920 s / 128 = 15.0 ms at B = 32. B parallel sequences attend to their
+    # own shorter caches rather than to one longer one; the weight-bound matrix products, which
+    # dominate a 7B decode, are the same.
+    tg_s = {1: 1.622, 2: 1.649, 3: 1.645, 4: 1.723, 5: 1.683, 6: 1.666, 7: 1.674, 8: 1.689,
+            16: 1.747, 32: 1.920}
+    ks = sorted(tg_s)
+    return _from_ms(ks, [[tg_s[k] / 128 * 1e3 for k in ks]], [640],
+                    "gpu", "llama.cpp PR #3726 batched-bench, LLaMA 7B F16 on CUDA: T_TG/128 per "
+                          "batch size (a GPU-like curve: c(8) = 1.04, c(32) = 1.18)",
+                    model="LLaMA 7B F16", backend="CUDA")
+
+
+def _cpu_embedded_profile() -> CostModel:
+    # bench/E2E.md, "Cost of verifying k tokens versus one": the embedded SmolLM2-135M Q4_1,
+    # one decode thread, this project's 2-core CPU, KV cache holding 1468 tokens, median of 5
+    # interleaved rounds (bench/e2e_report.py batch_costs).
+    ms = {1: 9.5, 2: 19.7, 4: 32.7, 8: 52.2, 16: 94.2, 32: 176.6, 64: 344.6}
+    ks = sorted(ms)
+    return _from_ms(ks, [[ms[k] for k in ks]], [1468], "cpu-embedded",
+                    "bench/E2E.md: SmolLM2-135M Q4_1, 1 thread, 2-core CPU, KV 1468 tokens "
+                    "(bench/e2e_report.py batch_costs)",
+                    model="SmolLM2-135M-Instruct.Q4_1.gguf", threads=1, backend="CPU")
+
+
+class _Profiles(Mapping):
+    """Name -> CostModel. ``local`` is present only when a calibration of the embedded model
+    is cached (``ngramspec calibrate``)."""
+
+    _fixed: Dict[str, Callable[[], CostModel]] = {
+        "gpu": _gpu_profile,
+        "cpu-embedded": _cpu_embedded_profile,
+    }
+
+    def __getitem__(self, name: str) -> CostModel:
+        if name in self._fixed:
+            return self._fixed[name]()
+        if name == "local":
+            model = _local_calibration()
+            if model is None:
+                raise KeyError("local")
+            return model
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._fixed
+        if _local_calibration() is not None:
+            yield "local"
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def names(self):
+        """Every profile name, ``local`` included whether or not it is cached."""
+        return [*self._fixed, "local"]
+
+
+#: Named cost profiles: ``gpu`` (a GPU-like curve from llama.cpp's published batched-bench
+#: numbers), ``cpu-embedded`` (this project's measured 2-core CPU curve for the embedded model)
+#: and ``local`` (this machine's cached calibration of the embedded model, when present).
+PROFILES = _Profiles()
+
+
+def load_cost_model(spec: str) -> CostModel:
+    """A cost model from a calibration JSON file path or a profile name (``--cost-model``).
+
+    Raises
+    ------
+    ValueError
+        Unknown name, missing ``local`` calibration, unreadable or malformed file (the message
+        names the file or the names allowed).
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError("--cost-model needs a file path or one of: " + ", ".join(PROFILES.names()))
+    if spec in PROFILES.names():
+        try:
+            return PROFILES[spec]
+        except KeyError:
+            raise ValueError("--cost-model local: no calibration of the embedded model is cached "
+                             f"in {cache_dir()}; run `ngramspec calibrate` first") from None
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"--cost-model {spec}: neither a file nor a profile name "
+                         f"({', '.join(PROFILES.names())})")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--cost-model {spec}: cannot read a cost model: {exc}") from None
+    try:
+        return CostModel.from_dict(data)
+    except ValueError as exc:
+        raise ValueError(f"--cost-model {spec}: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------------
+# Calibration and its cache
+# ------------------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    """Folder of cached calibrations: ``$NGRAMSPEC_CACHE_DIR`` or the platform's user cache
+    dir (``platformdirs.user_cache_dir("ngramspec")``), subfolder ``cost``."""
+    root = os.environ.get(CACHE_DIR_ENV)
+    if not root:
+        import platformdirs
+        root = platformdirs.user_cache_dir("ngramspec", appauthor=False)
+    return Path(root) / "cost"
+
+
+def model_identity(model_path: str) -> dict:
+    """What identifies a model file for the cache: resolved path, size and mtime (ns)."""
+    real = os.path.realpath(model_path)
+    st = os.stat(real)
+    return {"path": real, "size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns)}
+
+
+def calibration_key(model_path: str, n_threads: int, n_batch: int, backend: str) -> str:
+    """Cache key of one calibration: model file identity, threads, batch size, backend.
+
+    A rewritten model file (new size or mtime), another thread count, batch size or llama.cpp
+    build/backend gives another key, hence a fresh calibration.
+    """
+    ident = {"format": FORMAT, "model": model_identity(model_path), "n_threads": int(n_threads),
+             "n_batch": int(n_batch), "backend": str(backend)}
+    blob = json.dumps(ident, sort_keys=True).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def cache_path(key: str) -> Path:
+    """File of the calibration with cache key ``key``."""
+    return cache_dir() / f"{key}.json"
+
+
+def _write_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+    os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+
+
+def cached_calibration(key: str, measure: Callable[[], CostModel], *,
+                       refresh: bool = False) -> CostModel:
+    """The cached cost model of ``key``, or ``measure()`` stored under it.
+
+    A cache file that cannot be read or parsed is measured again, with a `RuntimeWarning` naming
+    the file; ``refresh=True`` always measures. A cache folder that cannot be written only warns:
+    the measured model is returned all the same.
+    """
+    path = cache_path(key)
+    if not refresh and path.exists():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            model = CostModel.from_dict(data)
+            if data.get("meta", {}).get("key") != key:
+                raise ValueError("its key does not match its file name")
+            return model
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            warnings.warn(f"cost model cache {path} is unusable ({exc}); calibrating again",
+                          RuntimeWarning, stacklevel=2)
+    model = measure()
+    model.meta["key"] = key
+    try:
+        _write_atomic(path, model.to_dict())
+    except OSError as exc:
+        warnings.warn(f"cannot write the cost model cache {path}: {exc}", RuntimeWarning,
+                      stacklevel=2)
+    return model
+
+
+def _local_calibration() -> Optional[CostModel]:
+    """The most recent cached calibration of the embedded model (default threads preferred)."""
+    try:
+        from .model import default_model_path
+        embedded = os.path.realpath(default_model_path())
+    except FileNotFoundError:
+        return None
+    folder = cache_dir()
+    if not folder.is_dir():
+        return None
+    try:
+        from .live import default_threads
+        want_threads = default_threads()
+    except ImportError:  # pragma: no cover - live.py imports nothing optional at module level
+        want_threads = 1
+    best = None
+    for path in folder.glob("*.json"):
+        try:
+            model = CostModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        if model.meta.get("model", {}).get("path") != embedded:
+            continue
+        rank = (model.meta.get("n_threads") == want_threads, model.meta.get("created", 0))
+        if best is None or rank > best[0]:
+            best = (rank, model)
+    if best is None:
+        return None
+    model = best[1]
+    model.name = "local"
+    return model
+
+
+def backend_description(llm=None) -> str:
+    """llama.cpp's build and backend as the cache key sees them: its system-info line (CPU
+    features, compiled backends) plus, for a loaded model, the offloaded layer count."""
+    import llama_cpp
+    info = llama_cpp.llama_print_system_info()
+    text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+    if llm is not None:
+        text += f" | n_gpu_layers={int(getattr(llm.model_params, 'n_gpu_layers', 0))}"
+    return text
+
+
+def _kv_lengths(n_ctx: int, k_max: int) -> list:
+    # Three KV lengths: the attention part of a decode grows with the cache, so c(k) changes
+    # with it (the embedded model's CPU curve: c(64) ~50 at 64 cached tokens, ~30 at 2k).
+    # Filling the cache is most of a calibration's time (~4 ms a token on one CPU thread for
+    # the embedded model), so the longest is 1024; beyond it the model extends linearly.
+    room = n_ctx - k_max
+    if room < 1:
+        raise ValueError(f"the context ({n_ctx} tokens) is too small to calibrate batches of "
+                         f"{k_max} tokens")
+    return sorted({min(p, room) for p in (32, 256, 1024)})
+
+
+def calibrate(llm, *, ks: Sequence[int] = DEFAULT_KS, n_pasts: Optional[Sequence[int]] = None,
+              reps: int = 2, budget_s: float = 8.0, seed: int = 0,
+              progress: Optional[Callable[[str], None]] = None) -> CostModel:
+    """Measure c(k, n_past) on a loaded llama-cpp-python model (a few seconds).
+
+    The KV cache is filled up to each KV length in turn (one batched pass per increment, so the
+    longest length is filled once); there every batch size k is decoded ``reps`` times
+    (ascending and descending in turn, so that a drift of the machine's speed spreads over all
+    k) with logits at every position and their argmax, as the verification loop does, and each
+    decode is removed from the cache again. The fastest decode per (n_past, k) is kept:
+    interference from other processes only ever adds time. k = 1, the divisor of every c(k), is
+    decoded three times as often.
+
+    Parameters
+    ----------
+    llm : llama_cpp.Llama
+        The target, loaded with the thread count and batch size it will decode with.
+    ks : sequence of int
+        Batch sizes (1 is always included; sizes above the model's n_batch are dropped).
+    n_pasts : sequence of int, optional
+        KV lengths; default 32, 256 and 1024 (capped by n_ctx).
+    reps : int
+        Decodes per (n_past, k), at least one.
+    budget_s : float
+        Soft time limit: once a KV length has used its share, its remaining rounds are skipped
+        (each point keeps at least one decode), so a slow or busy machine still finishes soon.
+    seed : int
+        Seed of the random token ids that fill the cache (their values do not matter for time).
+    progress : callable, optional
+        Called with a one-line message after each KV length.
+
+    Returns
+    -------
+    CostModel
+        ``name="calibrated"``, meta: model identity, n_threads, n_batch, n_ctx, backend,
+        created (UNIX time), calibration_s, reps.
+
+    Notes
+    -----
+    Memory: a few token arrays; the model's own KV cache holds at most ``max(n_pasts) +
+    max(ks)`` tokens meanwhile.
+
+    Thread-safety: takes over ``llm``'s context (its KV cache is cleared before and after); one
+    call at a time per model, and no generation on it meanwhile.
+    """
+    from .live import _reset, _target_decoder
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"reps must be an integer >= 1, got {reps!r}")
+    if not budget_s > 0:
+        raise ValueError(f"budget_s must be > 0, got {budget_s!r}")
+    dec = _target_decoder(llm)
+    ks = sorted({int(k) for k in ks if 1 <= int(k) <= dec.n_batch} | {1})
+    n_pasts = _kv_lengths(dec.n_ctx, ks[-1]) if n_pasts is None else sorted(
+        {int(p) for p in n_pasts})
+    if n_pasts[0] < 0 or n_pasts[-1] + ks[-1] > dec.n_ctx:
+        raise ValueError(f"KV lengths {n_pasts} plus a batch of {ks[-1]} exceed n_ctx "
+                         f"{dec.n_ctx}")
+    rng = np.random.default_rng(seed)
+    # Ordinary text-token ids: the first ids of a vocabulary are often control tokens.
+    lo = min(1000, dec.n_vocab // 2)
+    tokens = rng.integers(lo, dec.n_vocab, size=n_pasts[-1] + ks[-1], dtype=np.int32)
+    pc = time.perf_counter
+    t_start = pc()
+    table = []
+    filled = 0
+    _reset(llm, dec)
+    try:
+        for i, p in enumerate(n_pasts):
+            if p > filled:
+                dec.decode(tokens[filled:p], filled, all_logits=False)
+                filled = p
+            follow = tokens[p:p + ks[-1]]
+            if i == 0:
+                # Warm-up: the first decode of the largest size pays for buffer allocation.
+                dec.decode(follow, p, all_logits=True)
+                dec.seq_rm(p)
+            deadline = t_start + budget_s * (i + 1) / len(n_pasts)
+            best = {k: float("inf") for k in ks}
+            for r in range(reps):
+                if r and pc() > deadline:
+                    break
+                for k in (ks if r % 2 == 0 else ks[::-1]):
+                    for _ in range(3 if k == 1 else 1):
+                        t0 = pc()
+                        np.argmax(dec.decode(follow[:k], p, all_logits=True), axis=1)
+                        best[k] = min(best[k], pc() - t0)
+                        dec.seq_rm(p)
+            table.append([best[k] for k in ks])
+            if progress:
+                progress(f"KV length {p}: t(1) = {best[1] * 1e3:.2f} ms, "
+                         f"c({ks[-1]}) = {best[ks[-1]] / best[1]:.2f}")
+    finally:
+        _reset(llm, dec)
+    meta = {
+        "model": model_identity(llm.model_path),
+        "n_threads": int(llm.context_params.n_threads),
+        "n_batch": int(dec.n_batch),
+        "n_ctx": int(dec.n_ctx),
+        "backend": backend_description(llm),
+        "created": time.time(),
+        "calibration_s": round(pc() - t_start, 3),
+        "reps": int(reps),
+    }
+    source = (f"ngramspec calibrate: {os.path.basename(llm.model_path)}, "
+              f"{meta['n_threads']} thread(s), n_batch {meta['n_batch']}, "
+              f"fastest of {reps} decodes per point")
+    return CostModel(ks, n_pasts, table, name="calibrated", source=source, meta=meta)
+
+
+def calibration_for(llm, *, refresh: bool = False, **kwargs) -> CostModel:
+    """The cached calibration of ``llm`` (model file, threads, n_batch, backend), measured with
+    :func:`calibrate` (``kwargs``) at first use or with ``refresh=True``."""
+    key = calibration_key(llm.model_path, int(llm.context_params.n_threads), int(llm.n_batch),
+                          backend_description(llm))
+    return cached_calibration(key, lambda: calibrate(llm, **kwargs), refresh=refresh)
