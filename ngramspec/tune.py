@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from ngramspec.replay import replay
-from ngramspec.spec_types import all_params, parse_types
+from ngramspec.spec_types import REGISTRY, all_params, parse_types
 from ngramspec.traces import Request
 
 __all__ = ["GRIDS", "NGRAMSPEC_GRIDS", "LLAMA_TYPES", "NGRAMSPEC_OPTIONS", "Config", "Entry",
@@ -254,6 +254,15 @@ def modeled_speedup(records: Sequence[dict], cost_model) -> tuple:
     """
     plain = spec = 0.0
     cost = cost_model.cost
+    if len(getattr(cost_model, "n_pasts", ())) == 1:
+        # measured at one KV length (ngramspec.cost's profiles): c depends on k alone
+        memo: dict = {}
+
+        def cost(k, L, _cost=cost_model.cost):
+            c = memo.get(k)
+            if c is None:
+                c = memo[k] = _cost(k, 0)
+            return c
     for rec in records:
         L = rec["n_prompt"]
         for n_d, n_acc, _ in rec["steps"]:
@@ -463,14 +472,35 @@ def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
                     extra += chain_configs(_best_per_type(entries, k, compatible))
             extra = [c for c in dict.fromkeys(extra) if c not in set(configs)]
             state["total"] += len(extra)
-            figures = figures + run_all(extra)
-            configs = configs + extra
+            extra_figures = run_all(extra)
+            single = dict(zip(configs, figures))
+            for c, f in zip(extra, extra_figures):
+                if not _same_as_a_member(c, f, single):
+                    configs.append(c)
+                    figures.append(f)
     finally:
         if pool is not None:
             pool.shutdown()
     entries = _rank(configs, figures)
     return TuneReport(entries, len(train), len(heldout), slots, cost_name,
                       static_path, n_ctx)
+
+
+# Replay's counters: two configurations with equal counters drafted exactly the same.
+_COUNTERS = ("n_steps", "n_drafts", "n_draft_tokens", "n_acc_tokens")
+
+
+def _same_as_a_member(chain: Config, figures: dict, single: dict) -> bool:
+    """True when a chain drafted exactly as one of its members alone (the first type always
+    drafted first, say): it adds nothing but a longer command line."""
+    params = chain.params_dict
+    for t in chain.types:
+        names = {p.name for p in REGISTRY[t].params}
+        member = Config.make(t, {k: v for k, v in params.items() if k in names}, chain.n_slots)
+        f = single.get(member)
+        if f is not None and all(f[k] == figures[k] for k in _COUNTERS):
+            return True
+    return False
 
 
 def _with_static(config: Config, path: Optional[str]) -> Config:

@@ -20,23 +20,14 @@ import shlex
 import sys
 import tempfile
 
-from ngramspec.cli_common import add_progress_flags
+from ngramspec.cli_common import add_progress_flags, positive_int
 from ngramspec.logs import FORMATS, read_logs
+from ngramspec.replay_cli import nonnegative
 
 DEFAULT_COST_MODEL = "gpu"
 REPORT_FILE = "report.json"
 HELDOUT_FILE = "heldout.jsonl.gz"
 STATIC_FILE = "static.bin"
-
-
-def _int_at_least(lo):
-    def parse(text):
-        value = int(text)
-        if value < lo:
-            raise ValueError(text)
-        return value
-    parse.__name__ = f"integer >= {lo}"
-    return parse
 
 
 def _fraction(text):
@@ -80,7 +71,7 @@ def add_parser(subparsers):
     p.add_argument("--model", metavar="GGUF",
                    help="target model whose tokenizer reads chat logs and text pairs (loaded "
                         "vocabulary-only; default: the embedded SmolLM2-135M)")
-    p.add_argument("--limit", type=_int_at_least(1), default=None, metavar="N",
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N",
                    help="use the first N requests of each file")
     p.add_argument("--holdout", type=_fraction, default=0.5, metavar="F",
                    help="fraction of the requests, the last ones, held out for scoring; the "
@@ -97,11 +88,11 @@ def add_parser(subparsers):
     p.add_argument("--cost-model", default=DEFAULT_COST_MODEL, metavar="FILE|NAME",
                    help="verification cost model: a calibration JSON file (ngramspec "
                         "calibrate) or a named profile (default %(default)s)")
-    p.add_argument("--ctx-size", type=_int_at_least(0), default=0, metavar="N",
+    p.add_argument("--ctx-size", type=nonnegative, default=0, metavar="N",
                    help="bound drafts by llama-server's n_ctx - L - 2 (0: unbounded)")
-    p.add_argument("--jobs", "-j", type=_int_at_least(1), default=None, metavar="N",
+    p.add_argument("--jobs", "-j", type=positive_int, default=None, metavar="N",
                    help="worker processes (default: the cores this process may use)")
-    p.add_argument("--top", type=_int_at_least(1), default=20, metavar="N",
+    p.add_argument("--top", type=positive_int, default=20, metavar="N",
                    help="table rows to print (default %(default)s)")
     p.add_argument("--output", metavar="DIR",
                    help="write report.json, the plots, static.bin and heldout.jsonl.gz here")

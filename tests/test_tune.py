@@ -163,6 +163,19 @@ def test_ranking_is_deterministic_and_ordered(small, report, tmp_path):
     assert {e.config.n_slots for e in report.entries} == {1, 3}
     assert any(len(e.config.types) > 1 for e in report.entries)
     assert {e.config.spec_type for e in report.entries} >= set(LLAMA_TYPES) | {"ngram-suffix"}
+    # a chain that drafts exactly as one of its members alone is left out
+    singles = {(e.config.spec_type, e.config.params, e.config.n_slots): e.figures
+               for e in report.entries if len(e.config.types) == 1}
+    counters = ("n_steps", "n_drafts", "n_draft_tokens", "n_acc_tokens")
+    for e in report.entries:
+        if len(e.config.types) > 1:
+            p = e.config.params_dict
+            for t in e.config.types:
+                names = {q.name for q in REGISTRY[t].params}
+                member = Config.make(t, {k: v for k, v in p.items() if k in names},
+                                     e.config.n_slots)
+                f = singles[(member.spec_type, member.params, member.n_slots)]
+                assert [f[k] for k in counters] != [e.figures[k] for k in counters]
     # the static cache holds the training split's 2-grams, and its configurations used it
     assert any(e.config.params_dict.get("lookup_cache_static") == report.static_cache
                for e in report.entries)
