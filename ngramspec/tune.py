@@ -96,6 +96,12 @@ class Config:
 
     ``params`` is a sorted tuple of ``(name, value)`` so a Config is hashable and orders the
     same way every run. A static cache is named by its file path (or `STATIC` in a grid).
+
+    Notes
+    -----
+    Memory: a few small tuples.
+
+    Thread-safety: immutable; safe to share and to pickle to worker processes.
     """
     spec_type: str
     params: tuple
@@ -309,7 +315,14 @@ def _run_one(index: int, config: Config):
 
 @dataclass
 class Entry:
-    """A configuration and its figures."""
+    """A configuration and its figures (`evaluate`'s dict).
+
+    Notes
+    -----
+    Memory: one small dict.
+
+    Thread-safety: plain data; do not mutate one from several threads.
+    """
     config: Config
     figures: dict
 
@@ -329,7 +342,14 @@ class Entry:
 
 @dataclass
 class TuneReport:
-    """The ranked entries and what they were computed on (see `tune`)."""
+    """The ranked entries and what they were computed on (see `tune`).
+
+    Notes
+    -----
+    Memory: one `Entry` per configuration replayed (a few hundred bytes each).
+
+    Thread-safety: plain data; read-only use from several threads is safe.
+    """
     entries: list                      # ranked, best first
     n_train: int
     n_heldout: int
@@ -434,6 +454,10 @@ def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
     configs = [c for c in sweep_configs(slots, types, ngramspec_options, grids, ngramspec_grids)
                if static_path is not None or c.params_dict.get("lookup_cache_static") is None]
     configs = [_with_static(c, static_path) for c in configs]
+    if not configs:
+        swept = parse_types(list(set(GRIDS) | set(NGRAMSPEC_GRIDS)))
+        raise ValueError(f"--types: nothing to sweep; the types tune sweeps are "
+                         f"{', '.join(swept)}")
     state = {"done": 0, "total": len(configs)}
 
     def tick():
@@ -480,7 +504,7 @@ def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
                     figures.append(f)
     finally:
         if pool is not None:
-            pool.shutdown()
+            pool.shutdown(cancel_futures=True)     # Ctrl-C: do not run the queued rest
     entries = _rank(configs, figures)
     return TuneReport(entries, len(train), len(heldout), slots, cost_name,
                       static_path, n_ctx)

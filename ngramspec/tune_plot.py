@@ -1,8 +1,8 @@
 """Plots of a `tune.TuneReport` (matplotlib, drawn off-screen with the Agg canvas).
 
-* `speedup_figure`: modeled speed-up against n_max (the longest draft), one line per type
-  (and per ngramspec option / static cache), best over the other parameters at each n_max;
-  solid for one server slot, dashed for several.
+* `speedup_figure`: modeled speed-up against n_max (the longest draft, log scale), one line
+  per type (and per ngramspec option / static cache), best over the other parameters at each
+  n_max; solid for one server slot, dashed for several.
 * `pareto_figure`: acceptance rate against tokens per step for every configuration, with the
   Pareto front (no other configuration is better on both).
 
@@ -41,7 +41,7 @@ def speedup_figure(entries: Sequence, title: str = ""):
         key = (c.family, c.n_slots)
         point = best.setdefault(key, {})
         point[c.n_max] = max(point.get(c.n_max, 0.0), e.figures["speedup"])
-    fig = _figure(width=11.0)
+    fig = _figure(width=10.0)
     ax = fig.add_subplot()
     families = sorted({f for f, _ in best})
     from matplotlib import colormaps
@@ -53,11 +53,21 @@ def speedup_figure(entries: Sequence, title: str = ""):
         ax.plot(xs, ys, marker="o", color=colors[family], linestyle="-" if n_slots == 1 else "--",
                 label=f"{family} ({n_slots} slot{'s' if n_slots > 1 else ''})")
     ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    from matplotlib.ticker import ScalarFormatter
+    ax.xaxis.set_major_formatter(ScalarFormatter())      # 4, 8, 16 rather than 2^2, 2^3, 2^4
     ax.set_xlabel("n_max: longest draft (tokens)")
     ax.set_ylabel("modeled speed-up over plain decoding (x)")
     ax.set_title(title or "Best modeled speed-up per n_max (held-out split)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # one legend entry per family (colour) and one per slot count (line style); the lines
+    # themselves keep their full "family (K slots)" labels
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], color=colors[f], marker="o", label=f) for f in families]
+    handles += [Line2D([], [], color="grey", linestyle="-" if k == 1 else "--",
+                       label=f"{k} slot{'s' if k > 1 else ''}")
+                for k in sorted({k for _, k in best})]
+    ax.legend(handles=handles, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
 

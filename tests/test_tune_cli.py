@@ -158,6 +158,9 @@ def test_chat_logs_through_the_cli(tmp_path, capsys):
     (["--holdout", "1.5"], "argument --holdout: invalid number between 0 and 1 value: '1.5'"),
     (["--slots", "0"], "argument --slots: invalid comma list of integers >= 1 value: '0'"),
     (["--types", "ngram-foo"], "unknown spec type 'ngram-foo'"),
+    (["--types", "draft-simple"], "--types: nothing to sweep; the types tune sweeps are "
+                                  "ngram-suffix, ngram-simple, ngram-map-k"),
+    (["--types", "ngram-suffix", "--llama-only"], "--types: nothing to sweep"),
     (["--cost-model", "nope"], "--cost-model nope: neither a file nor a profile name"),
     (["--limit", "1"], "--holdout 0.5 of 1 request(s) leaves an empty training or held-out"),
     (["--format", "chat"], ":1: field 'messages' must be a non-empty list"),
