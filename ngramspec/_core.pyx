@@ -1801,6 +1801,12 @@ cdef class SpecEngine:
             if k != which:
                 (<Proposer>self.proposers[k]).c_accept(s, n, True)
 
+    def last_proposer(self, slot):
+        """Index in `proposers` of the proposer that made the slot's last non-empty draft (the
+        one its next `accept` goes to), or -1 before its first. Lets a draft-length policy
+        weigh a draft by its proposer's record."""
+        return self.impl_last[self.slot_index(slot)]
+
     def stats(self):
         """llama.cpp's per-proposer counters (spec 7), one dict per proposer in priority order.
 

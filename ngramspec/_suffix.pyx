@@ -640,6 +640,7 @@ cdef struct Slot:
     # the last draft and its accepted length, for the end of the output
     token_t* last_draft
     int32_t n_last_draft
+    int32_t last_src        # the walk it came from: 0 local, 1 global
     int32_t n_last_acc      # -1: no accept since the last draft
     uint32_t cal_acc[N_CAL]     # fine cells, then coarse cells
     uint32_t cal_tried[N_CAL]
@@ -790,6 +791,7 @@ cdef void slot_walk(Slot* s, const Params* P, const Store* G, const token_t* inp
     s.pred_base = n + 1
     # the draft: the walk expecting more accepted tokens (local on ties)
     s.n_last_draft = wg.n_draft if wg.score > wl.score else wl.n_draft
+    s.last_src = 1 if wg.score > wl.score else 0
     memcpy(s.last_draft, s.pred_tok + (stride if wg.score > wl.score else 0),
            s.n_last_draft * sizeof(token_t))
     s.n_last_acc = -1
@@ -1074,6 +1076,20 @@ cdef class SuffixProposer(Proposer):
         cdef Slot* s = &self.slots[slot]
         return dict(context=s.ctx_len, indexed=s.loc.n, capacity=s.loc.cap,
                     tokens_per_step=s.rate / ONE)
+
+    def draft_probs(self, Py_ssize_t slot):
+        """Per-token probabilities of the slot's last draft: element j is the calibrated
+        probability that token j is accepted given that tokens 0 .. j-1 were (the product of
+        the first j + 1 is the probability the walk drafted by). float64 array as long as the
+        draft; valid until the slot's next draft call, which updates the calibration."""
+        self._check_slot(slot)
+        cdef Slot* s = &self.slots[slot]
+        cdef int32_t j, off = s.last_src * (self.P.max_draft + 1)
+        out = np.empty(s.n_last_draft, dtype=np.float64)
+        cdef double[::1] o = out
+        for j in range(s.n_last_draft):
+            o[j] = cal_prob(s.cal_acc, s.cal_tried, s.pred_cell[off + j]) / <double>ONE
+        return out
 
     def calibration(self, Py_ssize_t slot):
         """(acc, tried) of the slot's fine calibration cells, uint32 arrays of shape

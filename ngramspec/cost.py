@@ -120,32 +120,61 @@ class CostModel:
 
     # -- evaluation ------------------------------------------------------------------------
 
-    def _row(self, i: int, k: int) -> float:
-        ks, row = self.ks, self._sec[i]
-        if k <= ks[-1]:
-            return float(np.interp(k, ks, row))
-        if len(ks) == 1:
-            return float(row[0]) * k  # one measured point: no batching gain assumed
-        slope = (row[-1] - row[-2]) / (ks[-1] - ks[-2])
-        return float(row[-1] + slope * (k - ks[-1]))
+    def _rows(self, k: np.ndarray) -> np.ndarray:
+        """Seconds at every measured KV length for batch sizes ``k``: shape (len(n_pasts), len(k))."""
+        ks = np.asarray(self.ks, dtype=np.float64)
+        out = np.empty((len(self.n_pasts), len(k)))
+        beyond = k > ks[-1]
+        for i, row in enumerate(self._sec):
+            out[i] = np.interp(k, ks, row)
+            if beyond.any():
+                # one measured point: no batching gain assumed; else the last segment's slope
+                slope = row[0] if len(ks) == 1 else (row[-1] - row[-2]) / (ks[-1] - ks[-2])
+                out[i, beyond] = row[-1] + slope * (k[beyond] - ks[-1])
+        return out
+
+    def seconds_many(self, n_tokens, n_past) -> np.ndarray:
+        """Vectorized `seconds`: arrays (or scalars) of batch sizes and KV lengths, broadcast."""
+        k, p = np.broadcast_arrays(np.asarray(n_tokens), np.asarray(n_past))
+        if not (np.issubdtype(k.dtype, np.integer) and np.issubdtype(p.dtype, np.integer)):
+            raise TypeError("n_tokens and n_past must be integers")
+        if k.size and k.min() < 1:
+            raise ValueError(f"n_tokens must be >= 1, got {int(k.min())}")
+        if p.size and p.min() < 0:
+            raise ValueError(f"n_past must be >= 0, got {int(p.min())}")
+        shape = k.shape
+        k = k.ravel().astype(np.float64)
+        p = p.ravel().astype(np.float64)
+        rows = self._rows(k)
+        ps = np.asarray(self.n_pasts, dtype=np.float64)
+        if len(ps) == 1:
+            return rows[0].reshape(shape)
+        # segment [ps[j-1], ps[j]] of each p; beyond the last length w > 1 extends the last
+        # segment, below the first the first length's time holds
+        j = np.clip(np.searchsorted(ps, p), 1, len(ps) - 1)
+        cols = np.arange(len(k))
+        lo, hi = rows[j - 1, cols], rows[j, cols]
+        w = np.maximum((p - ps[j - 1]) / (ps[j] - ps[j - 1]), 0.0)
+        # a growing KV cache never makes a decode faster than the smaller row says
+        out = np.maximum(lo + w * (hi - lo), np.minimum(lo, hi))
+        return out.reshape(shape)
+
+    def cost_many(self, n_tokens, n_past) -> np.ndarray:
+        """Vectorized `cost`: c(n_tokens, n_past) for arrays, broadcast."""
+        k, p = np.broadcast_arrays(np.asarray(n_tokens), np.asarray(n_past))
+        return self.seconds_many(k, p) / self.seconds_many(np.ones_like(k), p)
+
+    def costs(self, n_max: int, n_past: int = 0) -> np.ndarray:
+        """c(1, n_past) .. c(n_max, n_past) as a float64 array (element i is c(i + 1))."""
+        n = _as_int("n_max", n_max)
+        p = _as_int("n_past", n_past)
+        if n < 1:
+            raise ValueError(f"n_max must be >= 1, got {n}")
+        return self.cost_many(np.arange(1, n + 1), np.full(n, p))
 
     def seconds(self, n_tokens: int, n_past: int = 0) -> float:
         """Absolute seconds of one decode of ``n_tokens`` tokens over ``n_past`` cached ones."""
-        k = _as_int("n_tokens", n_tokens)
-        p = _as_int("n_past", n_past)
-        if k < 1:
-            raise ValueError(f"n_tokens must be >= 1, got {k}")
-        if p < 0:
-            raise ValueError(f"n_past must be >= 0, got {p}")
-        ps = self.n_pasts
-        if len(ps) == 1 or p <= ps[0]:
-            return self._row(0, k)
-        j = min(int(np.searchsorted(ps, p)), len(ps) - 1)  # segment [ps[j-1], ps[j]]
-        lo, hi = self._row(j - 1, k), self._row(j, k)
-        w = (p - ps[j - 1]) / (ps[j] - ps[j - 1])
-        # Beyond the last KV length w > 1 extends the last segment; a cost never goes below the
-        # smaller row's (a KV cache that grows never makes a decode faster).
-        return max(lo + w * (hi - lo), min(lo, hi))
+        return float(self.seconds_many(_as_int("n_tokens", n_tokens), _as_int("n_past", n_past)))
 
     def cost(self, n_tokens: int, n_past: int = 0) -> float:
         """c(n_tokens, n_past) = seconds(n_tokens, n_past) / seconds(1, n_past); c(1) == 1.0."""

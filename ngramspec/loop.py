@@ -230,6 +230,11 @@ class SlotLoop:
         """Length of `context` (llama-server's L)."""
         return self._len
 
+    @property
+    def pending_draft(self) -> np.ndarray:
+        """The draft `propose` returned that `verify` has not consumed yet (empty if none)."""
+        return _EMPTY if self._draft is None else self._draft
+
     def propose(self) -> np.ndarray:
         """Steps 1-2: bound, then draft (timed). Returns the int32 draft to verify (maybe empty).
 

@@ -203,3 +203,17 @@ def test_platform_cache_dir_by_default(monkeypatch):
     assert cost_mod.cache_dir() == (
         __import__("pathlib").Path(platformdirs.user_cache_dir("ngramspec", appauthor=False))
         / "cost")
+
+
+def test_vectorized_costs_match_the_scalar_ones():
+    for m in (table_model(), PROFILES["gpu"], PROFILES["cpu-embedded"]):
+        ks = np.arange(1, 80)
+        for p in (0, 17, 500, 1000, 5000):
+            scalar = [m.cost(int(k), p) for k in ks]
+            assert np.allclose(m.costs(79, p), scalar)
+        many = m.cost_many(np.array([1, 5, 70]), np.array([0, 600, 9000]))
+        assert np.allclose(many, [m.cost(1, 0), m.cost(5, 600), m.cost(70, 9000)])
+    with pytest.raises(ValueError, match="n_tokens"):
+        table_model().cost_many(np.array([0, 1]), 0)
+    with pytest.raises(TypeError):
+        table_model().seconds_many(np.array([1.5]), 0)

@@ -1,0 +1,124 @@
+"""Online estimates of how much of a draft the target will accept.
+
+For a proposer without probabilities of its own, the chance that drafted token i is accepted is
+modeled by position alone: q_i = P(token i accepted | tokens 1 .. i-1 accepted). A verified step
+with a draft of n tokens of which a were accepted shows, for each position,
+
+- i <= a: reached and accepted;
+- i = a + 1 (when a < n): reached and rejected;
+- i > a + 1: not reached: nothing is known (censored).
+
+Counting trials and successes per position that way is the Kaplan-Meier estimate of the
+accepted length's survival function, so a fully accepted draft of n tokens says only "accepted
+>= n" and never drags the estimate of position n + 1 down (nor up). The probability that the
+first k tokens are all accepted is S_k = q_1 * ... * q_k, and the expected number accepted of a
+k-token draft is E[A | k] = S_1 + ... + S_k.
+
+Counts fade geometrically (``decay`` per observation), so a slot follows its request's phases
+(copying a file, then writing new text); sparse positions borrow from the position before
+(``prior_weight`` pseudo-observations of q_{i-1}), the first from ``prior``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["AcceptanceEstimator", "expected_accepted"]
+
+
+def expected_accepted(q: np.ndarray) -> np.ndarray:
+    """``E[A | k]`` for k = 0 .. len(q) from conditional acceptance probabilities ``q``.
+
+    Returns an array of len(q) + 1 floats, element k = S_1 + ... + S_k (element 0 is 0).
+    """
+    out = np.zeros(len(q) + 1)
+    if len(q):
+        np.cumsum(np.cumprod(q), out=out[1:])
+    return out
+
+
+class AcceptanceEstimator:
+    """Per-position conditional acceptance of one proposer on one slot, censoring-aware.
+
+    Parameters
+    ----------
+    n_max : int
+        Longest draft followed (positions beyond it share the last one's estimate).
+    prior : float
+        Prior acceptance of the first position, 0 < prior < 1.
+    prior_weight : float
+        Pseudo-observations by which each position leans on the one before (the first on
+        ``prior``).
+    decay : float
+        Every observation multiplies the earlier counts by this (0 < decay <= 1): a horizon of
+        about ``1 / (1 - decay)`` steps.
+
+    Notes
+    -----
+    Memory: two float64 arrays of ``n_max`` (4 KiB at 256).
+
+    Thread-safety: not thread-safe; one per slot, used by the thread driving the slot.
+    """
+
+    __slots__ = ("n_max", "prior", "prior_weight", "decay", "tried", "accepted", "_n_seen",
+                 "_q", "n_obs")
+
+    def __init__(self, n_max: int = 256, *, prior: float = 0.5, prior_weight: float = 2.0,
+                 decay: float = 0.95):
+        if not isinstance(n_max, int) or n_max < 1:
+            raise ValueError(f"n_max must be an integer >= 1, got {n_max!r}")
+        if not 0.0 < prior < 1.0:
+            raise ValueError(f"prior must lie in (0, 1), got {prior!r}")
+        if not prior_weight > 0.0:
+            raise ValueError(f"prior_weight must be > 0, got {prior_weight!r}")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must lie in (0, 1], got {decay!r}")
+        self.n_max = n_max
+        self.prior = float(prior)
+        self.prior_weight = float(prior_weight)
+        self.decay = float(decay)
+        self.tried = np.zeros(n_max)
+        self.accepted = np.zeros(n_max)
+        self._n_seen = 0          # positions with any count: 0 .. _n_seen - 1
+        self._q = None            # cached conditional estimates, None when stale
+        self.n_obs = 0
+
+    def observe(self, n_draft: int, n_accepted: int) -> None:
+        """Learn from one verified draft of ``n_draft`` tokens with ``n_accepted`` accepted."""
+        if not 0 <= n_accepted <= n_draft:
+            raise ValueError(f"n_accepted = {n_accepted} must lie in 0 .. n_draft = {n_draft}")
+        if n_draft == 0:
+            return
+        seen = self._n_seen
+        if self.decay < 1.0 and seen:
+            self.tried[:seen] *= self.decay
+            self.accepted[:seen] *= self.decay
+        a = min(n_accepted, self.n_max)
+        self.tried[:a] += 1.0
+        self.accepted[:a] += 1.0
+        reached = a
+        if n_accepted < n_draft and a < self.n_max:
+            self.tried[a] += 1.0              # the first rejected position
+            reached = a + 1
+        self._n_seen = max(seen, reached)
+        self._q = None
+        self.n_obs += 1
+
+    def conditional(self, n: int) -> np.ndarray:
+        """q_1 .. q_n (float64 array of n), each shrunk towards the one before."""
+        if self._q is None:
+            q = np.empty(self.n_max)
+            prev, w = self.prior, self.prior_weight
+            t, s = self.tried, self.accepted
+            seen = self._n_seen
+            for i in range(seen):
+                prev = (s[i] + w * prev) / (t[i] + w)
+                q[i] = prev
+            q[seen:] = prev           # unseen positions: the last seen one's estimate
+            self._q = q
+        if n <= self.n_max:
+            return self._q[:n]
+        return np.concatenate([self._q, np.full(n - self.n_max, self._q[-1])])
+
+    def expected(self, n: int) -> np.ndarray:
+        """``E[A | k]`` for k = 0 .. n (see :func:`expected_accepted`)."""
+        return expected_accepted(self.conditional(n))

@@ -1,0 +1,250 @@
+"""Draft-length policies for the verification loop (`ngramspec.loop.SlotLoop`).
+
+- ``fixed`` (`FixedPolicy`): llama.cpp's behaviour, the whole draft is verified. The default of
+  ``replay``, `SpecEngine` users and the golden files.
+- ``auto`` (`AutoPolicy`): cost-aware. At each step it verifies the k of the draft's n tokens
+  (0 <= k <= n) that maximizes the expected tokens per unit of time,
+
+      E[accepted + 1 | k] / c(k + 1, L),
+
+  where c is the verify-cost curve (`ngramspec.cost.CostModel`: a batch of k + 1 tokens over
+  a KV cache of L tokens, in single-token decodes) and E comes from the drafting proposer: its
+  own per-token probabilities where it has them (ngram-suffix), otherwise a per-slot,
+  per-proposer, per-position acceptance estimate learned online from the verified steps
+  (`ngramspec.acceptance.AcceptanceEstimator`, censoring-aware). k = 0 is a plain decode step.
+  A slot that stopped verifying drafts probes a short one now and then (after 8 plain steps,
+  then 16, 32, ... up to 128), so it learns when drafting pays again. A proposer whose own
+  time is a sizeable part of a decode (a draft model) has it added to the cost and is not
+  called at all when no draft would pay.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+
+from ngramspec.acceptance import AcceptanceEstimator, expected_accepted
+from ngramspec.cost import CostModel
+from ngramspec.loop import FixedPolicy
+
+__all__ = ["AutoPolicy", "FixedPolicy", "POLICIES", "make_policy"]
+
+#: Policy names of ``--spec-policy``.
+POLICIES = ("auto", "fixed")
+
+
+class _SlotState:
+    __slots__ = ("estimators", "since_verified", "probe_interval", "pending", "probing",
+                 "draft_s_per_token", "draft_ns0")
+
+    def __init__(self, probe_min: int):
+        self.estimators: Dict[int, AcceptanceEstimator] = {}
+        self.since_verified = 0       # steps since the last verified draft
+        self.probe_interval = probe_min
+        self.pending = -1             # proposer index of the draft being verified
+        self.probing = False
+        self.draft_s_per_token = 0.0  # moving average of the proposer's seconds per token
+        self.draft_ns0 = -1           # the loop's draft timer before this step's call
+
+
+class AutoPolicy:
+    """Cost-aware draft length: verify the k maximizing E[accepted + 1 | k] / c(k + 1, L).
+
+    Parameters
+    ----------
+    cost_model : CostModel
+        The target's verify-cost curve (calibrated, cached, or a named profile).
+    probe_len : int
+        Draft tokens a probe verifies.
+    probe_min, probe_max : int
+        Plain steps before the first probe, and the longest wait between probes (the wait
+        doubles after each probe that is rejected).
+    prior, prior_weight, decay : float
+        Of the acceptance estimators (`AcceptanceEstimator`).
+    use_proposer_probs : bool
+        Take ngram-suffix's own per-token probabilities for its drafts.
+    proposer_time : bool
+        Count the proposer's own time (meaningful only when the cost model was measured on the
+        machine that runs the proposer; ``replay`` against a profile turns it off).
+
+    Attributes
+    ----------
+    n_steps, n_drafts_seen, n_verified, n_truncated, n_plain, n_probes, n_skipped_calls : int
+        Steps seen, steps with a draft, steps that verified a draft, drafts shortened, drafts
+        dropped (a plain step), probes, draft calls skipped.
+
+    Notes
+    -----
+    Memory: per slot and proposer one estimator (4 KiB).
+
+    Thread-safety: one policy may serve all slots of a driver; each slot's state is touched
+    only by the thread driving that slot (the loop's rule). The counters are plain integers
+    updated without a lock: exact with one driving thread, approximate with several.
+    """
+
+    def __init__(self, cost_model: CostModel, *, probe_len: int = 2, probe_min: int = 8,
+                 probe_max: int = 128, prior: float = 0.5, prior_weight: float = 2.0,
+                 decay: float = 0.95, use_proposer_probs: bool = True,
+                 proposer_time: bool = True):
+        if not isinstance(cost_model, CostModel):
+            raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
+        for name, value, lo in (("probe_len", probe_len, 1), ("probe_min", probe_min, 1),
+                                ("probe_max", probe_max, probe_min)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+        AcceptanceEstimator(1, prior=prior, prior_weight=prior_weight, decay=decay)  # checks
+        self.cost_model = cost_model
+        self.probe_len = probe_len
+        self.probe_min = probe_min
+        self.probe_max = probe_max
+        self._est_args = dict(prior=prior, prior_weight=prior_weight, decay=decay)
+        self.use_proposer_probs = use_proposer_probs
+        self.proposer_time = proposer_time
+        self._slots: Dict[int, _SlotState] = {}
+        self._costs: Dict[int, np.ndarray] = {}
+        self.n_steps = self.n_drafts_seen = self.n_verified = self.n_truncated = 0
+        self.n_plain = self.n_probes = self.n_skipped_calls = 0
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _state(self, slot: int) -> _SlotState:
+        st = self._slots.get(slot)
+        if st is None:
+            st = self._slots.setdefault(slot, _SlotState(self.probe_min))
+        return st
+
+    def _estimator(self, st: _SlotState, proposer: int) -> AcceptanceEstimator:
+        est = st.estimators.get(proposer)
+        if est is None:
+            est = st.estimators[proposer] = AcceptanceEstimator(**self._est_args)
+        return est
+
+    def costs(self, n: int, n_past: int) -> np.ndarray:
+        """c(1 .. n, n_past), memoized per 64 tokens of KV length (c varies slowly with it)."""
+        bucket = n_past >> 6
+        c = self._costs.get(bucket)
+        if c is None or len(c) < n:
+            c = self.cost_model.costs(max(n, 65), bucket << 6)
+            if len(self._costs) > 4096:
+                self._costs.clear()
+            self._costs[bucket] = c
+        return c[:n]
+
+    @staticmethod
+    def best_k(expected: np.ndarray, costs: np.ndarray) -> int:
+        """argmax over k of (expected[k] + 1) / costs[k] (the smallest k on ties).
+
+        ``expected[k]`` is E[accepted | k], ``costs[k]`` the cost of verifying k drafted tokens
+        (c(k + 1) plus any proposer time).
+        """
+        return int(np.argmax((expected + 1.0) / costs))
+
+    def _probabilities(self, loop, st: _SlotState, proposer: int, n: int) -> np.ndarray:
+        if self.use_proposer_probs and proposer >= 0:
+            prop = _proposer(loop.engine, proposer)
+            probs = getattr(prop, "draft_probs", None)
+            if probs is not None:
+                p = probs(loop.slot)
+                if len(p) >= n:
+                    return p[:n]
+        return self._estimator(st, proposer).conditional(n)
+
+    def _probe_due(self, st: _SlotState) -> bool:
+        return st.since_verified >= st.probe_interval
+
+    # -- the loop's hooks ------------------------------------------------------------------
+
+    def before_draft(self, loop) -> Optional[int]:
+        """Skip the draft call (0) when the proposer is expensive and no draft would pay."""
+        if not self.proposer_time or loop.engine is None:
+            return None
+        st = self._state(loop.slot)
+        st.draft_ns0 = loop.timers.draft_ns
+        per_token = st.draft_s_per_token
+        if per_token <= 0.0:
+            return None
+        L = loop.n_context
+        t1 = self.cost_model.seconds(1, L)
+        if per_token < 0.01 * t1:       # n-gram proposers: microseconds against milliseconds
+            return None
+        bound = loop.n_draft_max if loop.n_draft_max is not None else 64
+        n = max(1, min(bound, 256))
+        q = self._estimator(st, max(st.pending, 0)).conditional(n)
+        c = self.costs(n + 1, L) + np.arange(n + 1) * (per_token / t1)
+        k = self.best_k(expected_accepted(q), c)
+        if k == 0:
+            if self._probe_due(st):
+                return min(self.probe_len, n)
+            self.n_skipped_calls += 1
+            return 0
+        return k
+
+    def after_draft(self, loop, draft: np.ndarray) -> int:
+        """How many of the draft's tokens to verify."""
+        self.n_steps += 1
+        n = len(draft)
+        st = self._state(loop.slot)
+        st.probing = False
+        if n == 0:
+            st.pending = -1
+            return 0
+        self.n_drafts_seen += 1
+        engine = loop.engine
+        last = getattr(engine, "last_proposer", None)
+        proposer = last(loop.slot) if last is not None else 0
+        st.pending = proposer
+        if self.proposer_time and st.draft_ns0 >= 0:
+            per_token = (loop.timers.draft_ns - st.draft_ns0) / 1e9 / n
+            avg = st.draft_s_per_token
+            st.draft_s_per_token = per_token if avg == 0.0 else 0.8 * avg + 0.2 * per_token
+            st.draft_ns0 = -1
+        q = self._probabilities(loop, st, proposer, n)
+        k = self.best_k(expected_accepted(q), self.costs(n + 1, loop.n_context))
+        if k == 0 and self._probe_due(st):
+            k = min(self.probe_len, n)
+            st.probing = True
+            self.n_probes += 1
+        if k == 0:
+            self.n_plain += 1
+        elif k < n:
+            self.n_truncated += 1
+        return k
+
+    def observe(self, loop, n_draft: int, n_accepted: int) -> None:
+        """Learn from the verified step."""
+        st = self._state(loop.slot)
+        if n_draft == 0:
+            st.since_verified += 1
+            return
+        self.n_verified += 1
+        self._estimator(st, max(st.pending, 0)).observe(n_draft, n_accepted)
+        st.since_verified = 0
+        if st.probing and n_accepted == 0:
+            st.probe_interval = min(2 * st.probe_interval, self.probe_max)
+        else:
+            st.probe_interval = self.probe_min
+
+    def summary(self) -> dict:
+        """The counters as a dict."""
+        return {"policy": "auto", "cost_model": self.cost_model.name, "steps": self.n_steps,
+                "drafts": self.n_drafts_seen, "verified": self.n_verified,
+                "truncated": self.n_truncated, "plain": self.n_plain, "probes": self.n_probes,
+                "skipped_calls": self.n_skipped_calls}
+
+
+def _proposer(engine, index: int):
+    props = getattr(engine, "proposers", None)
+    if props is None or not 0 <= index < len(props):
+        return None
+    return props[index]
+
+
+def make_policy(name: str, cost_model: Optional[CostModel] = None, **kwargs):
+    """The policy ``name`` (``--spec-policy``): ``fixed`` or ``auto`` (needs ``cost_model``)."""
+    if name == "fixed":
+        return FixedPolicy()
+    if name == "auto":
+        if cost_model is None:
+            raise ValueError("--spec-policy auto needs a cost model")
+        return AutoPolicy(cost_model, **kwargs)
+    raise ValueError(f"--spec-policy {name!r}: allowed {', '.join(POLICIES)}")

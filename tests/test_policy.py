@@ -1,0 +1,229 @@
+"""Acceptance estimates and draft-length policies (fixed, auto) on the verification loop."""
+import numpy as np
+import pytest
+
+from ngramspec import SpecEngine
+from ngramspec.acceptance import AcceptanceEstimator, expected_accepted
+from ngramspec.cost import PROFILES, CostModel
+from ngramspec.loop import FixedPolicy, run_recorded
+from ngramspec.policy import AutoPolicy, make_policy
+
+
+def linear_cost():
+    # c(k) = k: a batch costs as much as its tokens one by one (worst CPU case)
+    return CostModel([1, 64], [0], [[1.0, 64.0]], name="linear", source="test")
+
+
+def flat_cost():
+    # c(k) = 1: a batch of 64 costs no more than one token (an idealized GPU)
+    return CostModel([1, 64], [0], [[1.0, 1.0]], name="flat", source="test")
+
+
+class ScriptedEngine:
+    """Drafts the recorded continuation, n tokens, the first `wrong_at(rng)` of them right."""
+
+    def __init__(self, prompt_len, output, n, wrong_at, seed=0):
+        self.prompt_len, self.output, self.n = prompt_len, np.asarray(output), n
+        self.wrong_at, self.rng = wrong_at, np.random.default_rng(seed)
+        self.accepted = []
+
+    def begin(self, slot, prompt):
+        pass
+
+    def draft(self, slot, context, sampled, n_max):
+        start = len(context) - self.prompt_len + 1
+        d = self.output[start:start + self.n].astype(np.int32).copy()
+        n = len(d) if n_max is None else min(len(d), n_max)
+        d = d[:n]
+        w = self.wrong_at(self.rng)
+        if w < n:
+            d[w] += 1           # a token the recording does not have
+        return d
+
+    def accept(self, slot, n):
+        self.accepted.append(n)
+
+
+def run(policy, wrong_at, n=16, n_out=600, seed=0):
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, 1000, 50).astype(np.int32)
+    output = rng.integers(0, 1000, n_out).astype(np.int32)
+    eng = ScriptedEngine(len(prompt), output, n, wrong_at, seed)
+    loop = run_recorded(eng, 0, prompt, output, policy=policy)
+    assert loop.n_output == n_out
+    # what was verified is a prefix of the recording: the output is unchanged
+    assert np.array_equal(loop.context[len(prompt):], output[:len(loop.context) - len(prompt)])
+    return loop
+
+
+def geometric(p):
+    return lambda rng: int(rng.geometric(1 - p)) - 1   # P(first wrong at i) = p^i (1 - p)
+
+
+# -- the estimator -------------------------------------------------------------------------
+
+def test_estimator_is_censoring_aware():
+    # accepted lengths geometric (q = 0.7 at every position), drafts of random length: a
+    # fully accepted draft says only "accepted >= n"
+    rng = np.random.default_rng(1)
+    est = AcceptanceEstimator(64, decay=1.0)
+    naive_acc = naive_tokens = 0
+    for _ in range(4000):
+        n = int(rng.integers(1, 9))
+        a = min(int(rng.geometric(0.3)) - 1, n)
+        est.observe(n, a)
+        naive_acc += a
+        naive_tokens += n
+    q = est.conditional(8)
+    assert np.allclose(q[:6], 0.7, atol=0.04)
+    assert naive_acc / naive_tokens < 0.45          # what a per-token rate would say
+
+
+def test_estimator_full_drafts_do_not_lower_the_next_position():
+    est = AcceptanceEstimator(16, decay=1.0)
+    for _ in range(50):
+        est.observe(4, 4)
+    q = est.conditional(6)
+    assert (q[:4] > 0.95).all()
+    assert q[4] == q[3] and q[5] == q[3]             # unseen: the last seen position's estimate
+    est2 = AcceptanceEstimator(16, decay=1.0)
+    for _ in range(50):
+        est2.observe(4, 1)
+    q2 = est2.conditional(4)
+    assert q2[0] > 0.95 and q2[1] < 0.05 and q2[2] == q2[1]
+
+
+def test_estimator_prior_decay_and_checks():
+    est = AcceptanceEstimator(8, prior=0.4)
+    assert np.allclose(est.conditional(3), 0.4)
+    est.observe(0, 0)                                  # an empty draft teaches nothing
+    assert est.n_obs == 0
+    for _ in range(100):
+        est.observe(2, 0)
+    low = est.conditional(1)[0]
+    for _ in range(100):
+        est.observe(2, 2)
+    assert low < 0.1 and est.conditional(1)[0] > 0.9  # decay: recent outcomes dominate
+    with pytest.raises(ValueError, match="n_accepted"):
+        est.observe(2, 3)
+    for kw in ({"prior": 1.0}, {"prior_weight": 0}, {"decay": 0}, {"decay": 1.5}):
+        with pytest.raises(ValueError):
+            AcceptanceEstimator(8, **kw)
+    assert AcceptanceEstimator(4).conditional(6).shape == (6,)
+
+
+def test_expected_accepted():
+    assert np.allclose(expected_accepted(np.array([0.5, 0.5, 1.0])), [0, 0.5, 0.75, 1.0])
+    assert np.allclose(expected_accepted(np.array([])), [0])
+
+
+# -- the policy's choice -------------------------------------------------------------------
+
+def test_best_k():
+    e = expected_accepted(np.full(8, 0.9))
+    assert AutoPolicy.best_k(e, flat_cost().costs(9)) == 8
+    assert AutoPolicy.best_k(e, linear_cost().costs(9)) == 0
+    assert AutoPolicy.best_k(np.zeros(3), np.ones(3)) == 0          # ties: the shortest
+
+
+def test_linear_cost_and_low_acceptance_makes_plain_steps():
+    policy = AutoPolicy(linear_cost())
+    loop = run(policy, geometric(0.3))
+    steps = np.array(loop.steps)
+    verified = steps[:, 0]
+    # c(k) = k: a draft never pays; only the probes verify anything, each short
+    assert (verified <= policy.probe_len).all()
+    assert policy.n_probes == (verified > 0).sum() > 0
+    assert policy.n_plain > 0.8 * len(steps)
+    # probes back off exponentially: far fewer than one per probe_min steps
+    assert policy.n_probes < len(steps) / policy.probe_min / 2
+
+
+def test_flat_cost_and_high_acceptance_verifies_long_drafts():
+    policy = AutoPolicy(flat_cost())
+    loop = run(policy, geometric(0.97))
+    steps = np.array(loop.steps)
+    assert np.median(steps[:, 0]) == 16              # the whole draft, almost every step
+    assert policy.n_plain == 0
+    fixed = run(FixedPolicy(), geometric(0.97))
+    assert len(loop.steps) == len(fixed.steps)       # nothing lost against llama.cpp's policy
+
+
+def test_truncates_to_the_profitable_prefix():
+    # first 3 tokens always right, then always wrong: on the CPU-like curve, verify ~3
+    policy = AutoPolicy(PROFILES["cpu-embedded"], decay=0.9)
+    loop = run(policy, lambda rng: 3)
+    late = np.array(loop.steps[50:])
+    assert (late[:, 0] <= 4).all()
+    # and this beats verifying the whole 16-token draft under that cost model
+    cpu = PROFILES["cpu-embedded"]
+
+    def modeled(lp):
+        return (lp.n_output - 1) / sum(cpu.cost(d + 1, 1000) for d, _, _ in lp.steps)
+    assert modeled(loop) > modeled(run(FixedPolicy(), lambda rng: 3))
+
+
+def test_probe_relearns_when_drafts_turn_good():
+    # rejected drafts for 300 tokens, then perfect ones: the policy goes back to drafting
+    rng_switch = {"n": 0}
+
+    def wrong_at(rng):
+        rng_switch["n"] += 1
+        return 0 if rng_switch["n"] < 150 else 99
+
+    policy = AutoPolicy(PROFILES["cpu-embedded"])
+    loop = run(policy, wrong_at, n=16, n_out=1500)
+    steps = np.array(loop.steps)
+    first = next(i for i, s in enumerate(steps) if i > 150 and s[1] >= 8)
+    assert first < 150 + 2 * policy.probe_max
+    assert (steps[-20:, 0] == 16).mean() > 0.5
+
+
+def test_policy_argument_checks():
+    with pytest.raises(TypeError, match="CostModel"):
+        AutoPolicy("gpu")
+    with pytest.raises(ValueError, match="probe_len"):
+        AutoPolicy(flat_cost(), probe_len=0)
+    with pytest.raises(ValueError, match="probe_max"):
+        AutoPolicy(flat_cost(), probe_min=8, probe_max=4)
+    with pytest.raises(ValueError, match="decay"):
+        AutoPolicy(flat_cost(), decay=2.0)
+    assert isinstance(make_policy("fixed"), FixedPolicy)
+    assert isinstance(make_policy("auto", flat_cost()), AutoPolicy)
+    with pytest.raises(ValueError, match="cost model"):
+        make_policy("auto")
+    with pytest.raises(ValueError, match="allowed auto, fixed"):
+        make_policy("greedy")
+
+
+# -- the engine's side: who drafted, and ngram-suffix's probabilities ----------------------
+
+def test_last_proposer_and_suffix_probabilities():
+    eng = SpecEngine("ngram-suffix,ngram-simple", n_slots=2)
+    assert eng.last_proposer(0) == -1
+    text = np.tile(np.arange(40, dtype=np.int32), 6)
+    eng.begin(1, text[:100])
+    d = eng.draft(1, text[:100], int(text[100]))
+    assert len(d) > 0
+    assert eng.types[eng.last_proposer(1)] == "ngram-suffix"
+    probs = eng.proposers[0].draft_probs(1)
+    assert len(probs) == len(d)
+    assert ((probs > 0) & (probs <= 1)).all()
+    assert np.prod(probs) >= 0.005 - 1e-9            # drafted only while above min_prob
+    eng.accept(1, len(d))
+    with pytest.raises(IndexError):
+        eng.last_proposer(2)
+
+
+def test_auto_policy_on_a_real_chain_keeps_the_output():
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 500, 300).astype(np.int32)
+    prompt = np.concatenate([base, rng.integers(0, 500, 20).astype(np.int32)])
+    output = np.concatenate([base[:200], rng.integers(0, 500, 100).astype(np.int32)])
+    for cm in (PROFILES["gpu"], PROFILES["cpu-embedded"]):
+        policy = AutoPolicy(cm, proposer_time=False)
+        eng = SpecEngine("ngram-suffix,ngram-mod,ngram-simple")
+        loop = run_recorded(eng, 0, prompt, output, policy=policy)
+        assert loop.n_output == len(output)
+        assert np.array_equal(loop.context[len(prompt):], output[:loop.n_context - len(prompt)])
+        assert policy.n_verified > 0
