@@ -25,8 +25,8 @@ import numpy as np
 from .loop import SlotLoop
 
 __all__ = [
-    "GenerationResult", "DivergenceReport", "load_model", "tokenize_prompt", "render_chat",
-    "detokenize",
+    "GenerationResult", "DivergenceReport", "load_model", "tokenize_prompt", "tokenize_chat",
+    "render_chat", "detokenize",
     "generate_speculative", "generate_plain", "first_divergence", "divergence_report",
 ]
 
@@ -106,22 +106,31 @@ def tokenize_prompt(llm, text: str, *, chat: bool = False) -> np.ndarray:
     numpy.ndarray of int32
     """
     if chat:
-        rendered = render_chat(llm, [{"role": "user", "content": text}], flag="--chat")
-        # The template writes BOS itself where the model wants one.
-        toks = llm.tokenize(rendered.encode("utf-8"), add_bos=False, special=True)
-    else:
-        toks = llm.tokenize(text.encode("utf-8"), add_bos=llm._model.add_bos_token(), special=True)
+        return tokenize_chat(llm, [{"role": "user", "content": text}])
+    toks = llm.tokenize(text.encode("utf-8"), add_bos=llm._model.add_bos_token(), special=True)
     return np.asarray(toks, dtype=np.int32)
 
 
-def render_chat(llm, messages: Sequence[dict], *, flag: str = "chat") -> str:
-    """`messages` rendered with the GGUF's own chat template (``tokenizer.chat_template``),
-    generation prompt included, as llama-server renders a chat request. ValueError (naming
-    `flag`) when the model has no template. Works on a vocabulary-only model too."""
+def render_chat(llm, messages: Sequence[Dict[str, Any]]) -> str:
+    """``messages`` rendered with the GGUF's own chat template, generation prompt included.
+
+    Parameters
+    ----------
+    llm : llama_cpp.Llama
+    messages : sequence of dict
+        OpenAI-style messages (``{"role": ..., "content": str}``).
+
+    Raises
+    ------
+    ValueError
+        The model has no chat template (``tokenizer.chat_template``).
+    jinja2.TemplateError
+        The template rejects the messages (e.g. roles that do not alternate).
+    """
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
     template = llm.metadata.get("tokenizer.chat_template")
     if not template:
-        raise ValueError(f"{flag}: the model has no chat template (tokenizer.chat_template)")
+        raise ValueError("the model has no chat template (tokenizer.chat_template)")
     eos, bos = llm.token_eos(), llm.token_bos()
     fmt = Jinja2ChatFormatter(
         template=template,
@@ -129,6 +138,18 @@ def render_chat(llm, messages: Sequence[dict], *, flag: str = "chat") -> str:
         bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
         add_generation_prompt=True)
     return fmt(messages=list(messages)).prompt
+
+
+def tokenize_chat(llm, messages: Sequence[Dict[str, Any]]) -> np.ndarray:
+    """Tokens of ``messages`` rendered with the chat template (:func:`render_chat`).
+
+    Returns
+    -------
+    numpy.ndarray of int32
+    """
+    # The template writes BOS itself where the model wants one.
+    toks = llm.tokenize(render_chat(llm, messages).encode("utf-8"), add_bos=False, special=True)
+    return np.asarray(toks, dtype=np.int32)
 
 
 def detokenize(llm, tokens: Sequence[int]) -> str:
@@ -406,8 +427,8 @@ def _check_engine_models(llm, engine) -> None:
 
 
 def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slot: int = 0,
-                         record_steps: bool = False,
-                         update_dynamic_cache=None) -> GenerationResult:
+                         record_steps: bool = False, update_dynamic_cache=None,
+                         policy=None) -> GenerationResult:
     """Greedy generation verified against drafts from ``engine`` (llama-server's loop).
 
     Parameters
@@ -430,6 +451,10 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         the 1..4-grams of prompt + output are merged into it (created if absent), so the next
         run drafts from them (`ngramspec.cache_file.merge_into_dynamic`: atomic rewrite under a
         file lock, concurrent writers lose no counts). Not part of the timings.
+    policy : draft-length policy, optional
+        `ngramspec.loop.FixedPolicy` (the default: llama.cpp's behaviour) or
+        `ngramspec.policy.AutoPolicy` (cost-aware: verifies only the part of each draft that is
+        expected to pay). The output is the same greedy output either way.
 
     Returns
     -------
@@ -466,7 +491,7 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
     # Part of the prompt phase: every proposer ingests the prompt in begin() (a draft model runs
     # its own prompt pass there).
     loop = SlotLoop(engine, slot, prompt, sampled, n_ctx=n_ctx, n_predict=n_predict,
-                    capacity=n_ctx)
+                    policy=policy, capacity=n_ctx)
     t1 = pc()
     stats0 = engine.stats() if engine is not None else []
     out.append(sampled)

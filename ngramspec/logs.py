@@ -94,10 +94,17 @@ class Tokenizer:
         return out.decode("utf-8", errors="replace")
 
     def chat_prompt(self, messages: Sequence[dict]) -> np.ndarray:
-        """The prompt of a chat request: the chat template, generation prompt included."""
-        from ngramspec.live import render_chat
-        # the template writes BOS itself where the model wants one
-        return self._ids(render_chat(self.llm, messages, flag="chat log"), False, True)
+        """The prompt of a chat request: the chat template, generation prompt included.
+        ValueError when the model has no template or the template rejects the messages."""
+        import jinja2
+        from ngramspec.live import tokenize_chat
+        if not self.llm.metadata.get("tokenizer.chat_template"):
+            raise ValueError(f"{self.model_path}: the model has no chat template "
+                             f"(tokenizer.chat_template)")
+        try:
+            return tokenize_chat(self.llm, messages)
+        except (jinja2.TemplateError, ValueError) as exc:   # raise_exception() raises ValueError
+            raise ValueError(f"the chat template rejects the messages ({exc})") from None
 
     def text_prompt(self, text: str) -> np.ndarray:
         """A raw completion prompt, as llama-server's ``/completion`` tokenizes it."""

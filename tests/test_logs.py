@@ -184,3 +184,22 @@ def test_tokenizer_loads_vocabulary_only(tokenizer, tmp_path):
     bad.write_bytes(b"not a gguf")
     with pytest.raises(ValueError, match="cannot load the tokenizer"):
         Tokenizer(str(bad))
+
+
+def test_chat_template_errors_name_file_and_line(tmp_path):
+    path = _write(tmp_path / "log.jsonl", [
+        {"messages": [{"role": "user", "content": "a"}], "response": "b"},
+        {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "c"}],
+         "response": "b"}])
+    strict = Tokenizer()      # a template that, like many, insists on alternating roles
+    strict.llm.metadata["tokenizer.chat_template"] = (
+        "{% for m in messages %}{% if loop.index0 > 0 and m['role'] == messages[loop.index0 - 1]"
+        "['role'] %}{{ raise_exception('roles must alternate') }}{% endif %}"
+        "{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}")
+    with pytest.raises(TraceError, match=re.escape(f"{path}:2: the chat template rejects the "
+                                                   f"messages (roles must alternate)")):
+        read_log(path, tokenizer=lambda: strict)
+    strict.llm.metadata["tokenizer.chat_template"] = ""
+    with pytest.raises(TraceError, match=re.escape(f"{path}:1: {strict.model_path}: the model "
+                                                   f"has no chat template")):
+        read_log(path, tokenizer=lambda: strict)
