@@ -1078,18 +1078,26 @@ cdef class SuffixProposer(Proposer):
                     tokens_per_step=s.rate / ONE)
 
     def draft_probs(self, Py_ssize_t slot):
-        """Per-token probabilities of the slot's last draft: element j is the calibrated
-        probability that token j is accepted given that tokens 0 .. j-1 were (the product of
-        the first j + 1 is the probability the walk drafted by). float64 array as long as the
-        draft; valid until the slot's next draft call, which updates the calibration."""
+        """Per-token probabilities of the slot's last draft and the evidence behind them.
+
+        Returns ``(probs, tried)``, float64 arrays as long as the draft: ``probs[j]`` is the
+        calibrated probability that token j is accepted given that tokens 0 .. j-1 were (the
+        product of the first j + 1 is the probability the walk drafted by); ``tried[j]`` the
+        record count (fading) of that token's calibration cell. Cells of late draft positions
+        stay sparse while the slot's drafts are cut short (only tokens that arrive are scored),
+        and their probability is then mostly the prior. Valid until the slot's next draft
+        call, which updates the calibration."""
         self._check_slot(slot)
         cdef Slot* s = &self.slots[slot]
-        cdef int32_t j, off = s.last_src * (self.P.max_draft + 1)
-        out = np.empty(s.n_last_draft, dtype=np.float64)
-        cdef double[::1] o = out
+        cdef int32_t j, cell, off = s.last_src * (self.P.max_draft + 1)
+        probs = np.empty(s.n_last_draft, dtype=np.float64)
+        tried = np.empty(s.n_last_draft, dtype=np.float64)
+        cdef double[::1] p = probs, t = tried
         for j in range(s.n_last_draft):
-            o[j] = cal_prob(s.cal_acc, s.cal_tried, s.pred_cell[off + j]) / <double>ONE
-        return out
+            cell = s.pred_cell[off + j]
+            p[j] = cal_prob(s.cal_acc, s.cal_tried, cell) / <double>ONE
+            t[j] = s.cal_tried[cell]
+        return probs, tried
 
     def calibration(self, Py_ssize_t slot):
         """(acc, tried) of the slot's fine calibration cells, uint32 arrays of shape

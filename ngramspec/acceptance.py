@@ -17,12 +17,14 @@ k-token draft is E[A | k] = S_1 + ... + S_k.
 Counts fade geometrically (``decay`` per observation), so a slot follows its request's phases
 (copying a file, then writing new text); sparse positions borrow from the position before
 (``prior_weight`` pseudo-observations of q_{i-1}), the first from ``prior``.
+:func:`lean_on_previous` does the same for probabilities that come with their own evidence
+counts (ngram-suffix's calibration cells).
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AcceptanceEstimator", "expected_accepted"]
+__all__ = ["AcceptanceEstimator", "expected_accepted", "lean_on_previous"]
 
 
 def expected_accepted(q: np.ndarray) -> np.ndarray:
@@ -34,6 +36,20 @@ def expected_accepted(q: np.ndarray) -> np.ndarray:
     if len(q):
         np.cumsum(np.cumprod(q), out=out[1:])
     return out
+
+
+def lean_on_previous(p: np.ndarray, tried: np.ndarray, weight: float = 2.0) -> np.ndarray:
+    """Probabilities ``p`` backed by ``tried`` observations each, every one shrunk towards the
+    result for the position before it (``weight`` pseudo-observations); the first is kept.
+
+    A proposer's own estimate for a late draft position may rest on almost nothing (a policy
+    that cuts drafts short never lets those positions be scored): there the position before
+    it is the better guess.
+    """
+    q = np.array(p, dtype=np.float64)
+    for j in range(1, len(q)):
+        q[j] = (tried[j] * q[j] + weight * q[j - 1]) / (tried[j] + weight)
+    return q
 
 
 class AcceptanceEstimator:
@@ -83,7 +99,12 @@ class AcceptanceEstimator:
         self.n_obs = 0
 
     def observe(self, n_draft: int, n_accepted: int) -> None:
-        """Learn from one verified draft of ``n_draft`` tokens with ``n_accepted`` accepted."""
+        """Learn from one verified draft of ``n_draft`` tokens with ``n_accepted`` accepted.
+
+        Counts fade per observation, not per step: a slot that stopped drafting keeps what it
+        learned until probes or drafts bring news (fading per step would pull a pessimistic
+        slot back to the prior between probes faster than probes can teach it anything).
+        """
         if not 0 <= n_accepted <= n_draft:
             raise ValueError(f"n_accepted = {n_accepted} must lie in 0 .. n_draft = {n_draft}")
         if n_draft == 0:

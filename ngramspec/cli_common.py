@@ -101,3 +101,16 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise ValueError(text)
     return value
+
+
+def add_policy_flags(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--spec-policy`` (auto | fixed) and ``--cost-model FILE|NAME``."""
+    group = parser.add_argument_group("draft-length policy")
+    group.add_argument("--spec-policy", choices=("auto", "fixed"), default=default,
+                       help="auto: verify only the part of each draft expected to pay under the "
+                            "verify-cost curve; fixed: llama.cpp's behaviour, the whole draft "
+                            "(default: %(default)s)")
+    group.add_argument("--cost-model", metavar="FILE|NAME", default=None,
+                       help="verify-cost curve for --spec-policy auto: a JSON file of "
+                            "`ngramspec calibrate --json`, or a profile: gpu, cpu-embedded, "
+                            "local (this machine's cached calibration of the embedded model)")

@@ -31,7 +31,7 @@ from typing import Callable, Dict, Iterator, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["CostModel", "PROFILES", "FORMAT", "DEFAULT_KS", "load_cost_model", "calibrate",
+__all__ = ["CostModel", "PROFILES", "modeled_speedup", "step_costs", "FORMAT", "DEFAULT_KS", "load_cost_model", "calibrate",
            "cached_calibration", "calibration_for", "calibration_key", "cache_dir", "cache_path",
            "backend_description", "model_identity"]
 
@@ -226,6 +226,43 @@ class CostModel:
         return isinstance(other, CostModel) and self.to_dict() == other.to_dict()
 
     __hash__ = None  # mutable-looking value type: compare, do not hash
+
+
+def step_costs(cost_model: CostModel, n_prompt: int, steps) -> np.ndarray:
+    """Modeled cost of each verification step of one request, in single-token decodes.
+
+    ``steps`` are the loop's ``[n_draft, n_accepted, draft_called]`` records: step i decodes
+    n_draft + 1 tokens over a KV cache of ``n_prompt + sum(1 + n_accepted)`` of the steps
+    before it, so it costs c(n_draft + 1, L_i).
+    """
+    st = np.asarray(steps, dtype=np.int64).reshape(-1, 3)
+    if len(st) == 0:
+        return np.zeros(0)
+    grown = np.cumsum(1 + st[:, 1])
+    L = n_prompt + np.concatenate([[0], grown[:-1]])
+    return cost_model.cost_many(st[:, 0] + 1, L)
+
+
+def modeled_speedup(records, cost_model: CostModel) -> dict:
+    """Speed-up over plain decoding that `cost_model` predicts for replayed requests.
+
+    ``records`` are golden-format request records (``n_prompt``, ``n_output``, ``steps``).
+    Plain decoding spends one single-token decode per output token after the first (which
+    comes from the prompt pass); speculation spends sum c(k_i + 1, L_i) over its steps.
+
+    Returns
+    -------
+    dict
+        ``cost_model`` (name), ``tokens`` (output tokens after the first), ``cost`` (single-token
+        decodes spent), ``speedup`` = tokens / cost.
+    """
+    tokens = 0
+    total = 0.0
+    for rec in records:
+        tokens += max(0, int(rec["n_output"]) - 1)
+        total += float(step_costs(cost_model, int(rec["n_prompt"]), rec["steps"]).sum())
+    return {"cost_model": cost_model.name, "tokens": tokens, "cost": round(total, 3),
+            "speedup": round(tokens / total, 4) if total else 1.0}
 
 
 # ------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ import json
 import os
 import sys
 
-from ngramspec.cli_common import add_spec_flags, engine_params, load_cache_files
+from ngramspec.cli_common import (add_policy_flags, add_spec_flags, engine_params,
+                                  load_cache_files)
 
 # generate's own defaults, chosen from bench/E2E.md: on a CPU, verifying a batch of k tokens costs
 # c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one thread), so
@@ -60,6 +61,7 @@ def add_parser(subparsers):
                         "whether the outputs match")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_spec_flags(p, include_live=True)
+    add_policy_flags(p, default="auto")
     _state_generate_defaults(p)
     p.set_defaults(run=run)
     return p
@@ -177,6 +179,10 @@ def _execute(args):
     elif args.prompt_file is not None:
         with open(args.prompt_file, encoding="utf-8") as fh:
             text = fh.read()
+    cost_model = None
+    if args.cost_model is not None:
+        from ngramspec.cost import load_cost_model
+        cost_model = load_cost_model(args.cost_model)
     llm = load_model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
                      n_threads=args.threads)
     prompt = prompt_ids if prompt_ids is not None else tokenize_prompt(llm, text, chat=args.chat)
@@ -187,12 +193,19 @@ def _execute(args):
     if types:
         engine = _build_engine(llm, types, params, args)
 
+    policy = None
+    if engine is not None and args.spec_policy == "auto":
+        policy = _auto_policy(llm, cost_model, quiet=args.json)
+
     spec = generate_speculative(llm, prompt, engine, n_predict=args.n_predict,
-                                update_dynamic_cache=args.lookup_cache_dynamic)
+                                update_dynamic_cache=args.lookup_cache_dynamic, policy=policy)
     res = spec.to_dict()
     if args.lookup_cache_dynamic is not None:
         res["dynamic_cache_ngrams"] = spec.dynamic_cache_ngrams
     res["spec_type"] = ",".join(types) if types else "none"
+    res["spec_policy"] = args.spec_policy
+    if policy is not None:
+        res["policy"] = policy.summary()
     res["stats_lines"] = spec.stats_lines
     plain = None
     if args.compare:
@@ -208,6 +221,21 @@ def _execute(args):
             rep = divergence_report(llm, prompt, spec.output_tokens, plain.output_tokens)
             res["divergence"] = None if rep is None else rep.to_dict()
     return res, spec, plain
+
+
+def _auto_policy(llm, cost_model, quiet):
+    """AutoPolicy on `cost_model`, or on the loaded model's cached calibration (measured here at
+    first use: a few seconds, said on stderr)."""
+    from ngramspec import cost
+    from ngramspec.policy import AutoPolicy
+    if cost_model is None:
+        key = cost.calibration_key(llm.model_path, int(llm.context_params.n_threads),
+                                   int(llm.n_batch), cost.backend_description(llm))
+        if not cost.cache_path(key).exists() and not quiet:
+            sys.stderr.write("calibrating the verify cost of this model (first use; "
+                             "`ngramspec calibrate` shows it)...\n")
+        cost_model = cost.calibration_for(llm)
+    return AutoPolicy(cost_model)
 
 
 def _print_text(res, spec, plain):
@@ -234,6 +262,11 @@ def _print_text(res, spec, plain):
             lines.append(f"  first difference at output token {div['index']}: top-2 logit gap "
                          f"{div['gap']:.4f}, batched/single-token logit noise {div['noise']:.4f} "
                          f"({'within' if div['within_float_noise'] else 'NOT within'} float noise)")
+    if "policy" in res:
+        pol = res["policy"]
+        lines.append(f"policy auto (cost model {pol['cost_model']}): {pol['drafts']} drafts, "
+                     f"{pol['verified']} verified, {pol['truncated']} shortened, "
+                     f"{pol['plain']} plain steps, {pol['probes']} probes")
     lines.extend(res["stats_lines"])
     if "dynamic_cache_ngrams" in res:
         lines.append(f"dynamic cache: {res['dynamic_cache_ngrams']} n-grams saved")

@@ -23,7 +23,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ngramspec.acceptance import AcceptanceEstimator, expected_accepted
+from ngramspec.acceptance import AcceptanceEstimator, expected_accepted, lean_on_previous
 from ngramspec.cost import CostModel
 from ngramspec.loop import FixedPolicy
 
@@ -35,7 +35,7 @@ POLICIES = ("auto", "fixed")
 
 class _SlotState:
     __slots__ = ("estimators", "since_verified", "probe_interval", "pending", "probing",
-                 "draft_s_per_token", "draft_ns0")
+                 "n_drafted", "n_past", "draft_s_per_token", "draft_ns0")
 
     def __init__(self, probe_min: int):
         self.estimators: Dict[int, AcceptanceEstimator] = {}
@@ -43,6 +43,8 @@ class _SlotState:
         self.probe_interval = probe_min
         self.pending = -1             # proposer index of the draft being verified
         self.probing = False
+        self.n_drafted = 0            # length of the draft being verified, before any cut
+        self.n_past = 0
         self.draft_s_per_token = 0.0  # moving average of the proposer's seconds per token
         self.draft_ns0 = -1           # the loop's draft timer before this step's call
 
@@ -139,15 +141,17 @@ class AutoPolicy:
         """
         return int(np.argmax((expected + 1.0) / costs))
 
-    def _probabilities(self, loop, st: _SlotState, proposer: int, n: int) -> np.ndarray:
+    def _probabilities(self, loop, st: _SlotState, proposer: int, n: int):
+        """(q_1 .. q_n, whether they are the proposer's own for this very draft)."""
         if self.use_proposer_probs and proposer >= 0:
             prop = _proposer(loop.engine, proposer)
             probs = getattr(prop, "draft_probs", None)
             if probs is not None:
-                p = probs(loop.slot)
+                p, tried = probs(loop.slot)
                 if len(p) >= n:
-                    return p[:n]
-        return self._estimator(st, proposer).conditional(n)
+                    w = self._est_args["prior_weight"]
+                    return lean_on_previous(p[:n], tried[:n], w), True
+        return self._estimator(st, proposer).conditional(n), False
 
     def _probe_due(self, st: _SlotState) -> bool:
         return st.since_verified >= st.probe_interval
@@ -198,9 +202,13 @@ class AutoPolicy:
             avg = st.draft_s_per_token
             st.draft_s_per_token = per_token if avg == 0.0 else 0.8 * avg + 0.2 * per_token
             st.draft_ns0 = -1
-        q = self._probabilities(loop, st, proposer, n)
+        q, own = self._probabilities(loop, st, proposer, n)
         k = self.best_k(expected_accepted(q), self.costs(n + 1, loop.n_context))
-        if k == 0 and self._probe_due(st):
+        st.n_drafted = n
+        st.n_past = loop.n_context
+        # A proposer that scores each draft itself needs no probe: its next draft says anew
+        # what it is worth. The position estimates only learn from what is verified.
+        if k == 0 and not own and self._probe_due(st):
             k = min(self.probe_len, n)
             st.probing = True
             self.n_probes += 1
@@ -217,10 +225,16 @@ class AutoPolicy:
             st.since_verified += 1
             return
         self.n_verified += 1
-        self._estimator(st, max(st.pending, 0)).observe(n_draft, n_accepted)
+        est = self._estimator(st, max(st.pending, 0))
+        est.observe(n_draft, n_accepted)
         st.since_verified = 0
-        if st.probing and n_accepted == 0:
-            st.probe_interval = min(2 * st.probe_interval, self.probe_max)
+        if st.probing:
+            # Probe again soon after a probe that was accepted whole (one is not enough to
+            # make a costly draft pay) or that makes drafting pay already; later otherwise.
+            n = max(st.n_drafted, 1)
+            pays = self.best_k(est.expected(n), self.costs(n + 1, st.n_past)) > 0
+            st.probe_interval = (self.probe_min if pays or n_accepted == n_draft
+                                 else min(2 * st.probe_interval, self.probe_max))
         else:
             st.probe_interval = self.probe_min
 

@@ -21,7 +21,7 @@ COUNTERS = ("calls_b", "calls_g", "calls_a", "gen_drafts", "acc_drafts", "gen_to
 
 
 def replay_request(engine: SpecEngine, slot: int, prompt: np.ndarray, output: np.ndarray,
-                   record_drafts: bool, timers: Timers, n_ctx: int = 0) -> dict:
+                   record_drafts: bool, timers: Timers, n_ctx: int = 0, policy=None) -> dict:
     """Run one request through `engine` on `slot` (`ngramspec.loop.run_recorded`).
 
     Parameters
@@ -37,13 +37,16 @@ def replay_request(engine: SpecEngine, slot: int, prompt: np.ndarray, output: np
     n_ctx : int
         > 0 bounds every draft by llama-server's ``n_ctx - L - 2`` (no draft call when that is
         <= 0); 0 means unbounded, as in the golden files.
+    policy : draft-length policy, optional
+        `ngramspec.loop.FixedPolicy` when None (llama.cpp's; the golden files).
 
     Returns
     -------
     dict
         The request's golden-format record.
     """
-    loop = run_recorded(engine, slot, prompt, output, n_ctx=n_ctx, record_drafts=record_drafts)
+    loop = run_recorded(engine, slot, prompt, output, n_ctx=n_ctx, record_drafts=record_drafts,
+                        policy=policy)
     timers.add(loop.timers)
     return loop.record()
 
@@ -71,8 +74,10 @@ def _sum_stats(total: list | None, stats: list) -> list:
     return total
 
 
-def _run_once(requests, spec_type, params, state, n_slots, record_drafts, n_ctx, progress):
+def _run_once(requests, spec_type, params, state, n_slots, record_drafts, n_ctx, progress,
+              policy_factory=None):
     timers = Timers()
+    policy = policy_factory() if policy_factory is not None else None
     records, total, engines = [], None, []
     pool = ModPool() if any(REGISTRY[t].uses_pool for t in parse_types(spec_type)) else None
     engine = None
@@ -84,13 +89,14 @@ def _run_once(requests, spec_type, params, state, n_slots, record_drafts, n_ctx,
                 if pool is not None:
                     pool.reset()       # a fresh context has an empty pool
             engine = SpecEngine(spec_type, n_slots=n_slots, pool=pool, **params)
-        rec = replay_request(engine, slot, req.prompt, req.output, record_drafts, timers, n_ctx)
+        rec = replay_request(engine, slot, req.prompt, req.output, record_drafts, timers, n_ctx,
+                             policy)
         records.append({"trace": t, **rec, "id": req.id})
         if progress is not None:
             progress(t + 1, len(requests))
     if engine is not None:
         total = _sum_stats(total, engine.stats())
-    return records, total or [], timers, engine
+    return records, total or [], timers, policy
 
 
 def _json_params(params: dict) -> dict:
@@ -103,12 +109,14 @@ def _json_params(params: dict) -> dict:
 
 def replay(requests, spec_type: str, params: dict | None = None, *, state: str = "shared",
            n_slots: int = 1, record_drafts: bool = False, repeat: int = 1, n_ctx: int = 0,
-           progress=None) -> ReplayResult:
+           progress=None, policy_factory=None) -> ReplayResult:
     """Replay `requests` (``traces.Request``) and return the golden-format result.
 
     state "shared" keeps one engine for all requests (a running server; request t on slot
     t % n_slots); "fresh" builds a new one per request. With repeat > 1 the replay runs that many
     times and the fastest timings are reported (drafts are deterministic).
+    policy_factory, when given, makes the draft-length policy of each run (one policy serves all
+    requests of a run, as one would a server's slots); None is llama.cpp's (`FixedPolicy`).
     """
     params = dict(params or {})
     if state not in ("shared", "fresh"):
@@ -119,11 +127,11 @@ def replay(requests, spec_type: str, params: dict | None = None, *, state: str =
         raise ValueError(f"repeat = {repeat} is out of range: allowed >= 1")
     best = None
     for r in range(repeat):
-        records, stats, timers, engine = _run_once(
+        records, stats, timers, policy = _run_once(
             requests, spec_type, params, state, n_slots, record_drafts, n_ctx,
-            progress if r == 0 else None)
+            progress if r == 0 else None, policy_factory)
         if best is None:
-            best = (records, stats, timers, engine)
+            best = (records, stats, timers, policy)
         else:
             if [[s[k] for k in COUNTERS] for s in stats] != \
                     [[s[k] for k in COUNTERS] for s in best[1]]:
@@ -131,7 +139,7 @@ def replay(requests, spec_type: str, params: dict | None = None, *, state: str =
             bt = best[2]
             for name in ("begin_ns", "draft_ns", "accept_ns"):
                 setattr(bt, name, min(getattr(bt, name), getattr(timers, name)))
-    records, stats, timers, engine = best
+    records, stats, timers, policy = best
     keys = ("n_output", "n_steps", "n_draft_calls", "n_drafts", "n_draft_tokens",
             "n_acc_drafts", "n_acc_tokens")
     totals = {k: sum(r[k] for r in records) for k in keys}
@@ -146,6 +154,8 @@ def replay(requests, spec_type: str, params: dict | None = None, *, state: str =
         "llama_stats": stats,
         **timers.per_call_us(),
     }
+    if policy is not None and hasattr(policy, "summary"):
+        summary["policy"] = policy.summary()
     return ReplayResult(summary, records)
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import os
 
-from ngramspec.cli_common import add_spec_flags, engine_params, load_cache_files
+from ngramspec.cli_common import (add_policy_flags, add_spec_flags, engine_params,
+                                  load_cache_files)
+from ngramspec.cost import modeled_speedup
 from ngramspec.replay import ProgressBar, replay
 from ngramspec.stats import acceptance_line, statistics_line
 from ngramspec.traces import read_requests
@@ -31,6 +33,7 @@ def add_parser(subparsers):
                     "llama.cpp's statistics.")
     p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files (.jsonl, .jsonl.gz)")
     add_spec_flags(p)
+    add_policy_flags(p, default="fixed")
     p.add_argument("--state", choices=("shared", "fresh"), default="shared",
                    help="shared: one engine for all requests (a server); fresh: one per request")
     p.add_argument("--slots", type=positive, default=1, metavar="K",
@@ -47,7 +50,27 @@ def add_parser(subparsers):
     return p
 
 
+def _policies(args):
+    """(name, policy factory) of each replay: the --spec-policy one first; with --cost-model and
+    the fixed policy, auto against that cost model as well, for the comparison."""
+    if args.cost_model is None:
+        if args.spec_policy == "auto":
+            raise ValueError("--spec-policy auto in replay needs --cost-model FILE|NAME "
+                             "(the verify-cost curve it weighs drafts against)")
+        return None, [("fixed", None)]
+    from ngramspec.cost import load_cost_model
+    from ngramspec.policy import AutoPolicy
+    cost_model = load_cost_model(args.cost_model)
+
+    def auto():
+        # proposer time measured here says nothing about the machine the cost model describes
+        return AutoPolicy(cost_model, proposer_time=False)
+    runs = [("auto", auto)] if args.spec_policy == "auto" else [("fixed", None), ("auto", auto)]
+    return cost_model, runs
+
+
 def run(args) -> int:
+    cost_model, runs = _policies(args)
     given = engine_params(args)
     # cache files are read once, for every trace file and every engine of --state fresh
     args.spec_type, params = load_cache_files(args.spec_type, given)
@@ -55,10 +78,20 @@ def run(args) -> int:
     try:
         for path in args.traces:
             requests = read_requests(path, args.limit)
-            result = replay(requests, args.spec_type, params, state=args.state,
-                            n_slots=args.slots, record_drafts=args.drafts, repeat=args.repeat,
-                            n_ctx=args.ctx_size,
-                            progress=ProgressBar(f"replay {os.path.basename(path)}"))
+            result = None
+            for i, (name, factory) in enumerate(runs):
+                res = replay(requests, args.spec_type, params, state=args.state,
+                             n_slots=args.slots, record_drafts=args.drafts, repeat=args.repeat,
+                             n_ctx=args.ctx_size, policy_factory=factory,
+                             progress=ProgressBar(f"replay {os.path.basename(path)} ({name})"))
+                if result is None:
+                    result = res
+                    result.summary["spec_policy"] = name
+                if cost_model is not None:
+                    result.summary.setdefault("modeled", {})[name] = {
+                        **modeled_speedup(res.requests, cost_model),
+                        "tokens_per_step": res.summary["tokens_per_step"],
+                        **({"policy": res.summary["policy"]} if "policy" in res.summary else {})}
             result.summary["params"] = given     # file names, not the loaded caches
             if out is not None:
                 head = {"config": args.spec_type, "family": _family(requests, path),
@@ -97,3 +130,7 @@ def _print_report(path, result):
     print("  " + acceptance_line(s["n_acc_tokens"], s["n_draft_tokens"], s["n_drafts"]))
     for st in s["llama_stats"]:
         print("  " + statistics_line(st))
+    for name, m in s.get("modeled", {}).items():
+        print(f"  modeled speed-up ({name}, cost model {m['cost_model']}): {m['speedup']:.3f}x "
+              f"({m['tokens']} tokens for {m['cost']:.1f} single-token decodes, "
+              f"{m['tokens_per_step']:.3f} tokens per step)")

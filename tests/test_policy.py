@@ -153,8 +153,10 @@ def test_truncates_to_the_profitable_prefix():
     # first 3 tokens always right, then always wrong: on the CPU-like curve, verify ~3
     policy = AutoPolicy(PROFILES["cpu-embedded"], decay=0.9)
     loop = run(policy, lambda rng: 3)
-    late = np.array(loop.steps[50:])
-    assert (late[:, 0] <= 4).all()
+    late = np.array(loop.steps[len(loop.steps) // 2:])
+    verified = late[late[:, 0] > 0, 0]
+    assert len(verified) > 0.8 * len(late)           # it learned that drafts pay ...
+    assert np.median(verified) in (3, 4)             # ... their first 3 tokens, not all 16
     # and this beats verifying the whole 16-token draft under that cost model
     cpu = PROFILES["cpu-embedded"]
 
@@ -206,8 +208,9 @@ def test_last_proposer_and_suffix_probabilities():
     d = eng.draft(1, text[:100], int(text[100]))
     assert len(d) > 0
     assert eng.types[eng.last_proposer(1)] == "ngram-suffix"
-    probs = eng.proposers[0].draft_probs(1)
-    assert len(probs) == len(d)
+    probs, tried = eng.proposers[0].draft_probs(1)
+    assert len(probs) == len(d) == len(tried)
+    assert (tried >= 0).all()
     assert ((probs > 0) & (probs <= 1)).all()
     assert np.prod(probs) >= 0.005 - 1e-9            # drafted only while above min_prob
     eng.accept(1, len(d))
