@@ -8,19 +8,20 @@ slot t % K). Because llama.cpp's proposers are bit-exact, the figures are what l
 would draft and accept on those requests.
 
 Figures per configuration: tokens per verification step and acceptance rate (replay's summary,
-unchanged), and the modeled speed-up over plain decoding with a cost model::
+unchanged), and the modeled speed-up over plain decoding with a cost model
+(`ngramspec.cost.modeled_speedup`)::
 
-    speed-up = sum over steps of c(1, L) / sum over steps of c(n_draft + 1, L)
+    speed-up = output tokens after the first / sum over steps of c(n_draft + 1, L)
 
 where ``c(k, L)`` is the cost of verifying k tokens at L tokens of context relative to one
-single-token decode (`ngramspec.cost`). The numerator is plain decoding of the same output
-(one token per step, the first output token coming from the prompt pass in both cases), so a
-configuration that never drafts scores exactly 1.
+single-token decode; plain decoding spends c(1) = 1 per token (the first output token comes
+from the prompt pass in both cases), so a configuration that never drafts scores exactly 1.
 
 The sweep (`sweep_configs`, `GRIDS`): each llama.cpp type over its grid; ngram-cache with and
 without the static cache; ngramspec's own options (map re-indexing, ngram-cache restart,
 ngram-suffix); every configuration at each server slot count; then chains of the best
-configuration of each type (`chain_configs`). Configurations run in parallel processes.
+configuration of each type (`chain_configs`) and the cost-aware ``auto`` draft-length policy on
+the best ones (`auto_configs`). Configurations run in parallel processes.
 """
 from __future__ import annotations
 
@@ -34,13 +35,15 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from ngramspec.cost import modeled_speedup
+from ngramspec.policy import POLICIES
 from ngramspec.replay import replay
 from ngramspec.spec_types import REGISTRY, all_params, parse_types
 from ngramspec.traces import Request
 
 __all__ = ["GRIDS", "NGRAMSPEC_GRIDS", "LLAMA_TYPES", "NGRAMSPEC_OPTIONS", "Config", "Entry",
-           "TuneReport", "split_requests", "sweep_configs", "chain_configs", "evaluate",
-           "modeled_speedup", "tune", "STATIC"]
+           "TuneReport", "split_requests", "sweep_configs", "chain_configs", "auto_configs",
+           "evaluate", "tune", "STATIC"]
 
 #: The types llama-server has (``--spec-type``); a configuration of these alone, with none of
 #: `NGRAMSPEC_OPTIONS` switched on, runs on llama-server as it is.
@@ -106,11 +109,15 @@ class Config:
     spec_type: str
     params: tuple
     n_slots: int = 1
+    policy: str = "fixed"
 
     @classmethod
-    def make(cls, types, params: dict, n_slots: int = 1) -> "Config":
+    def make(cls, types, params: dict, n_slots: int = 1, policy: str = "fixed") -> "Config":
+        if policy not in POLICIES:
+            raise ValueError(f"policy {policy!r}: allowed {', '.join(POLICIES)}")
         return cls(",".join(parse_types(types)),
-                   tuple(sorted((k, v) for k, v in params.items() if v is not None)), n_slots)
+                   tuple(sorted((k, v) for k, v in params.items() if v is not None)), n_slots,
+                   policy)
 
     @property
     def types(self) -> list:
@@ -124,7 +131,7 @@ class Config:
     def llama_compatible(self) -> bool:
         """True when llama-server runs it as it is (its types and llama.cpp's options only)."""
         p = self.params_dict
-        return all(t in LLAMA_TYPES for t in self.types) and \
+        return all(t in LLAMA_TYPES for t in self.types) and self.policy == "fixed" and \
             not any(p.get(name) for name in NGRAMSPEC_OPTIONS)
 
     @property
@@ -134,6 +141,8 @@ class Config:
         extra = [name.rsplit("_", 1)[-1] for name in NGRAMSPEC_OPTIONS if p.get(name)]
         if p.get("lookup_cache_static"):
             extra.append("static")
+        if self.policy != "fixed":
+            extra.append(self.policy)
         return self.spec_type + (f" +{'+'.join(extra)}" if extra else "")
 
     @property
@@ -163,6 +172,8 @@ class Config:
             prefix = (self.spec_type.replace("-", "_") + "_") if len(self.types) == 1 \
                 else "ngram_"
             parts.append(f"{name[len(prefix):] if name.startswith(prefix) else name}={value}")
+        if self.policy != "fixed":
+            parts.append(f"policy={self.policy}")
         return " ".join(parts)
 
     def engine_params(self, caches: Optional[dict] = None) -> dict:
@@ -173,13 +184,27 @@ class Config:
             p["lookup_cache_static"] = caches[path]
         return p
 
-    def flags(self) -> list:
-        """Command-line flags (``--spec-type ...`` and one flag per parameter)."""
+    def flags(self, cost_model: str = "") -> list:
+        """Command-line flags: ``--spec-type``, one flag per parameter, and for the auto policy
+        ``--spec-policy auto --cost-model NAME`` (`cost_model`: the name or file to print)."""
         known = all_params()
         argv = ["--spec-type", self.spec_type]
         for name, value in self.ordered_params():
             argv += [known[name].flag, str(value)]
+        if self.policy != "fixed":
+            argv += ["--spec-policy", self.policy]
+            if cost_model:
+                argv += ["--cost-model", cost_model]
         return argv
+
+    def policy_factory(self, cost_model) -> Optional[Callable]:
+        """What `replay` takes for this policy (None: llama.cpp's fixed policy)."""
+        if self.policy == "fixed":
+            return None
+        from ngramspec.policy import AutoPolicy
+        # proposer time measured here says nothing about the machine the cost model describes
+        # (as `ngramspec replay --spec-policy auto` does)
+        return lambda: AutoPolicy(cost_model, proposer_time=False)
 
 
 def _product(grid: dict) -> list:
@@ -239,6 +264,20 @@ def chain_configs(best: Sequence[Config], max_len: int = 3) -> list:
     return list(dict.fromkeys(out))
 
 
+def auto_configs(entries: Sequence, slots: Sequence[int]) -> list:
+    """The `auto` policy (`ngramspec.policy.AutoPolicy`) on the best fixed-policy configuration
+    of each type and on the best chain, at each slot count (`entries` ranked best first)."""
+    out = []
+    for k in slots:
+        best: dict = {}
+        for e in entries:
+            c = e.config
+            if c.n_slots == k and c.policy == "fixed":
+                best.setdefault(c.spec_type if len(c.types) == 1 else "chain", c)
+        out += [Config.make(c.spec_type, c.params_dict, k, "auto") for c in best.values()]
+    return out
+
+
 def split_requests(requests: Sequence[Request], holdout: float) -> tuple:
     """(train, held-out): the last ``ceil(holdout * n)`` requests are held out, in order."""
     if not 0.0 < holdout < 1.0:
@@ -251,34 +290,6 @@ def split_requests(requests: Sequence[Request], holdout: float) -> tuple:
     return list(requests[:n - n_test]), list(requests[n - n_test:])
 
 
-def modeled_speedup(records: Sequence[dict], cost_model) -> tuple:
-    """(plain cost, speculative cost, speed-up) of replayed requests (golden-format records).
-
-    Step i of a request verifies ``n_draft + 1`` tokens at context length L (the prompt, then
-    ``+ 1 + n_accepted`` per step) and costs ``cost_model.cost(n_draft + 1, L)``; plain decoding
-    of the same output costs ``cost(1, L)`` per output token after the first.
-    """
-    plain = spec = 0.0
-    cost = cost_model.cost
-    if len(getattr(cost_model, "n_pasts", ())) == 1:
-        # measured at one KV length (ngramspec.cost's profiles): c depends on k alone
-        memo: dict = {}
-
-        def cost(k, L, _cost=cost_model.cost):
-            c = memo.get(k)
-            if c is None:
-                c = memo[k] = _cost(k, 0)
-            return c
-    for rec in records:
-        L = rec["n_prompt"]
-        for n_d, n_acc, _ in rec["steps"]:
-            spec += cost(n_d + 1, L)
-            L += 1 + n_acc
-        for L in range(rec["n_prompt"], rec["n_prompt"] + rec["n_output"] - 1):
-            plain += cost(1, L)
-    return plain, spec, (plain / spec if spec else 1.0)
-
-
 FIGURES = ("n_traces", "n_output", "n_steps", "n_drafts", "n_draft_tokens", "n_acc_tokens",
            "tokens_per_step", "acc_rate")
 
@@ -286,13 +297,14 @@ FIGURES = ("n_traces", "n_output", "n_steps", "n_drafts", "n_draft_tokens", "n_a
 def evaluate(config: Config, requests: Sequence[Request], cost_model, *, n_ctx: int = 0,
              caches: Optional[dict] = None) -> dict:
     """Replay `requests` with `config` and return its figures: replay's summary fields
-    (`FIGURES`, unchanged) plus ``plain_cost``, ``spec_cost`` and ``speedup``."""
+    (`FIGURES`, unchanged) plus `ngramspec.cost.modeled_speedup`'s ``tokens`` / ``cost`` (as
+    ``modeled_tokens`` / ``modeled_cost``) and ``speedup``."""
     result = replay(requests, config.spec_type, config.engine_params(caches), state="shared",
-                    n_slots=config.n_slots, n_ctx=n_ctx)
+                    n_slots=config.n_slots, n_ctx=n_ctx,
+                    policy_factory=config.policy_factory(cost_model))
     figures = {k: result.summary[k] for k in FIGURES}
-    plain, spec, speedup = modeled_speedup(result.requests, cost_model)
-    figures.update(plain_cost=round(plain, 6), spec_cost=round(spec, 6),
-                   speedup=round(speedup, 6))
+    m = modeled_speedup(result.requests, cost_model)
+    figures.update(modeled_tokens=m["tokens"], modeled_cost=m["cost"], speedup=m["speedup"])
     return figures
 
 
@@ -337,7 +349,7 @@ class Entry:
     def to_dict(self) -> dict:
         c = self.config
         return {"spec_type": c.spec_type, "params": c.params_dict, "slots": c.n_slots,
-                "label": c.label(), "llama_compatible": c.llama_compatible, **self.figures}
+                "policy": c.policy, "label": c.label(), "llama_compatible": c.llama_compatible, **self.figures}
 
 
 @dataclass
@@ -380,7 +392,7 @@ class TuneReport:
 
     def replay_command(self, entry: Entry, heldout: str) -> str:
         """The ``ngramspec replay`` command that reproduces an entry's figures."""
-        argv = ["ngramspec", "replay", heldout, *entry.config.flags(),
+        argv = ["ngramspec", "replay", heldout, *entry.config.flags(self.cost_model),
                 "--slots", str(entry.config.n_slots)]
         if self.n_ctx:
             argv += ["--ctx-size", str(self.n_ctx)]
@@ -410,7 +422,8 @@ def _rank(configs: Sequence[Config], figures: Sequence[dict]) -> list:
 
 def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
          slots: Sequence[int] = (1,), types: Optional[Iterable[str]] = None,
-         ngramspec_options: bool = True, chains: bool = True, static_path: Optional[str] = None,
+         ngramspec_options: bool = True, chains: bool = True, auto: bool = True,
+         static_path: Optional[str] = None,
          n_ctx: int = 0, jobs: int = 1, progress: Optional[Callable] = None,
          grids: Optional[dict] = None, ngramspec_grids: Optional[dict] = None,
          cost_name: str = "") -> TuneReport:
@@ -426,6 +439,9 @@ def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
         ``jobs > 1``.
     slots : server slot counts to sweep.
     types : restrict the sweep to these types (default all).
+    ngramspec_options, chains, auto : sweep ngramspec's own options too; try chains of the best
+        setting of each type; try the ``auto`` draft-length policy on the best of each type
+        and the best chain (an ngramspec option: left out without `ngramspec_options`).
     jobs : worker processes (1: in this process).
     progress : called as ``progress(done, total)`` after each configuration.
 
@@ -502,6 +518,11 @@ def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
                 if not _same_as_a_member(c, f, single):
                     configs.append(c)
                     figures.append(f)
+        if auto and ngramspec_options:
+            extra = auto_configs(_rank(configs, figures), slots)
+            state["total"] += len(extra)
+            figures = figures + run_all(extra)
+            configs = configs + extra
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)     # Ctrl-C: do not run the queued rest
@@ -531,4 +552,4 @@ def _with_static(config: Config, path: Optional[str]) -> Config:
     if config.params_dict.get("lookup_cache_static") != STATIC:
         return config
     return Config.make(config.spec_type, dict(config.params_dict, lookup_cache_static=path),
-                       config.n_slots)
+                       config.n_slots, config.policy)

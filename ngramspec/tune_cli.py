@@ -82,9 +82,11 @@ def add_parser(subparsers):
                    help="sweep only these spec types (comma list; default all)")
     p.add_argument("--llama-only", action="store_true",
                    help="leave out ngramspec's own options (map re-indexing, cache restart, "
-                        "ngram-suffix)")
+                        "ngram-suffix, the auto policy)")
     p.add_argument("--no-chains", action="store_true",
                    help="do not try chains of the best configuration of each type")
+    p.add_argument("--no-auto", action="store_true",
+                   help="do not try the auto draft-length policy (--spec-policy auto)")
     p.add_argument("--cost-model", default=DEFAULT_COST_MODEL, metavar="FILE|NAME",
                    help="verification cost model: a calibration JSON file (ngramspec "
                         "calibrate) or a named profile (default %(default)s)")
@@ -145,6 +147,7 @@ def run(args) -> int:
         try:
             report = tune(train, heldout, cost_model, slots=args.slots, types=types,
                           ngramspec_options=not args.llama_only, chains=not args.no_chains,
+                          auto=not args.no_auto,
                           static_path=static_path, n_ctx=args.ctx_size,
                           jobs=args.jobs or _default_jobs(), progress=progress,
                           cost_name=args.cost_model)
@@ -167,7 +170,7 @@ def _relabel_static(report, old, new):
         p = e.config.params_dict
         if p.get("lookup_cache_static") == old:
             p["lookup_cache_static"] = new
-            e.config = Config.make(e.config.spec_type, p, e.config.n_slots)
+            e.config = Config.make(e.config.spec_type, p, e.config.n_slots, e.config.policy)
 
 
 def _row(rank, e):
@@ -210,20 +213,27 @@ def _print(report, args, model, heldout_path) -> dict:
                 best["llama_server"]["replay_command"] = check
         ours = report.best(k, llama_compatible=False)
         if ours is not None:
-            flags = shlex.join(ours.config.flags())
-            engine = _engine_call(ours.config)
+            flags = shlex.join(ours.config.flags(report.cost_model))
+            engine = _engine_call(ours.config, report.cost_model)
             print(f"best ngramspec configuration ({k} slot{'s' if k > 1 else ''}): "
                   f"{_figures_line(ours, report.n_heldout)}")
             print(f"  flags: {flags}")
             print(f"  Python: {engine}")
             best["ngramspec"] = {"flags": flags, "python": engine, **ours.to_dict()}
+            if heldout_path:
+                check = report.replay_command(ours, heldout_path)
+                print(f"  check: {check}")
+                best["ngramspec"]["replay_command"] = check
         summary[str(k)] = best
     return summary
 
 
-def _engine_call(config) -> str:
+def _engine_call(config, cost_model: str) -> str:
     kw = "".join(f", {k}={v!r}" for k, v in config.params)
-    return f"SpecEngine({config.spec_type!r}, n_slots={config.n_slots}{kw})"
+    call = f"SpecEngine({config.spec_type!r}, n_slots={config.n_slots}{kw})"
+    if config.policy == "auto":     # the drivers take the policy (generate_speculative, ...)
+        call += f", policy=AutoPolicy(load_cost_model({cost_model!r}))"
+    return call
 
 
 def _write_outputs(report, out_dir, heldout, requests, args, summary) -> None:

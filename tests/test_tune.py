@@ -6,8 +6,9 @@ import pytest
 from ngramspec.replay import replay
 from ngramspec.spec_types import REGISTRY, all_params
 from ngramspec.traces import read_requests
+from ngramspec.cost import CostModel, modeled_speedup
 from ngramspec.tune import (GRIDS, LLAMA_TYPES, MOD_N_MIN_FRACTIONS, NGRAMSPEC_GRIDS, STATIC,
-                            Config, chain_configs, evaluate, modeled_speedup, split_requests,
+                            Config, auto_configs, chain_configs, evaluate, split_requests,
                             sweep_configs, tune)
 
 from conftest import TRACES
@@ -15,12 +16,13 @@ from conftest import TRACES
 pytest.importorskip("matplotlib")
 
 
-class LinearCost:
-    """c(k, L) = (1 + 0.1 (k - 1)) (1 + L / 10000): verification cost grows with the batch and
-    the context (a test model, independent of ngramspec.cost)."""
-
-    def cost(self, n_tokens, n_past=0):
-        return (1.0 + 0.1 * (n_tokens - 1)) * (1.0 + n_past / 10000.0)
+def _cost_model():
+    """A verify-cost curve that grows with the batch and with the KV cache (two rows), so the
+    context length of each step matters."""
+    ks = [1, 2, 4, 8, 16, 64]
+    short = [10.0, 11.0, 13.0, 17.0, 25.0, 73.0]
+    long = [20.0, 23.0, 29.0, 41.0, 65.0, 209.0]
+    return CostModel(ks, [0, 4096], [short, long], name="test", source="tests/test_tune.py")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def small():
 def report(small, tmp_path_factory):
     train, heldout = small
     static = str(tmp_path_factory.mktemp("tune") / "static.bin")
-    return tune(train, heldout, LinearCost(), slots=(1, 3), static_path=static, jobs=1)
+    return tune(train, heldout, _cost_model(), slots=(1, 3), static_path=static, jobs=1)
 
 
 def test_split_keeps_order_and_holds_out_the_last_requests(small):
@@ -122,53 +124,53 @@ def test_chains_pair_the_best_of_each_type():
 
 
 def test_modeled_speedup_by_hand():
-    cost = LinearCost()
+    cost = _cost_model()
     # prompt of 10; steps: 3 drafted / 2 accepted, no draft, 2 drafted / 2 accepted: the 7
     # output tokens are 1 (prompt pass) + 3 + 1 + 2
     rec = {"n_prompt": 10, "n_output": 7, "steps": [[3, 2, 1], [0, 0, 1], [2, 2, 1]]}
     spec = cost.cost(4, 10) + cost.cost(1, 13) + cost.cost(3, 14)
-    plain = sum(cost.cost(1, L) for L in range(10, 16))
     got = modeled_speedup([rec, rec], cost)
-    assert got[0] == pytest.approx(2 * plain) and got[1] == pytest.approx(2 * spec)
-    assert got[2] == pytest.approx(plain / spec)
+    assert got["tokens"] == 12 and got["cost"] == pytest.approx(2 * spec, abs=1e-3)
+    assert got["speedup"] == round(12 / (2 * spec), 4)
     # never drafting is exactly plain decoding
     rec = {"n_prompt": 5, "n_output": 4, "steps": [[0, 0, 1]] * 3}
-    assert modeled_speedup([rec], cost)[2] == 1.0
+    assert modeled_speedup([rec], cost)["speedup"] == 1.0
+    assert Config.make("ngram-mod", {}, 1).policy_factory(cost) is None
 
 
 def test_evaluate_reports_replay_figures_unchanged(small):
     _, heldout = small
     c = Config.make("ngram-simple", {"ngram_simple_size_n": 3, "ngram_simple_size_m": 16}, 2)
-    f = evaluate(c, heldout, LinearCost())
+    f = evaluate(c, heldout, _cost_model())
     r = replay(heldout, "ngram-simple", {"ngram_simple_size_n": 3, "ngram_simple_size_m": 16},
                n_slots=2)
     for k in ("n_output", "n_steps", "n_drafts", "n_draft_tokens", "n_acc_tokens",
               "tokens_per_step", "acc_rate"):
         assert f[k] == r.summary[k], k
-    assert f["speedup"] == pytest.approx(modeled_speedup(r.requests, LinearCost())[2], abs=1e-6)
+    assert f["speedup"] == modeled_speedup(r.requests, _cost_model())["speedup"]
     assert f["speedup"] > 1.0
 
 
 def test_ranking_is_deterministic_and_ordered(small, report, tmp_path):
     train, heldout = small
-    again = tune(train, heldout, LinearCost(), slots=(1, 3), static_path=str(tmp_path / "s.bin"),
+    again = tune(train, heldout, _cost_model(), slots=(1, 3), static_path=str(tmp_path / "s.bin"),
                  jobs=2)
     key = [(e.config.label(), e.config.n_slots, e.figures) for e in report.entries]
     assert [(e.config.label(), e.config.n_slots, e.figures) for e in again.entries] == key
     speedups = [e.figures["speedup"] for e in report.entries]
     assert speedups == sorted(speedups, reverse=True)
-    assert len({(e.config.spec_type, e.config.params, e.config.n_slots)
-                for e in report.entries}) == len(report.entries)
+    assert len({e.config for e in report.entries}) == len(report.entries)
     # the sweep and the chains were all replayed, at both slot counts
     assert {e.config.n_slots for e in report.entries} == {1, 3}
     assert any(len(e.config.types) > 1 for e in report.entries)
     assert {e.config.spec_type for e in report.entries} >= set(LLAMA_TYPES) | {"ngram-suffix"}
     # a chain that drafts exactly as one of its members alone is left out
     singles = {(e.config.spec_type, e.config.params, e.config.n_slots): e.figures
-               for e in report.entries if len(e.config.types) == 1}
+               for e in report.entries if len(e.config.types) == 1 and
+               e.config.policy == "fixed"}
     counters = ("n_steps", "n_drafts", "n_draft_tokens", "n_acc_tokens")
     for e in report.entries:
-        if len(e.config.types) > 1:
+        if len(e.config.types) > 1 and e.config.policy == "fixed":
             p = e.config.params_dict
             for t in e.config.types:
                 names = {q.name for q in REGISTRY[t].params}
@@ -179,6 +181,33 @@ def test_ranking_is_deterministic_and_ordered(small, report, tmp_path):
     # the static cache holds the training split's 2-grams, and its configurations used it
     assert any(e.config.params_dict.get("lookup_cache_static") == report.static_cache
                for e in report.entries)
+
+
+def test_auto_policy_on_the_best_of_each_type(small, report):
+    _, heldout = small
+    autos = [e for e in report.entries if e.config.policy == "auto"]
+    for k in (1, 3):
+        types = {e.config.spec_type for e in autos if e.config.n_slots == k}
+        assert types >= set(LLAMA_TYPES) | {"ngram-suffix"}
+        assert any("," in t for t in types)          # and the best chain
+    for e in autos:
+        assert not e.config.llama_compatible and e.config.label().endswith(" policy=auto")
+        assert e.config.flags("gpu")[-4:] == ["--spec-policy", "auto", "--cost-model", "gpu"]
+    # auto_configs takes the best fixed configuration of each type, per slot count
+    fixed = [e for e in report.entries if e.config.policy == "fixed"]
+    want = auto_configs(fixed, (3,))
+    best_mod = next(e.config for e in fixed if e.config.spec_type == "ngram-mod"
+                    and e.config.n_slots == 3)
+    assert Config.make("ngram-mod", best_mod.params_dict, 3, "auto") in want
+    # its figures are the replay's with AutoPolicy against the same cost model
+    e = next(e for e in autos if e.config.spec_type == "ngram-mod" and e.config.n_slots == 1)
+    from ngramspec.policy import AutoPolicy
+    r = replay(heldout, "ngram-mod", e.config.engine_params(), n_slots=1,
+               policy_factory=lambda: AutoPolicy(_cost_model(), proposer_time=False))
+    assert e.figures["n_steps"] == r.summary["n_steps"]
+    assert e.figures["speedup"] == modeled_speedup(r.requests, _cost_model())["speedup"]
+    with pytest.raises(ValueError, match="policy 'greedy': allowed auto, fixed"):
+        Config.make("ngram-mod", {}, 1, "greedy")
 
 
 def test_best_entries_and_commands(report):
@@ -200,9 +229,9 @@ def test_best_entries_and_commands(report):
 def test_tune_rejects_bad_arguments(small):
     train, heldout = small
     with pytest.raises(ValueError, match="--slots"):
-        tune(train, heldout, LinearCost(), slots=(0,))
+        tune(train, heldout, _cost_model(), slots=(0,))
     with pytest.raises(ValueError, match="--jobs 0"):
-        tune(train, heldout, LinearCost(), jobs=0)
+        tune(train, heldout, _cost_model(), jobs=0)
 
 
 # --- plots -----------------------------------------------------------------------------------

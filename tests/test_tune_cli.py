@@ -6,8 +6,7 @@ import shlex
 
 import pytest
 
-from ngramspec.cost import load_cost_model
-from ngramspec.tune import modeled_speedup
+from ngramspec.cost import load_cost_model, modeled_speedup
 
 from clitools import cli
 from conftest import TRACES
@@ -118,18 +117,32 @@ def test_replaying_the_recommended_flags_gives_the_reported_figures(tuned, capsy
     summary, records = _replay_summary(capsys, tmp_path, [out / "heldout.jsonl.gz", *flags])
     for k in FIGURES:
         assert summary[k] == best["llama_server"][k], k
-    assert round(modeled_speedup(records, cost)[2], 6) == best["llama_server"]["speedup"]
+    assert modeled_speedup(records, cost)["speedup"] == best["llama_server"]["speedup"]
     assert best["llama_server"]["replay_command"].split()[3:] == \
         [str(a) for a in flags]
-    # the best ngramspec configuration, through its flags
+    # the best ngramspec configuration, through its check command
     ours = best["ngramspec"]
-    summary, records = _replay_summary(capsys, tmp_path, [
-        out / "heldout.jsonl.gz", *shlex.split(ours["flags"]), "--slots", slots,
-        "--ctx-size", 1024])
+    check = shlex.split(ours["replay_command"])
+    assert check[:3] == ["ngramspec", "replay", str(out / "heldout.jsonl.gz")]
+    assert " ".join(check[3:]).startswith(ours["flags"])
+    summary, records = _replay_summary(capsys, tmp_path, check[2:])
     for k in FIGURES:
         assert summary[k] == ours[k], k
-    assert round(modeled_speedup(records, cost)[2], 6) == ours["speedup"]
+    assert modeled_speedup(records, cost)["speedup"] == ours["speedup"]
     assert ours["speedup"] >= best["llama_server"]["speedup"]
+    # the best auto-policy setting too (its flags name the policy and the cost model)
+    auto = next(r for r in report["ranking"] if r["policy"] == "auto" and
+                r["slots"] == int(slots))
+    from ngramspec.tune import Config
+    config = Config.make(auto["spec_type"], auto["params"], auto["slots"], "auto")
+    assert config.label() == auto["label"]
+    summary, records = _replay_summary(capsys, tmp_path, [
+        out / "heldout.jsonl.gz", *config.flags("cpu-embedded"), "--slots", slots,
+        "--ctx-size", 1024])
+    assert summary["spec_policy"] == "auto"
+    for k in FIGURES:
+        assert summary[k] == auto[k], k
+    assert summary["modeled"]["auto"]["speedup"] == auto["speedup"]
 
 
 def test_chat_logs_through_the_cli(tmp_path, capsys):
