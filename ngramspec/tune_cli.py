@@ -140,6 +140,8 @@ def run(args) -> int:
     train, heldout = split_requests(requests, args.holdout)
     out_dir = args.output
     if out_dir is not None:
+        from ngramspec.tune_plot import require_matplotlib
+        require_matplotlib()
         os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ngramspec-tune-") as tmp:
         static_path = os.path.join(out_dir or tmp, STATIC_FILE)
@@ -240,7 +242,7 @@ def _write_outputs(report, out_dir, heldout, requests, args, summary) -> None:
     from ngramspec.tune import GRIDS, MOD_N_MIN_FRACTIONS, NGRAMSPEC_GRIDS
     from ngramspec.tune_plot import save_plots
     write_traces(os.path.join(out_dir, HELDOUT_FILE), heldout)
-    plots = save_plots(report.entries, out_dir)
+    plots = save_plots(report.entries, out_dir, report.cost_model)
     doc = {"logs": list(args.logs), "format": args.format, "limit": args.limit,
            "holdout": args.holdout, "n_requests": len(requests),
            "heldout_ids": [r.id for r in heldout],

@@ -14,17 +14,24 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-__all__ = ["speedup_figure", "pareto_figure", "pareto_front", "save_plots", "PLOT_FILES"]
+__all__ = ["speedup_figure", "pareto_figure", "pareto_front", "save_plots", "PLOT_FILES",
+           "require_matplotlib"]
 
 PLOT_FILES = ("speedup_vs_n_max.png", "acceptance_vs_tokens_per_step.png")
 
 
-def _figure(width=8.0, height=5.0):
+def require_matplotlib() -> None:
+    """ValueError with the install command when matplotlib is missing (check before a sweep)."""
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        import matplotlib  # noqa: F401
     except ImportError:
         raise ValueError("plots need matplotlib: pip install 'ngramspec[tune]'") from None
+
+
+def _figure(width=8.0, height=5.0):
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
     return fig
@@ -108,11 +115,15 @@ def pareto_figure(entries: Sequence, title: str = ""):
     return fig
 
 
-def save_plots(entries: Sequence, directory: str) -> list:
-    """Write both figures as PNG files into `directory`; returns their paths."""
+def save_plots(entries: Sequence, directory: str, cost_model: str = "") -> list:
+    """Write both figures as PNG files into `directory` (titles name `cost_model` when
+    given); returns their paths."""
+    where = f"held-out split, cost model {cost_model}" if cost_model else "held-out split"
+    titles = (f"Best modeled speed-up per n_max ({where})",
+              f"Acceptance against tokens per step ({where})")
     paths = []
-    for name, make in zip(PLOT_FILES, (speedup_figure, pareto_figure)):
+    for name, make, title in zip(PLOT_FILES, (speedup_figure, pareto_figure), titles):
         path = os.path.join(directory, name)
-        make(entries).savefig(path)
+        make(entries, title).savefig(path)
         paths.append(path)
     return paths
