@@ -136,13 +136,12 @@ class Config:
 
     @property
     def family(self) -> str:
-        """The plot series: the type, with ngramspec options and the static cache named."""
+        """The plot series: the type, with ngramspec options and the static cache named (the
+        policy is not part of it)."""
         p = self.params_dict
         extra = [name.rsplit("_", 1)[-1] for name in NGRAMSPEC_OPTIONS if p.get(name)]
         if p.get("lookup_cache_static"):
             extra.append("static")
-        if self.policy != "fixed":
-            extra.append(self.policy)
         return self.spec_type + (f" +{'+'.join(extra)}" if extra else "")
 
     @property

@@ -2,7 +2,7 @@
 
 * `speedup_figure`: modeled speed-up against n_max (the longest draft, log scale), one line
   per type (and per ngramspec option / static cache), best over the other parameters at each
-  n_max; solid for one server slot, dashed for several.
+  n_max; solid for one server slot, dashed for several; the auto policy as stars.
 * `pareto_figure`: acceptance rate against tokens per step for every configuration, with the
   Pareto front (no other configuration is better on both).
 
@@ -39,26 +39,32 @@ def _figure(width=8.0, height=5.0):
 
 def speedup_figure(entries: Sequence, title: str = ""):
     """Modeled speed-up against n_max, one line per (type family, slot count): at each n_max
-    the best speed-up over the family's other parameters."""
+    the best speed-up over the family's other parameters. Settings with the auto policy are
+    stars in their type's colour (line label ``"<family> +auto (K slots)"``)."""
     best: dict = {}
     for e in entries:
         c = e.config
         if c.n_max is None:
             continue
-        key = (c.family, c.n_slots)
+        key = (c.family, c.n_slots, c.policy)
         point = best.setdefault(key, {})
         point[c.n_max] = max(point.get(c.n_max, 0.0), e.figures["speedup"])
     fig = _figure(width=10.0)
     ax = fig.add_subplot()
-    families = sorted({f for f, _ in best})
+    families = sorted({f for f, _, _ in best})
     from matplotlib import colormaps
     palette = colormaps["tab20"]
     colors = {f: palette(i % 20) for i, f in enumerate(families)}
-    for (family, n_slots) in sorted(best):
-        xs = sorted(best[(family, n_slots)])
-        ys = [best[(family, n_slots)][x] for x in xs]
-        ax.plot(xs, ys, marker="o", color=colors[family], linestyle="-" if n_slots == 1 else "--",
-                label=f"{family} ({n_slots} slot{'s' if n_slots > 1 else ''})")
+    for (family, n_slots, policy) in sorted(best):
+        xs = sorted(best[(family, n_slots, policy)])
+        ys = [best[(family, n_slots, policy)][x] for x in xs]
+        slots = f"{n_slots} slot{'s' if n_slots > 1 else ''}"
+        if policy == "fixed":
+            ax.plot(xs, ys, marker="o", color=colors[family],
+                    linestyle="-" if n_slots == 1 else "--", label=f"{family} ({slots})")
+        else:
+            ax.plot(xs, ys, marker="*", markersize=11 if n_slots == 1 else 8, linestyle="none",
+                    color=colors[family], label=f"{family} +{policy} ({slots})")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xscale("log", base=2)
     from matplotlib.ticker import ScalarFormatter
@@ -67,13 +73,16 @@ def speedup_figure(entries: Sequence, title: str = ""):
     ax.set_ylabel("modeled speed-up over plain decoding (x)")
     ax.set_title(title or "Best modeled speed-up per n_max (held-out split)")
     ax.grid(True, alpha=0.3)
-    # one legend entry per family (colour) and one per slot count (line style); the lines
-    # themselves keep their full "family (K slots)" labels
+    # one legend entry per family (colour), per slot count (line style) and for the auto policy
+    # (star); the lines themselves keep their full labels
     from matplotlib.lines import Line2D
     handles = [Line2D([], [], color=colors[f], marker="o", label=f) for f in families]
     handles += [Line2D([], [], color="grey", linestyle="-" if k == 1 else "--",
                        label=f"{k} slot{'s' if k > 1 else ''}")
-                for k in sorted({k for _, k in best})]
+                for k in sorted({k for _, k, _ in best})]
+    if any(p != "fixed" for _, _, p in best):
+        handles.append(Line2D([], [], color="grey", marker="*", markersize=11, linestyle="none",
+                              label="auto policy (large: 1 slot)"))
     ax.legend(handles=handles, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig

@@ -102,6 +102,8 @@ def test_config_flags_labels_and_compatibility():
     assert c.llama_compatible and c.n_max == 32
     k = Config.make("ngram-map-k", {"ngram_map_k_reindex": 1})
     assert not k.llama_compatible and k.family == "ngram-map-k +reindex"
+    assert Config.make("ngram-map-k", {"ngram_map_k_reindex": 1}, 1, "auto").family == \
+        "ngram-map-k +reindex"
     assert Config.make("ngram-map-k", {"ngram_map_k_reindex": 0}).llama_compatible
     assert Config.make("ngram-cache", {"lookup_cache_static": "s.bin"}).flags() == \
         ["--spec-type", "ngram-cache", "--lookup-cache-static", "s.bin"]
@@ -246,16 +248,24 @@ def test_speedup_plot_has_one_line_per_type_with_the_best_per_n_max(report):
              line.get_label().startswith("_")}
     assert "ngram-mod (1 slot)" in lines and "ngram-simple (3 slots)" in lines
     assert "ngram-map-k +reindex (1 slot)" in lines and "ngram-suffix (1 slot)" in lines
+    assert "ngram-mod +auto (1 slot)" in lines
     for label, line in lines.items():
         family, slots = label.rsplit(" (", 1)
         k = int(slots.split()[0])
+        policy = "auto" if family.endswith(" +auto") else "fixed"
         want = {}
         for e in report.entries:
-            if e.config.family == family and e.config.n_slots == k and e.config.n_max:
+            if e.config.family == family.replace(" +auto", "") and e.config.n_slots == k \
+                    and e.config.policy == policy and e.config.n_max:
                 want[e.config.n_max] = max(want.get(e.config.n_max, 0), e.figures["speedup"])
         assert list(line.get_xdata()) == sorted(want), label
         assert list(line.get_ydata()) == [want[x] for x in sorted(want)], label
-        assert line.get_linestyle() == ("-" if k == 1 else "--")
+        if family.endswith("+auto"):
+            assert line.get_linestyle() == "None" and line.get_marker() == "*"
+            base = lines[family[:-len(" +auto")] + f" ({slots}"]
+            assert line.get_color() == base.get_color()
+        else:
+            assert line.get_linestyle() == ("-" if k == 1 else "--")
     assert list(lines["ngram-mod (1 slot)"].get_xdata()) == sorted(
         GRIDS["ngram-mod"]["ngram_mod_n_max"])
 
