@@ -38,10 +38,13 @@ import numpy as np
 from ngramspec.cost import modeled_speedup
 from ngramspec.policy import POLICIES
 from ngramspec.replay import replay
-from ngramspec.spec_types import REGISTRY, all_params, parse_types
+try:
+    from ngramspec.registry import TYPES as _TYPES, all_params, parse_types
+except ImportError:     # before d-structure's registry.py (spec_types.py); drop once merged
+    from ngramspec.spec_types import REGISTRY as _TYPES, all_params, parse_types
 from ngramspec.traces import Request
 
-__all__ = ["GRIDS", "NGRAMSPEC_GRIDS", "LLAMA_TYPES", "NGRAMSPEC_OPTIONS", "Config", "Entry",
+__all__ = ["type_param_names", "GRIDS", "NGRAMSPEC_GRIDS", "LLAMA_TYPES", "NGRAMSPEC_OPTIONS", "Config", "Entry",
            "TuneReport", "split_requests", "sweep_configs", "chain_configs", "auto_configs",
            "evaluate", "tune", "STATIC"]
 
@@ -204,6 +207,11 @@ class Config:
         # proposer time measured here says nothing about the machine the cost model describes
         # (as `ngramspec replay --spec-policy auto` does)
         return lambda: AutoPolicy(cost_model, proposer_time=False)
+
+
+def type_param_names(spec_type: str) -> set:
+    """The engine keywords of one spec type (from the registry)."""
+    return {p.name for p in _TYPES[spec_type].params}
 
 
 def _product(grid: dict) -> list:
@@ -539,7 +547,7 @@ def _same_as_a_member(chain: Config, figures: dict, single: dict) -> bool:
     drafted first, say): it adds nothing but a longer command line."""
     params = chain.params_dict
     for t in chain.types:
-        names = {p.name for p in REGISTRY[t].params}
+        names = type_param_names(t)
         member = Config.make(t, {k: v for k, v in params.items() if k in names}, chain.n_slots)
         f = single.get(member)
         if f is not None and all(f[k] == figures[k] for k in _COUNTERS):

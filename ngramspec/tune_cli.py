@@ -128,8 +128,7 @@ def write_traces(path: str, requests) -> None:
 
 def run(args) -> int:
     from ngramspec.cost import load_cost_model
-    from ngramspec.spec_types import parse_types
-    from ngramspec.tune import split_requests, tune
+    from ngramspec.tune import parse_types, split_requests, tune
     types = None
     if args.types is not None:
         types = parse_types(args.types)

@@ -4,12 +4,11 @@ import math
 import pytest
 
 from ngramspec.replay import replay
-from ngramspec.spec_types import REGISTRY, all_params
 from ngramspec.traces import read_requests
 from ngramspec.cost import CostModel, modeled_speedup
 from ngramspec.tune import (GRIDS, LLAMA_TYPES, MOD_N_MIN_FRACTIONS, NGRAMSPEC_GRIDS, STATIC,
-                            Config, auto_configs, chain_configs, evaluate, split_requests,
-                            sweep_configs, tune)
+                            Config, all_params, auto_configs, chain_configs, evaluate,
+                            split_requests, sweep_configs, tune, type_param_names)
 
 from conftest import TRACES
 
@@ -88,7 +87,7 @@ def test_sweep_covers_every_type_and_the_documented_grids():
         for name, value in c.params:
             if name != "lookup_cache_static":
                 assert known[name].check(value) == value
-                assert any(p.name == name for t in c.types for p in REGISTRY[t].params)
+                assert any(name in type_param_names(t) for t in c.types)
     only = sweep_configs(slots=(2,), types=["ngram-mod"], ngramspec_options=False)
     assert {c.spec_type for c in only} == {"ngram-mod"} and {c.n_slots for c in only} == {2}
 
@@ -175,7 +174,7 @@ def test_ranking_is_deterministic_and_ordered(small, report, tmp_path):
         if len(e.config.types) > 1 and e.config.policy == "fixed":
             p = e.config.params_dict
             for t in e.config.types:
-                names = {q.name for q in REGISTRY[t].params}
+                names = type_param_names(t)
                 member = Config.make(t, {k: v for k, v in p.items() if k in names},
                                      e.config.n_slots)
                 f = singles[(member.spec_type, member.params, member.n_slots)]
