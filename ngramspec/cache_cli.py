@@ -17,6 +17,7 @@ import numpy as np
 
 from ngramspec.cache_file import (NGRAM_STATIC, CacheFileError, build_static_cache, load_cache,
                                   save_cache)
+from ngramspec.cli_common import add_progress_flags as _progress_flags
 from ngramspec.cli_common import check_writable
 
 
@@ -69,14 +70,6 @@ def add_parser(subparsers):
     i.add_argument("file", metavar="FILE")
     i.set_defaults(run=run)
     return p
-
-
-def _progress_flags(p):
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--progress", dest="progress", action="store_true", default=None,
-                   help="draw the progress bar even when stderr is not a terminal")
-    g.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="never draw the progress bar")
 
 
 class Progress:

@@ -167,6 +167,15 @@ def engine_params(args: argparse.Namespace) -> dict:
     return params
 
 
+def add_progress_flags(parser: argparse.ArgumentParser) -> None:
+    """``--progress`` / ``--no-progress`` (dest ``progress``: None = only on a terminal)."""
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="draw the progress bar even when stderr is not a terminal")
+    g.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="never draw the progress bar")
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (argparse turns the ValueError into a one-line error)."""
     value = int(text)

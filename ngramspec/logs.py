@@ -1,0 +1,312 @@
+"""Request logs as `traces.Request` lists: token traces, OpenAI-style chat logs, text pairs.
+
+Three JSONL formats (``.gz`` too), one request per line:
+
+* **trace**: ngramspec's token traces (``prompt`` and ``output`` lists of token ids), read by
+  `ngramspec.traces.read_requests`, exactly as ``replay`` reads them.
+* **chat**: OpenAI-style chat logs, the way servers and proxies record them. The conversation is
+  ``messages`` (at the top level or under ``request``); the reply is either a ``response`` /
+  ``completion`` (a string, a message, or a chat-completion object with ``choices``), a top-level
+  ``choices`` list, or, failing those, the last message when it is the assistant's. Content is a
+  string or a list of ``{"type": "text", "text": ...}`` parts; an assistant message's
+  ``tool_calls`` are appended to its text as ``<tool_call>\\n{"name": ..., "arguments": ...}\\n
+  </tool_call>`` (how ``../shared/traces`` renders them).
+* **text**: plain pairs, ``{"prompt": "...", "response": "..."}`` (``completion`` or ``output``
+  also name the reply).
+
+Text is tokenized with the target model's tokenizer, loaded vocabulary-only (no weights): the
+chat prompt is the model's own chat template with the generation prompt, tokenized with special
+tokens parsed (as llama-server tokenizes a templated chat request); a text prompt is tokenized as
+llama-server's ``/completion`` does (special tokens parsed, BOS where the model wants it); the
+reply is plain text (no BOS, no special tokens), what the model produced. Every problem is a
+`TraceError` naming the file and the line.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ngramspec.traces import Request, TraceError, iter_json_lines, read_requests
+
+__all__ = ["FORMATS", "Tokenizer", "detect_format", "read_log", "read_logs"]
+
+FORMATS = ("auto", "trace", "chat", "text")
+_REPLY_KEYS = ("response", "completion", "output")
+
+
+class Tokenizer:
+    """The target model's tokenizer (``llama_cpp.Llama(model_path, vocab_only=True)``).
+
+    Parameters
+    ----------
+    model_path : str, optional
+        GGUF file; default the embedded SmolLM2-135M (`ngramspec.model.default_model_path`).
+
+    Notes
+    -----
+    Memory: the vocabulary and the GGUF metadata only (a few MiB), no weights.
+
+    Thread-safety: one thread at a time (llama.cpp's tokenizer is not documented as
+    reentrant); make one per thread or process.
+    """
+
+    def __init__(self, model_path: Optional[str] = None):
+        try:
+            import llama_cpp
+        except ImportError:
+            raise ValueError("chat logs and text pairs are tokenized with llama-cpp-python: "
+                             "pip install 'ngramspec[live]'") from None
+        if model_path is None:
+            from ngramspec.model import default_model_path
+            model_path = default_model_path()      # ModelNotFoundError names --model
+        if not os.path.isfile(model_path):
+            raise FileNotFoundError(2, "--model: no such file", model_path)
+        try:
+            self.llm = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
+        except Exception as exc:    # llama_cpp raises ValueError/RuntimeError for bad files
+            raise ValueError(f"--model {model_path}: cannot load the tokenizer ({exc})") from None
+        self.model_path = model_path
+
+    def _ids(self, text: str, add_bos: bool, special: bool) -> np.ndarray:
+        toks = self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+        return np.asarray(toks, dtype=np.int32)
+
+    def text(self, ids: Sequence[int], special: bool = False) -> str:
+        """The text of token ids; `special` renders control tokens (``<|im_start|>``) too.
+
+        Each piece gets a buffer as long as it needs: llama-cpp-python's own ``detokenize``
+        drops pieces longer than 32 bytes (such as a newline and 36 spaces, one token here).
+        """
+        import ctypes
+        import llama_cpp
+        vocab = self.llm._model.vocab
+        buf = ctypes.create_string_buffer(64)
+        out = bytearray()
+        for t in ids:
+            n = llama_cpp.llama_token_to_piece(vocab, int(t), buf, len(buf), 0, special)
+            if n < 0:            # -n is the size the piece needs
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(vocab, int(t), buf, len(buf), 0, special)
+            out += buf.raw[:n]
+        return out.decode("utf-8", errors="replace")
+
+    def chat_prompt(self, messages: Sequence[dict]) -> np.ndarray:
+        """The prompt of a chat request: the chat template, generation prompt included.
+        ValueError when the model has no template or the template rejects the messages."""
+        import jinja2
+        from ngramspec.live import tokenize_chat
+        if not self.llm.metadata.get("tokenizer.chat_template"):
+            raise ValueError(f"{self.model_path}: the model has no chat template "
+                             f"(tokenizer.chat_template)")
+        try:
+            return tokenize_chat(self.llm, messages)
+        except (jinja2.TemplateError, ValueError) as exc:   # raise_exception() raises ValueError
+            raise ValueError(f"the chat template rejects the messages ({exc})") from None
+
+    def text_prompt(self, text: str) -> np.ndarray:
+        """A raw completion prompt, as llama-server's ``/completion`` tokenizes it."""
+        return self._ids(text, bool(self.llm._model.add_bos_token()), True)
+
+    def reply(self, text: str) -> np.ndarray:
+        """What the model produced: plain text, no BOS, special-token text kept as text."""
+        return self._ids(text, False, False)
+
+
+def detect_format(path: str) -> str:
+    """'trace', 'chat' or 'text', from the file's first JSON object; TraceError otherwise."""
+    for lineno, obj in iter_json_lines(path):
+        return _format_of(obj, path, lineno)
+    raise TraceError(f"{path}: no requests (the file is empty)")
+
+
+def _format_of(obj: dict, path: str, lineno: int) -> str:
+    if "messages" in obj or isinstance(obj.get("request"), dict):
+        return "chat"
+    prompt = obj.get("prompt")
+    if isinstance(prompt, list):
+        return "trace"
+    if isinstance(prompt, str):
+        return "text"
+    raise TraceError(f"{path}:{lineno}: cannot tell the log format: expected 'prompt' and "
+                     f"'output' token-id lists (trace), 'messages' (chat log), or 'prompt' and "
+                     f"'response' strings (text pair)")
+
+
+def _text(content, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and part.get("type", "text") == "text" \
+                    and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                raise ValueError(f"{where}: content part {i} is not text (only text parts can "
+                                 f"be tokenized)")
+        return "".join(parts)
+    raise ValueError(f"{where}: 'content' must be a string or a list of text parts, got "
+                     f"{type(content).__name__}")
+
+
+def _tool_calls(calls, where: str) -> str:
+    if not isinstance(calls, list):
+        raise ValueError(f"{where}: 'tool_calls' must be a list")
+    out = []
+    for i, call in enumerate(calls):
+        fn = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ValueError(f"{where}: tool call {i} has no function name")
+        args = fn.get("arguments", "")
+        if not isinstance(args, str):
+            args = json.dumps(args)
+        out.append(f'<tool_call>\n{{"name": {json.dumps(fn["name"])}, "arguments": {args}}}'
+                   f"\n</tool_call>")
+    return "\n".join(out)
+
+
+def _message(msg, where: str) -> dict:
+    """A message as the chat template takes it: role and text content."""
+    if not isinstance(msg, dict):
+        raise ValueError(f"{where}: a message must be an object with 'role' and 'content'")
+    role = msg.get("role")
+    if not isinstance(role, str) or not role:
+        raise ValueError(f"{where}: 'role' must be a non-empty string")
+    if "content" not in msg and "tool_calls" not in msg:
+        raise ValueError(f"{where}: missing field 'content'")
+    text = _text(msg.get("content"), where)
+    if msg.get("tool_calls"):
+        calls = _tool_calls(msg["tool_calls"], where)
+        text = f"{text}\n{calls}" if text else calls
+    return {"role": role, "content": text}
+
+
+def _reply_message(reply, where: str):
+    """The assistant message of a logged response (string, message or chat completion)."""
+    if isinstance(reply, str):
+        return {"role": "assistant", "content": reply}
+    if isinstance(reply, dict) and "choices" in reply:
+        reply = reply["choices"]
+    if isinstance(reply, list):
+        if not reply or not isinstance(reply[0], dict):
+            raise ValueError(f"{where}: 'choices' must be a non-empty list of choices")
+        reply = reply[0].get("message", reply[0].get("text"))
+        if isinstance(reply, str):
+            return {"role": "assistant", "content": reply}
+    if not isinstance(reply, dict):
+        raise ValueError(f"{where}: expected a string, a message or a chat completion "
+                         f"with 'choices'")
+    return reply
+
+
+def parse_chat_record(obj: dict) -> tuple[list[dict], str]:
+    """(prompt messages, reply text) of one chat-log object; ValueError says what is wrong."""
+    req = obj["request"] if isinstance(obj.get("request"), dict) else obj
+    messages = req.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("field 'messages' must be a non-empty list of messages")
+    reply = None
+    for key in ("response", "completion", "choices"):
+        source = obj if key in obj else (req if key in req else None)
+        if source is not None and source[key] is not None:
+            reply = _message(_reply_message(source[key], f"field {key!r}"), f"field {key!r}")
+            break
+    if reply is None:
+        last = messages[-1]
+        if not isinstance(last, dict) or last.get("role") != "assistant":
+            raise ValueError("no assistant reply: give 'response' (or 'choices') or end "
+                             "'messages' with the assistant's message")
+        messages = messages[:-1]
+        reply = _message(last, f"message {len(messages)}")
+        if not messages:
+            raise ValueError("'messages' holds only the assistant's reply, no prompt")
+    prompt = [_message(m, f"message {i}") for i, m in enumerate(messages)]
+    return prompt, reply["content"]
+
+
+def _text_pair(obj: dict) -> tuple[str, str]:
+    prompt = obj.get("prompt")
+    if not isinstance(prompt, str):
+        raise ValueError("field 'prompt' must be a string")
+    for key in _REPLY_KEYS:
+        if key in obj:
+            if not isinstance(obj[key], str):
+                raise ValueError(f"field {key!r} must be a string")
+            return prompt, obj[key]
+    raise ValueError("missing field 'response' (or 'completion' / 'output')")
+
+
+def read_log(path: str, fmt: str = "auto", limit: Optional[int] = None,
+             tokenizer: Optional[Callable[[], Tokenizer]] = None) -> list[Request]:
+    """The first `limit` requests (all when None) of one log file.
+
+    Parameters
+    ----------
+    path : str
+        ``.jsonl`` or ``.jsonl.gz``.
+    fmt : {'auto', 'trace', 'chat', 'text'}
+        'auto' decides from the first line.
+    limit : int, optional
+    tokenizer : callable, optional
+        Returns the `Tokenizer` for chat logs and text pairs; called only when one is needed
+        (default: ``Tokenizer()``, the embedded model).
+
+    Raises
+    ------
+    TraceError
+        ``FILE:LINE: what is wrong`` for a malformed line; ``FILE: ...`` for the file.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r}: allowed {', '.join(FORMATS)}")
+    if fmt == "auto":
+        fmt = detect_format(path)
+    if fmt == "trace":
+        return read_requests(path, limit)
+    tok = None
+    requests = []
+    for lineno, obj in iter_json_lines(path):
+        if limit is not None and len(requests) >= limit:
+            break
+        try:
+            if fmt == "chat":
+                messages, reply = parse_chat_record(obj)
+            else:
+                prompt_text, reply = _text_pair(obj)
+        except ValueError as exc:
+            raise TraceError(f"{path}:{lineno}: {exc}") from None
+        if tok is None:
+            tok = (tokenizer or Tokenizer)()
+        try:
+            prompt = tok.chat_prompt(messages) if fmt == "chat" else tok.text_prompt(prompt_text)
+        except ValueError as exc:
+            raise TraceError(f"{path}:{lineno}: {exc}") from None
+        output = tok.reply(reply)
+        if len(output) == 0:
+            raise TraceError(f"{path}:{lineno}: the reply is empty")
+        rid = str(obj.get("id", f"{os.path.basename(path)}#{len(requests)}"))
+        requests.append(Request(rid, prompt, output, {"format": fmt}))
+    return requests
+
+
+def read_logs(paths: Sequence[str], fmt: str = "auto", limit: Optional[int] = None,
+              model_path: Optional[str] = None) -> tuple[list[Request], Optional[Tokenizer]]:
+    """Every file's first `limit` requests, in order, and the tokenizer if one was loaded
+    (one for all files, loaded at the first text line)."""
+    loaded: list[Tokenizer] = []
+
+    def tokenizer() -> Tokenizer:
+        if not loaded:
+            loaded.append(Tokenizer(model_path))
+        return loaded[0]
+
+    requests: list[Request] = []
+    for path in paths:
+        requests.extend(read_log(path, fmt, limit, tokenizer))
+    return requests, (loaded[0] if loaded else None)
