@@ -200,6 +200,9 @@ class Scheduler:
 
         self._engine, self.spec_types = self._build_engine(spec_type, spec_params, draft_model)
         self._engines: Dict[tuple, object] = {}
+        self._draft_proposer = next((p for p in (self._engine.proposers if self._engine else ())
+                                     if p.name == "draft-simple"), None)
+        self._draft_p_min = getattr(self._draft_proposer, "p_min", 0.0)
         self._slots = [_Slot(i, self.n_ctx_slot) for i in range(self.n_slots)]
         self._queue: deque = deque()
         self._active: List[_Request] = []     # admitted, in admission order
@@ -504,8 +507,15 @@ class Scheduler:
         # Drafts of all generating slots must fit the batch with room kept for prompts.
         reserve = min(PREFILL_RESERVE, self.n_batch // 4) if pre else 0
         self._draft_cap = max(0, (self.n_batch - reserve) // max(1, len(gen)) - 1)
+        dp = self._draft_proposer
         for r in gen:
-            draft = r.loop.propose()
+            if dp is not None and r.spec.p_min is not None:
+                # the request's own p_min for this draft call (the decode thread owns dp)
+                dp.p_min = r.spec.p_min
+                draft = r.loop.propose()
+                dp.p_min = self._draft_p_min
+            else:
+                draft = r.loop.propose()
             r.draft = draft
             toks = np.empty(len(draft) + 1, dtype=np.int32)
             toks[0] = r.loop.sampled
