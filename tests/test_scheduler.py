@@ -314,3 +314,22 @@ def test_draft_model_alongside(llm, prompts):
         assert r.draft_n == 0 and s.stats()["proposers"]["draft-simple"]["drafted"] == before
         with pytest.raises(ValueError, match="speculation.p_min"):
             s.submit(ps[0][0], speculation=SpeculationParams(p_min=2.0))
+
+
+def test_auto_policy_keeps_greedy_output(llm, prompts):
+    """policy "auto": drafts cut to the joint cost-aware lengths; the output is unchanged."""
+    with Scheduler(llm, n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1, policy="auto",
+                   spec_type="ngram-simple,ngram-mod",
+                   spec_params=dict(ngram_simple_size_n=3, ngram_simple_size_m=8,
+                                    ngram_mod_n_match=8, ngram_mod_n_min=2,
+                                    ngram_mod_n_max=16)) as s:
+        assert s._cost.calibrated  # measured at start
+        ps = [prompts[4], prompts[3]]
+        hs = [s.submit(p, SamplingParams(max_tokens=n)) for p, n in ps]
+        for (p, n), h in zip(ps, hs):
+            assert_greedy_equal(llm, p, h.result(timeout=300).tokens,
+                                generate_plain(llm, p, n_predict=n).output_tokens)
+        st = s.stats()
+        # the proposers' drafts (whole) against what the steps verified (cut)
+        drafted = sum(v["drafted"] for v in st["proposers"].values())
+        assert st["draft_tokens"] <= drafted and s._accept_prior.tried[0] > 0
