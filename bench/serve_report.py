@@ -1,7 +1,8 @@
 """Aggregate throughput of the batched scheduler: C concurrent clients, speculative against plain.
 
     python bench/serve_report.py [--clients 1,2,4,8] [--rounds 3] [--requests 2] [--n-predict 128]
-                                 [--code 4] [--chat 4] [--json FILE] [--md FILE]
+                                 [--code 4] [--code-max 1800] [--chat 4]
+                                 [--json FILE] [--md FILE]
 
 Each client sends its requests one after another (a closed loop, as a chat user or an agent
 does); C clients run at once against one `ngramspec.llama.Scheduler` with ``n_slots = max(C)``,
@@ -79,8 +80,8 @@ def run(llm, prompts, clients, n_requests, n_predict, n_slots, n_ctx_slot, confi
 
 
 def measure(args):
-    reqs = load_prompts(args.code, args.chat, code_range=(300, args.n_ctx_slot - args.n_predict
-                                                          - 16), chat_range=(20, 400))
+    code_max = min(args.code_max, args.n_ctx_slot - args.n_predict - 16)
+    reqs = load_prompts(args.code, args.chat, code_range=(300, code_max), chat_range=(20, 400))
     prompts = [r.prompt for _, r in reqs]
     llm = load_model(n_ctx=64, n_threads=1)
     configs = [c for c in args.configs.split(",")]
@@ -160,6 +161,7 @@ def main(argv=None):
     ap.add_argument("--n-predict", type=int, default=128)
     ap.add_argument("--n-ctx-slot", type=int, default=2048)
     ap.add_argument("--code", type=int, default=4)
+    ap.add_argument("--code-max", type=int, default=1800, help="longest code-edit prompt")
     ap.add_argument("--chat", type=int, default=4)
     ap.add_argument("--json")
     ap.add_argument("--md")

@@ -250,7 +250,8 @@ class Scheduler:
             from ngramspec import SpecEngine
             props = [p for p in self._engine.proposers if p.name in key]
             eng = SpecEngine.from_proposers(props, n_slots=self.n_slots)
-            self._engines[key] = eng
+            with self._cond:  # stats() reads the dict from other threads
+                self._engines[key] = eng
         return eng
 
     # -- public API ----------------------------------------------------------------------------
@@ -450,6 +451,19 @@ class Scheduler:
             self._cond.notify_all()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # never leave a waiting client behind
+            log.exception("the scheduler's decode thread failed")
+            with self._cond:
+                self._stopping = True
+                pending = list(self._queue) + list(self._active)
+                self._queue.clear()
+            for r in pending:
+                self._finish(r, "error", error=exc)
+            raise
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while (not self._active and not self._queue and not self._stopping):
