@@ -333,3 +333,18 @@ def test_auto_policy_keeps_greedy_output(llm, prompts):
         # the proposers' drafts (whole) against what the steps verified (cut)
         drafted = sum(v["drafted"] for v in st["proposers"].values())
         assert st["draft_tokens"] <= drafted and s._accept_prior.tried[0] > 0
+
+
+def test_logit_bias_and_ignore_eos(sched, prompts):
+    p, _ = prompts[3]
+    plain = sched.submit(p, SamplingParams(max_tokens=8)).result(timeout=120).tokens
+    banned = plain[1]
+    res = sched.submit(p, SamplingParams(max_tokens=8, logit_bias={banned: float("-inf")})
+                       ).result(timeout=120)
+    assert res.tokens[0] == plain[0] and banned not in res.tokens
+    eos = sched.tokenize("<|im_end|>", add_bos=False)[0]
+    res = sched.submit(p, SamplingParams(max_tokens=8, ignore_eos=True,
+                                         logit_bias={eos: 100.0})).result(timeout=120)
+    assert res.finish_reason == "length" and eos not in res.tokens  # banned despite the bias
+    res = sched.submit(p, SamplingParams(max_tokens=8, logit_bias={eos: 100.0})).result(timeout=120)
+    assert res.tokens == [eos] and res.finish_reason == "stop" and res.text == ""
