@@ -225,7 +225,7 @@ class Scheduler:
 
     def _build_engine(self, spec_type, spec_params, draft_model):
         from ngramspec import SpecEngine
-        from ngramspec.spec_types import parse_types
+        from ngramspec.registry import parse_types
         types = [t for t in parse_types(spec_type) if t != "none"]
         params = dict(spec_params or {})
         if draft_model is not None:
