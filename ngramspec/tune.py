@@ -38,10 +38,7 @@ import numpy as np
 from ngramspec.cost import modeled_speedup
 from ngramspec.policy import POLICIES
 from ngramspec.replay import replay
-try:
-    from ngramspec.registry import TYPES as _TYPES, all_params, parse_types
-except ImportError:     # before d-structure's registry.py (spec_types.py); drop once merged
-    from ngramspec.spec_types import REGISTRY as _TYPES, all_params, parse_types
+from ngramspec.registry import TYPES as _TYPES, all_params, parse_types
 from ngramspec.traces import Request
 
 __all__ = ["type_param_names", "GRIDS", "NGRAMSPEC_GRIDS", "LLAMA_TYPES", "NGRAMSPEC_OPTIONS", "Config", "Entry",
