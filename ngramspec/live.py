@@ -24,7 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 __all__ = [
-    "GenerationResult", "DivergenceReport", "load_model", "tokenize_prompt", "detokenize",
+    "GenerationResult", "DivergenceReport", "load_model", "tokenize_prompt", "tokenize_chat",
+    "render_chat", "detokenize",
     "generate_speculative", "generate_plain", "first_divergence", "divergence_report",
 ]
 
@@ -104,21 +105,49 @@ def tokenize_prompt(llm, text: str, *, chat: bool = False) -> np.ndarray:
     numpy.ndarray of int32
     """
     if chat:
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-        template = llm.metadata.get("tokenizer.chat_template")
-        if not template:
-            raise ValueError("--chat: the model has no chat template (tokenizer.chat_template)")
-        eos, bos = llm.token_eos(), llm.token_bos()
-        fmt = Jinja2ChatFormatter(
-            template=template,
-            eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
-            bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
-            add_generation_prompt=True)
-        rendered = fmt(messages=[{"role": "user", "content": text}]).prompt
-        # The template writes BOS itself where the model wants one.
-        toks = llm.tokenize(rendered.encode("utf-8"), add_bos=False, special=True)
-    else:
-        toks = llm.tokenize(text.encode("utf-8"), add_bos=llm._model.add_bos_token(), special=True)
+        return tokenize_chat(llm, [{"role": "user", "content": text}])
+    toks = llm.tokenize(text.encode("utf-8"), add_bos=llm._model.add_bos_token(), special=True)
+    return np.asarray(toks, dtype=np.int32)
+
+
+def render_chat(llm, messages: Sequence[Dict[str, Any]]) -> str:
+    """``messages`` rendered with the GGUF's own chat template, generation prompt included.
+
+    Parameters
+    ----------
+    llm : llama_cpp.Llama
+    messages : sequence of dict
+        OpenAI-style messages (``{"role": ..., "content": str}``).
+
+    Raises
+    ------
+    ValueError
+        The model has no chat template (``tokenizer.chat_template``).
+    jinja2.TemplateError
+        The template rejects the messages (e.g. roles that do not alternate).
+    """
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        raise ValueError("the model has no chat template (tokenizer.chat_template)")
+    eos, bos = llm.token_eos(), llm.token_bos()
+    fmt = Jinja2ChatFormatter(
+        template=template,
+        eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
+        bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
+        add_generation_prompt=True)
+    return fmt(messages=list(messages)).prompt
+
+
+def tokenize_chat(llm, messages: Sequence[Dict[str, Any]]) -> np.ndarray:
+    """Tokens of ``messages`` rendered with the chat template (:func:`render_chat`).
+
+    Returns
+    -------
+    numpy.ndarray of int32
+    """
+    # The template writes BOS itself where the model wants one.
+    toks = llm.tokenize(render_chat(llm, messages).encode("utf-8"), add_bos=False, special=True)
     return np.asarray(toks, dtype=np.int32)
 
 
