@@ -1,0 +1,96 @@
+"""A multi-sequence ``llama_batch`` whose arrays are numpy buffers (one vectorized fill per step).
+
+``llama_batch_init`` mallocs one ``seq_id`` array per token, which can only be filled token by
+token through ctypes; this batch instead points every token's ``seq_id`` at one element of a
+single numpy array, so a step's tokens, positions, sequence ids and output flags are four numpy
+slice assignments. The struct is passed to ``llama_decode`` by value and never freed by llama.cpp.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+__all__ = ["MultiSeqBatch"]
+
+
+class MultiSeqBatch:
+    """Up to ``capacity`` tokens, each in one sequence, with a per-token logits flag.
+
+    Fill with :meth:`add` (one run of consecutive positions of one sequence), decode with
+    :meth:`decode`; :meth:`clear` starts the next step.
+
+    Notes
+    -----
+    Memory: 17 bytes per token of capacity plus a pointer per token.
+
+    Thread-safety: not thread-safe; owned by the scheduler's decode thread.
+    """
+
+    def __init__(self, capacity: int):
+        import llama_cpp as lc
+        self._lc = lc
+        n = int(capacity)
+        if n < 1:
+            raise ValueError(f"n_batch = {n} is out of range: allowed >= 1")
+        self.capacity = n
+        self.token = np.zeros(n, dtype=np.int32)
+        self.pos = np.zeros(n, dtype=np.int32)
+        self.n_seq_id = np.ones(n, dtype=np.int32)
+        self.seq = np.zeros(n, dtype=np.int32)
+        self.logits = np.zeros(n, dtype=np.int8)
+        i32p = ctypes.POINTER(ctypes.c_int32)
+        base = self.seq.ctypes.data
+        self._seq_ptrs = (i32p * n)(*[ctypes.cast(base + 4 * i, i32p) for i in range(n)])
+        b = lc.llama_batch()
+        b.n_tokens = 0
+        b.token = self.token.ctypes.data_as(i32p)
+        b.embd = ctypes.cast(None, ctypes.POINTER(ctypes.c_float))
+        b.pos = self.pos.ctypes.data_as(i32p)
+        b.n_seq_id = self.n_seq_id.ctypes.data_as(i32p)
+        b.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(i32p))
+        b.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self._batch = b
+        self.n = 0
+
+    def clear(self) -> None:
+        self.n = 0
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.n
+
+    def add(self, seq_id: int, tokens, pos0: int, logits: str) -> int:
+        """Append ``tokens`` of sequence ``seq_id`` at positions ``pos0 ..``.
+
+        ``logits``: ``"all"`` (verification), ``"last"`` (last prompt chunk) or ``"none"``.
+        Returns the batch index of the first appended token.
+        """
+        m = len(tokens)
+        i = self.n
+        if m == 0 or i + m > self.capacity:
+            raise ValueError(f"batch overflow: {i} + {m} > {self.capacity}")
+        self.token[i:i + m] = tokens
+        self.pos[i:i + m] = np.arange(pos0, pos0 + m, dtype=np.int32)
+        self.seq[i:i + m] = seq_id
+        self.logits[i:i + m] = 1 if logits == "all" else 0
+        if logits == "last":
+            self.logits[i + m - 1] = 1
+        self.n = i + m
+        return i
+
+    def decode(self, ctx) -> np.ndarray:
+        """One ``llama_decode`` of the batch; returns the output rows (batch order of the tokens
+        with a logits flag) as a ``(n_out, n_vocab)`` view, valid until the next decode."""
+        self._batch.n_tokens = self.n
+        rc = self._lc.llama_decode(ctx, self._batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}"
+                               + (" (no KV cache slot for the batch)" if rc == 1 else ""))
+        n_out = int(np.count_nonzero(self.logits[:self.n]))
+        if n_out == 0:
+            return np.empty((0, 0), dtype=np.float32)
+        model = self._lc.llama_get_model(ctx)
+        n_vocab = int(self._lc.llama_vocab_n_tokens(self._lc.llama_model_get_vocab(model)))
+        ptr = self._lc.llama_get_logits(ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, n_vocab))
