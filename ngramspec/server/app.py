@@ -30,14 +30,38 @@ log = logging.getLogger("ngramspec.server")
 # Request fields -> SamplingParams fields (same names, by design of both APIs).
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
                    "repeat_last_n", "frequency_penalty", "presence_penalty", "ignore_eos")
-_FLOAT_FIELDS = {"temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
-                 "presence_penalty"}
 # SpeculationParams fields -> request field names.
 SPECULATION_FIELDS = {"enabled": "speculative.enabled", "types": "speculative.type",
                       "n_max": "speculative.n_max", "n_min": "speculative.n_min",
                       "p_min": "speculative.p_min", "policy": "speculative.policy"}
 # Completion.finish_reason -> OpenAI's (a full context is a length limit to the client).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+
+
+@contextlib.contextmanager
+def _errors_as_400(prompt_field: str, sampling_names: dict):
+    """Turn the scheduler's parameter errors (ValueError/TypeError naming the field) into a 400
+    naming the request's field: ``speculation.n_max`` -> ``speculative.n_max``,
+    ``prompt_tokens`` -> ``prompt``/``messages``, a sampling field -> its request name."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        msg = " ".join(str(exc).split())
+        m = re.match(r"speculation\.(\w+)(.*)$", msg)
+        if m:
+            param = SPECULATION_FIELDS.get(m.group(1), "speculative")
+            raise FieldError(param, param + m.group(2)) from None
+        if msg.startswith("policy "):
+            raise FieldError("speculative.policy", msg) from None
+        if msg.startswith("prompt_tokens"):
+            code = "context_length_exceeded" if "does not fit" in msg else None
+            raise FieldError(prompt_field, prompt_field + msg[len("prompt_tokens"):],
+                             code=code) from None
+        name = _named_field(msg, sampling_names)
+        if name is None:
+            raise FieldError("body", msg) from None
+        param = sampling_names[name]
+        raise FieldError(param, msg if name == param else f"{param}: {msg}") from None
 
 
 def _named_field(message: str, candidates) -> Optional[str]:
@@ -59,8 +83,8 @@ class _Config:
         self.defaults = dict(defaults)
         self.n_predict = n_predict
         self.created = int(time.time())
-        self.n_slots = int(getattr(scheduler, "n_slots", 1))
-        self.n_ctx_slot = int(scheduler.n_ctx_slot)
+        self.n_slots = scheduler.n_slots
+        self.n_ctx_slot = scheduler.n_ctx_slot
 
 
 def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[str] = None,
@@ -100,16 +124,18 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
     """
     keys = [k.strip() for k in (api_key or "").split(",") if k.strip()]
     cfg = _Config(scheduler, model_name, keys, defaults or {}, n_predict)
-    bridge = SchedulerBridge(scheduler, cfg.n_slots + int(getattr(scheduler, "queue_size", 64)))
+    bridge = SchedulerBridge(scheduler, scheduler.n_slots + scheduler.queue_size)
     metrics = ServerMetrics(scheduler, model_name)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if manage_scheduler:
             scheduler.start()
+        app.state.ready = True
         try:
             yield
         finally:
+            app.state.ready = False
             if manage_scheduler:
                 # Requests still running after uvicorn's graceful period are cancelled here.
                 await bridge.run(lambda: scheduler.stop(cancel=True, timeout=stop_timeout))
@@ -119,6 +145,7 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
                   description="OpenAI-compatible completions with draftless speculative "
                               "decoding under per-request control.")
     app.state.scheduler, app.state.metrics, app.state.bridge = scheduler, metrics, bridge
+    app.state.ready = False
     install_handlers(app)
 
     app.add_middleware(HTTPCountMiddleware, metrics=metrics)
@@ -143,18 +170,18 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
 
     @app.get("/health")
     async def health():
+        if not app.state.ready:
+            return error_response(503, "the server is starting or shutting down",
+                                  code="unavailable")
         st = scheduler.stats()
-        busy = int(st.get("slots_busy", 0))
-        if not getattr(scheduler, "running", True):
-            return error_response(503, "the scheduler is not running", code="unavailable")
-        return {"status": "ok", "slots_idle": cfg.n_slots - busy, "slots_processing": busy,
-                "queue_length": int(st.get("queue_length", 0))}
+        return {"status": "ok", "slots_idle": st["n_slots"] - st["slots_busy"],
+                "slots_processing": st["slots_busy"], "queue_length": st["queue_length"]}
 
     @app.get("/v1/models", response_model=schemas.ModelList)
     async def models():
         card = schemas.ModelCard(id=cfg.model_name, created=cfg.created, meta={
             "n_slots": cfg.n_slots, "n_ctx_slot": cfg.n_ctx_slot,
-            "spec_type": getattr(scheduler, "spec_type", None)})
+            "spec_types": list(scheduler.spec_types), "policy": scheduler.policy})
         return schemas.ModelList(data=[card])
 
     @app.get("/metrics", dependencies=[Depends(require_key)])
@@ -183,7 +210,8 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
     async def _generate(body, tokens: Sequence[int], prompt_field: str, request: Request,
                         chat: bool):
         sampling, speculation = _request_params(body, tokens, prompt_field)
-        handle = await bridge.submit(tokens, sampling, speculation)
+        with _errors_as_400(prompt_field, {n: n for n in SAMPLING_FIELDS + ("logit_bias",)}):
+            handle = await bridge.submit(tokens, sampling, speculation)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
             stream = _chat_stream if chat else _text_stream
@@ -192,6 +220,7 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
         done = await bridge.result(handle, request)
+        metrics.observe_completion(done)
         finish = FINISH_REASONS.get(done.finish_reason, "stop")
         usage, timings = _usage(done, len(tokens)), _timings(done)
         if chat:
@@ -206,60 +235,38 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
             usage=usage, timings=timings)
 
     def _request_params(body, tokens, prompt_field):
-        from ngramspec.llama.scheduler import SamplingParams, SpeculationParams
-        n_prompt = len(tokens)
-        if n_prompt == 0:
-            raise FieldError(prompt_field, "the prompt is empty")
-        if n_prompt >= cfg.n_ctx_slot:
-            raise FieldError(prompt_field,
-                             f"the prompt is {n_prompt} tokens, a slot's context holds "
-                             f"{cfg.n_ctx_slot} (the prompt and at least one output token); "
-                             "shorten the prompt or raise --ctx-size",
-                             code="context_length_exceeded")
+        from ngramspec.llama import SamplingParams, SpeculationParams
         max_field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) \
             is not None else "max_tokens"
         max_tokens = body.output_limit()
         if max_tokens is None:
             max_tokens = cfg.n_predict
-        if max_tokens == -1:
-            max_tokens = cfg.n_ctx_slot - n_prompt
-        elif not 1 <= max_tokens <= cfg.n_ctx_slot:
+        # The scheduler takes any count (-1: until the context is full); a count no slot can
+        # ever reach is a client error here.
+        if max_tokens > cfg.n_ctx_slot:
             raise FieldError(max_field, f"{max_tokens} is out of range: allowed 1 .. "
                                         f"{cfg.n_ctx_slot} (a slot's context), or -1 = until "
-                                        "the end of the context")
+                                        "the context is full")
         values = dict(cfg.defaults)
         for name in SAMPLING_FIELDS:
             value = getattr(body, name)
             if value is not None:
-                values[name] = float(value) if name in _FLOAT_FIELDS else value
+                values[name] = value
         if body.logit_bias:
-            values["logit_bias"] = {int(k): float(v) for k, v in body.logit_bias.items()}
+            values["logit_bias"] = {int(k): v for k, v in body.logit_bias.items()}
         values["stop"] = body.stop_strings()
         values["max_tokens"] = max_tokens
-        try:
+        names = {**{n: n for n in values}, "max_tokens": max_field}
+        with _errors_as_400(prompt_field, names):
             sampling = SamplingParams(**values)
-        except (ValueError, TypeError) as exc:
-            name = _named_field(str(exc), list(values)) or "body"
-            param = {"max_tokens": max_field}.get(name, name)
-            raise FieldError(param, str(exc)) from None
         spec = body.speculative_options()
-        speculation = None
-        if spec is not None:
-            kw = {"enabled": spec.enabled if spec.enabled is not None else True,
-                  "types": spec.types(), "n_max": spec.n_max, "n_min": spec.n_min,
-                  "p_min": float(spec.p_min) if spec.p_min is not None else None,
-                  "policy": spec.policy}
-            try:
-                speculation = SpeculationParams(**kw)
-                check = getattr(scheduler, "check_speculation", None)
-                if check is not None:
-                    check(speculation)
-            except (ValueError, TypeError) as exc:
-                name = _named_field(str(exc), ["types", "type", "n_max", "n_min", "p_min",
-                                               "policy", "enabled"])
-                param = SPECULATION_FIELDS.get(name, f"speculative.{name}" if name
-                                               else "speculative")
-                raise FieldError(param, str(exc)) from None
+        if spec is None:
+            return sampling, None
+        with _errors_as_400(prompt_field, names):
+            speculation = SpeculationParams(
+                enabled=spec.enabled if spec.enabled is not None else True,
+                types=spec.types(), n_max=spec.n_max, n_min=spec.n_min, p_min=spec.p_min,
+                policy=spec.policy)
         return sampling, speculation
 
     def _usage(done, n_prompt):
@@ -278,6 +285,7 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
                 elif piece.text:
                     yield _sse(envelope([choice(piece.text, None)]))
             done = await bridge.result(handle)
+            metrics.observe_completion(done)
         except Exception as exc:  # the response has started: report in the stream, as OpenAI
             log.exception("stream failed")
             body = error_body(f"generation failed: {type(exc).__name__}: {exc}",

@@ -57,14 +57,18 @@ class SchedulerBridge:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def submit(self, prompt_tokens, sampling, speculation):
-        """Submit a request; QueueFull becomes a 503."""
-        from ngramspec.llama.scheduler import QueueFull
+        """Submit a request; a full queue or a stopped scheduler is a 503 (parameter errors
+        propagate as the scheduler raises them)."""
+        from ngramspec.llama import QueueFull
         try:
             return await self.run(lambda: self.scheduler.submit(
                 prompt_tokens, sampling=sampling, speculation=speculation))
         except QueueFull as exc:
-            raise APIError(503, f"the server is busy: {exc or 'the request queue is full'}; "
-                                "retry later", code="queue_full") from None
+            raise APIError(503, f"the server is busy: {exc}; retry later",
+                           code="queue_full") from None
+        except RuntimeError as exc:  # stopped (shutting down)
+            raise APIError(503, f"the server is shutting down: {exc}",
+                           code="unavailable") from None
 
     async def result(self, handle, request: Optional[Request] = None):
         """The request's `Completion`; cancels it if the client disconnects first."""

@@ -45,10 +45,12 @@ class APIError(Exception):
 
 
 class FieldError(APIError):
-    """A 400 about one request field; the message is prefixed with the field's name."""
+    """A 400 about one request field; the message starts with the field's name."""
 
     def __init__(self, param: str, message: str, *, code: Optional[str] = None):
-        super().__init__(400, f"{param}: {message}", param=param, code=code)
+        if not message.startswith(param):
+            message = f"{param}: {message}"
+        super().__init__(400, message, param=param, code=code)
 
 
 def error_body(message: str, *, type: str, param: Optional[str] = None,
