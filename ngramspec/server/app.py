@@ -336,16 +336,19 @@ def _chat_tokens(llm, messages):
 
 
 def _timings(done) -> schemas.Timings:
+    """llama-server's timings: ``prompt_n`` counts the prompt tokens decoded, ``cache_n`` those
+    reused from the slot's KV cache."""
     def per_second(n, ms):
         return n / ms * 1e3 if ms > 0 else 0.0
 
     def per_token(n, ms):
         return ms / n if n > 0 else 0.0
 
+    prompt_n = done.prompt_n - done.prompt_cached_n
     return schemas.Timings(
-        cache_n=done.prompt_cached_n, prompt_n=done.prompt_n, prompt_ms=done.prompt_ms,
-        prompt_per_token_ms=per_token(done.prompt_n, done.prompt_ms),
-        prompt_per_second=per_second(done.prompt_n, done.prompt_ms),
+        cache_n=done.prompt_cached_n, prompt_n=prompt_n, prompt_ms=done.prompt_ms,
+        prompt_per_token_ms=per_token(prompt_n, done.prompt_ms),
+        prompt_per_second=per_second(prompt_n, done.prompt_ms),
         predicted_n=done.predicted_n, predicted_ms=done.predicted_ms,
         predicted_per_token_ms=per_token(done.predicted_n, done.predicted_ms),
         predicted_per_second=per_second(done.predicted_n, done.predicted_ms),

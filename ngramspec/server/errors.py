@@ -94,7 +94,9 @@ def _validation_message(err: dict) -> tuple:
     msg = err.get("msg", "invalid value")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
-    if kind == "missing":
+    if kind == "missing" and param is None:
+        msg = "the request body must be a JSON object"
+    elif kind == "missing":
         msg = "this field is required"
     elif kind == "extra_forbidden":
         msg = "unknown field"
@@ -108,9 +110,15 @@ def _validation_message(err: dict) -> tuple:
 
 async def _on_validation_error(request: Request, exc: RequestValidationError):
     errors = list(exc.errors())
-    # The most specific error (deepest location) of the first field that failed.
-    first = loc_to_param(errors[0].get("loc", ())) if errors else None
-    same = [e for e in errors if loc_to_param(e.get("loc", ())) == first] or errors
+
+    def field(err):
+        loc = [x for x in err.get("loc", ()) if x != "body"]
+        return loc[0] if loc else None
+
+    # The most specific error (deepest location) of the first field that failed: for a union
+    # such as prompt (text or token ids), the member the input came closest to.
+    first = field(errors[0]) if errors else None
+    same = [e for e in errors if field(e) == first]
     best = max(same, key=lambda e: len(e.get("loc", ()))) if same else {}
     param, message = _validation_message(best)
     return error_response(400, message, param=param)
