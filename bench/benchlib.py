@@ -38,7 +38,8 @@ if any((ROOT / "ngramspec").glob("_core*.so")) and str(ROOT) not in sys.path:
 
 import ngramspec
 from ngramspec import ModPool, PyProposer, SpecEngine
-from ngramspec.replay import Timers, common_prefix, replay_request
+from ngramspec.loop import SlotLoop
+from ngramspec.replay import Timers, replay_request
 from ngramspec.traces import read_requests
 
 SHARED = pathlib.Path(os.environ.get("NGRAMSPEC_SHARED", ROOT.parent / "shared"))
@@ -232,31 +233,36 @@ class Plan:
         return sum(self.lengths)
 
 
+def replay_steps(engine, slot: int, tokens: np.ndarray, prompt_len: int):
+    """`tokens` as one request verified by the slot loop (``ngramspec.loop``): begin on the
+    first `prompt_len` tokens, then the rest is the recorded output. Yields ``(L, sampled,
+    draft, n_accepted)`` per step, L being the context length the draft call saw."""
+    loop = SlotLoop(engine, slot, tokens[:prompt_len], int(tokens[prompt_len]),
+                    capacity=len(tokens))
+    while not loop.done:
+        L, sampled = loop.n_context, loop.sampled
+        draft = loop.propose()
+        acc = loop.verify(tokens[L + 1:L + 2 + len(draft)])
+        yield L, sampled, draft, acc
+
+
 def make_plan(factory, ctx: Context, k: int = K, slot: int = 0) -> Plan:
     """Replay `ctx` on a fresh engine as ``ngramspec replay`` does and record every call."""
-    engine = factory()
     seq = ctx.tokens
-    engine.begin(slot, ctx.prompt)
-    L = ctx.prompt_len
     plan = Plan([], [], [])
-    while len(plan.steps) < k and L < ctx.size + ctx.window:
-        if L + 1 >= len(seq):
-            raise ValueError(f"context {ctx.label}: the replay ran past its {len(seq)} tokens")
-        sampled = int(seq[L])
-        view = seq[:L]
-        draft = engine.draft(slot, view, sampled)
-        acc = -1
-        if len(draft):
-            acc = common_prefix(draft, seq[L + 1:L + 1 + len(draft)])
-            engine.accept(slot, acc)
+    if ctx.prompt_len >= ctx.size + ctx.window:
+        return plan
+    for L, sampled, draft, acc in replay_steps(factory(), slot, seq, ctx.prompt_len):
+        step = (seq[:L], sampled, acc if len(draft) else -1)
         if L < ctx.size:
-            plan.warm.append((view, sampled, acc))
+            plan.warm.append(step)
         else:
-            plan.steps.append((view, sampled, acc))
+            plan.steps.append(step)
             plan.lengths.append(len(draft))
             plan.contexts.append(L)
-        L += 1 + max(acc, 0)
-    return plan
+        if len(plan.steps) >= k or L + 1 + acc >= ctx.size + ctx.window:
+            return plan
+    raise ValueError(f"context {ctx.label}: the replay ran past its {len(seq)} tokens")
 
 
 def prepare(factory, ctx: Context, plan: Plan, slot: int = 0):
@@ -468,17 +474,12 @@ def memprobe(configs, ctx_path: str, prompt_len: int, n_steps: int) -> list[dict
         rss1 = rss_bytes()
         engine = SpecEngine(PROPOSERS[name], n_slots=n_slots, pool=pool)
         for slot in range(n_slots):
-            engine.begin(slot, tokens[:prompt_len])
-            L, done = prompt_len, 0
-            while done < n_steps and L + 1 < len(tokens):
-                sampled = int(tokens[L])
-                d = engine.draft(slot, tokens[:L], sampled)
-                acc = 0
-                if len(d):
-                    acc = common_prefix(d, tokens[L + 1:L + 1 + len(d)])
-                    engine.accept(slot, acc)
+            L = prompt_len
+            for done, (L, _, _, acc) in enumerate(replay_steps(engine, slot, tokens,
+                                                               prompt_len)):
                 L += 1 + acc
-                done += 1
+                if done + 1 >= n_steps or L + 1 >= len(tokens):
+                    break
         rss2 = rss_bytes()
         keep.append((engine, pool))
         out.append({"name": name, "slots": n_slots, "context": int(L),

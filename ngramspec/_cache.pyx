@@ -24,7 +24,6 @@ from cython.operator cimport dereference as deref, preincrement as inc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp.utility cimport pair
 from libcpp.vector cimport vector
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from ngramspec._core cimport Proposer, token_t
 
@@ -1017,59 +1016,3 @@ def _draft_once(Proposer p, Py_ssize_t slot, inp, int sampled):
     out.resize(p.max_draft)
     k = p.c_draft(slot, &view[0] if view.shape[0] else &dummy, view.shape[0], sampled, out.data())
     return [out[i] for i in range(k)]
-
-
-cdef inline int64_t now_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
-
-
-def _replay_request(Proposer p, Py_ssize_t slot, prompt, output, list timings=None):
-    """The golden README's replay loop for one request on one proposer, calling the ``c_*``
-    methods directly (no engine). Returns ``(steps, drafts)`` as the golden files list them;
-    if ``timings`` is a list, the nanoseconds of each ``c_draft`` call are appended to it.
-    For tests and benchmarks; the engine's replay driver is the public way."""
-    P = _as_tokens(prompt, "prompt")
-    O = _as_tokens(output, "output")
-    cdef const token_t[::1] pv = P
-    cdef const token_t[::1] ov = O
-    cdef Py_ssize_t n_out = ov.shape[0], produced, k, n_acc, i
-    cdef vector[token_t] cache
-    cdef vector[token_t] out
-    cdef token_t sampled
-    cdef token_t dummy = 0
-    cdef int64_t t0
-    steps = []
-    drafts = []
-    cache.reserve(pv.shape[0] + n_out + 1)
-    for k in range(pv.shape[0]):
-        cache.push_back(pv[k])
-    out.resize(p.max_draft)
-    p.c_begin(slot, cache.data() if cache.size() else &dummy, cache.size())
-    if n_out == 0:
-        return steps, drafts
-    sampled = ov[0]
-    produced = 1
-    while produced < n_out:
-        t0 = now_ns()
-        k = p.c_draft(slot, cache.data() if cache.size() else &dummy, cache.size(), sampled,
-                      out.data())
-        if timings is not None:
-            timings.append(now_ns() - t0)
-        n_acc = 0
-        if k:
-            while n_acc < k and produced + n_acc < n_out and out[n_acc] == ov[produced + n_acc]:
-                n_acc += 1
-            p.c_accept(slot, n_acc, False)
-        steps.append([k, n_acc, 1])
-        drafts.append([out[i] for i in range(k)])
-        cache.push_back(sampled)
-        for i in range(n_acc):
-            cache.push_back(ov[produced + i])
-        produced += n_acc
-        if produced >= n_out:
-            break
-        sampled = ov[produced]
-        produced += 1
-    return steps, drafts

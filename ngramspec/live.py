@@ -6,12 +6,11 @@ to load the model and to tokenize. Verification is greedy: the draft is accepted
 position where the target's argmax differs, so the output is the plain greedy output (up to ties
 within float noise, see :func:`divergence_report`); only the speed changes.
 
-Per request (spec section 1.2): prompt pass, first token = argmax of the prompt's last logits (no
-speculation on that step), ``engine.begin(slot, prompt)`` once; then per iteration
-``n_draft_max = n_ctx - L - 2`` (and ``n_remaining - 1`` with ``n_predict``), one ``engine.draft``
-call when ``n_draft_max > 0``, one target decode of ``[sampled] + draft`` with logits at every
-position, ``engine.accept(slot, k)`` after every non-empty draft (also for k = 0), rejected
-positions removed from the KV cache, ``k + 1`` tokens emitted.
+Per request: prompt pass, first token = argmax of the prompt's last logits (no speculation on
+that step); then `ngramspec.loop.SlotLoop` runs llama-server's slot loop (begin, the
+``n_draft_max`` bound, draft, accept) with this module as its target: one decode of
+``[sampled] + draft`` with logits at every position, the argmax per position as the target's
+tokens, rejected positions removed from the KV cache, ``k + 1`` tokens emitted.
 """
 from __future__ import annotations
 
@@ -22,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
+
+from .loop import SlotLoop
 
 __all__ = [
     "GenerationResult", "DivergenceReport", "load_model", "tokenize_prompt", "tokenize_chat",
@@ -440,7 +441,7 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         Proposer chain; ``None`` runs the same loop without drafts.
     n_predict : int
         Output token limit; ``-1`` = until EOS or a full context. Bounds the drafts as
-        ``n_remaining - 1`` (spec 1.2).
+        ``n_remaining - 1`` (llama-server's ``server_slot::get_n_draft_max``).
     slot : int
         Engine slot (llama-server's ``seq_id``) used for this request.
     record_steps : bool
@@ -470,13 +471,10 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
     n_ctx = dec.n_ctx
     pc = time.perf_counter
 
-    kv = np.empty(n_ctx, dtype=np.int32)  # tokens in the target's KV cache: kv[:L]
-    L = prompt.size
-    kv[:L] = prompt
     out: List[int] = []
     steps: Optional[List[tuple]] = [] if record_steps else None
-    t_target = t_engine = 0.0
-    n_decodes = n_drafted = n_accepted = 0
+    t_target = 0.0
+    n_decodes = 0
 
     if n_predict == 0:
         res = GenerationResult([], "", int(prompt.size), "n_predict", 0.0, 0.0, 0.0,
@@ -486,32 +484,27 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         return res
     t0 = pc()
     sampled, reused = _prompt_pass(llm, dec, prompt)
-    if engine is not None:
-        # Part of the prompt phase: every proposer ingests the prompt (a draft model runs its
-        # own prompt pass here).
-        engine.begin(slot, prompt)
+    # Part of the prompt phase: every proposer ingests the prompt in begin() (a draft model runs
+    # its own prompt pass there).
+    loop = SlotLoop(engine, slot, prompt, sampled, n_ctx=n_ctx, n_predict=n_predict,
+                    capacity=n_ctx)
     t1 = pc()
     stats0 = engine.stats() if engine is not None else []
     out.append(sampled)
     stop = "eos" if dec.is_eog(sampled) else None
     if stop is None and 0 < n_predict <= len(out):
         stop = "n_predict"
-    empty = np.empty(0, dtype=np.int32)
 
     while stop is None:
+        L = loop.n_context
         if L >= n_ctx:  # no position left for `sampled`
             stop = "n_ctx"
             break
-        n_draft_max = n_ctx - L - 2
-        if n_predict > 0:
-            n_draft_max = min(n_draft_max, n_predict - len(out) - 1)
-        draft = empty
-        if engine is not None and n_draft_max > 0:
-            te = pc()
-            draft = engine.draft(slot, kv[:L], sampled, n_max=n_draft_max)
-            t_engine += pc() - te
+        sampled = loop.sampled
+        draft = loop.propose()
         m = len(draft)
 
+        # The live target: one decode of [sampled] + draft, the argmax at every position.
         tt = pc()
         batch = np.empty(m + 1, dtype=np.int32)
         batch[0] = sampled
@@ -520,43 +513,33 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         t_target += pc() - tt
         n_decodes += 1
 
-        k = 0
-        while k < m and target[k] == draft[k]:
-            k += 1
-        if m:
-            te = pc()
-            engine.accept(slot, k)
-            t_engine += pc() - te
-            n_drafted += m
-            n_accepted += k
+        k = loop.verify(target)
         if steps is not None:
             steps.append((L, sampled, [int(t) for t in draft], k))
-
-        kv[L] = sampled
-        kv[L + 1:L + 1 + k] = draft[:k]
-        L += 1 + k
         if k < m:
-            dec.seq_rm(L)  # rejected draft positions L .. L+m-k-1
+            dec.seq_rm(loop.n_context)  # rejected draft positions
 
         for t in list(draft[:k]) + [int(target[k])]:
             out.append(int(t))
-            # Tokens after a stop inside the accepted draft are dropped (spec 1.2, step 4).
+            # Tokens after a stop inside the accepted draft are dropped (llama-server's
+            # process_token stops the slot there).
             if dec.is_eog(t):
                 stop = "eos"
                 break
             if 0 < n_predict <= len(out):
                 stop = "n_predict"
                 break
-        sampled = int(target[k])
 
     t2 = pc()
+    t_engine = (loop.timers.draft_ns + loop.timers.accept_ns) / 1e9
     stats = engine.stats() if engine is not None else []
     t_draft_model = (_draft_time_us(stats) - _draft_time_us(stats0)) / 1e6
     res = GenerationResult(
         output_tokens=out, text=detokenize(llm, out), n_prompt=int(prompt.size), stop_reason=stop,
         t_prompt_s=t1 - t0, t_gen_s=t2 - t1, t_target_s=t_target,
         t_draft_model_s=t_draft_model, t_proposers_s=max(0.0, t_engine - t_draft_model),
-        n_target_decodes=n_decodes, n_drafted=n_drafted, n_accepted=n_accepted,
+        n_target_decodes=n_decodes, n_drafted=loop.n_draft_tokens,
+        n_accepted=loop.n_acc_tokens,
         stats=stats, stats_lines=list(engine.stats_lines()) if engine is not None else [],
         steps=steps, prompt_reused=reused)
     _finish(llm, dec, prompt.size)

@@ -17,10 +17,11 @@ llama-cpp-python's ``Llama.generate`` calls the draft model with ``input_ids`` =
 KV cache plus the last sampled token, i.e. ``inp + [sampled]`` in the spec's notation, and never
 says how much of the previous draft it accepted. The plug-in infers it from consecutive calls: when
 the new input extends the previous one by the previous draft's first ``k`` tokens plus one token,
-``k`` draft tokens were accepted and ``engine.accept(k)`` is called (after a non-empty draft, also
-for ``k = 0``). Any other input starts a new request: ``engine.begin(prompt)`` with ``inp``. A
-draft whose request ended (EOS, ``max_tokens``) before the next call gets no accept, as
-llama-cpp-python gives no signal for it.
+those ``k + 1`` tokens are the target's verdict on the previous draft, which the request's
+`ngramspec.loop.SlotLoop` verifies (``engine.accept(k)`` after a non-empty draft, also for
+``k = 0``) before it drafts again. Any other input starts a new request (a new loop:
+``engine.begin(prompt)`` with ``inp``). A draft whose request ended (EOS, ``max_tokens``) before
+the next call gets no accept, as llama-cpp-python gives no signal for it.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
+
+from .loop import SlotLoop
 
 __all__ = ["NgramspecDraftModel"]
 
@@ -74,13 +77,14 @@ class NgramspecDraftModel(LlamaDraftModel):
         self.n_calls = 0
         self.n_requests = 0
         self._prev: Optional[np.ndarray] = None      # last input_ids seen (inp + [sampled])
-        self._prev_draft = np.empty(0, dtype=np.int32)
+        self._loop: Optional[SlotLoop] = None         # the request in progress
 
     def _accepted(self, ids: np.ndarray) -> Optional[int]:
         """Draft tokens accepted since the previous call; None when ``ids`` starts a new request."""
-        prev, draft = self._prev, self._prev_draft
-        if prev is None:
+        prev, loop = self._prev, self._loop
+        if prev is None or loop is None:
             return None
+        draft = loop.pending_draft
         n, p = ids.size, prev.size
         k = n - p - 1
         if k < 0 or k > draft.size:
@@ -93,24 +97,19 @@ class NgramspecDraftModel(LlamaDraftModel):
         ids = np.array(input_ids, dtype=np.int32)  # a copy: Llama reuses its input_ids buffer
         self.n_calls += 1
         if ids.size < 2:  # nothing in the cache yet: no context to draft from
-            self._prev, self._prev_draft = None, np.empty(0, dtype=np.int32)
+            self._prev, self._loop = None, None
             return np.empty(0, dtype=np.intc)
-        inp, sampled = ids[:-1], int(ids[-1])
         k = self._accepted(ids)
         if k is None:
-            self.engine.begin(self.slot, inp)
+            self._loop = SlotLoop(self.engine, self.slot, ids[:-1], int(ids[-1]),
+                                  n_ctx=self.n_ctx or 0)
             self.n_requests += 1
-        elif self._prev_draft.size:
-            self.engine.accept(self.slot, k)
-        n_max = None
-        if self.n_ctx is not None:
-            n_max = self.n_ctx - inp.size - 2
-        if n_max is not None and n_max <= 0:
-            draft = np.empty(0, dtype=np.int32)  # llama-server makes no draft call then
         else:
-            draft = np.asarray(self.engine.draft(self.slot, inp, sampled, n_max=n_max),
-                               dtype=np.int32)
-        self._prev, self._prev_draft = ids, draft.copy()
+            # The target of the previous step: the accepted draft tokens, then its own token.
+            # llama-cpp-python may have cut the draft, so only the first k count as verified.
+            self._loop.verify(ids[self._prev.size:], n_verified=k)
+        draft = self._loop.propose()
+        self._prev = ids
         return draft.astype(np.intc)
 
     def stats(self) -> List[Dict[str, Any]]:

@@ -1,122 +1,51 @@
 """Offline verification: replay recorded token traces through an engine.
 
-The loop is llama-server's slot loop under greedy verification, as ``../shared/golden/README.md``
-gives it: the target's tokens are the recorded output, so a draft is accepted up to its first
-token that differs from the recording. Results come out in the golden files' format.
+Each request runs through `ngramspec.loop`'s slot loop with the recorded output as the target
+(greedy verification): a draft is accepted up to its first token that differs from the
+recording. Results come out in the golden files' format.
 """
 from __future__ import annotations
 
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ngramspec._core import ModPool, SpecEngine
+from ngramspec.loop import Timers, common_prefix, run_recorded  # noqa: F401 (re-exported)
 from ngramspec.spec_types import REGISTRY, parse_types
 
 COUNTERS = ("calls_b", "calls_g", "calls_a", "gen_drafts", "acc_drafts", "gen_tokens",
             "acc_tokens")
 
 
-@dataclass
-class Timers:
-    """Nanoseconds spent in, and number of, the engine's begin/draft/accept calls."""
-    begin_ns: int = 0
-    draft_ns: int = 0
-    accept_ns: int = 0
-    n_begin: int = 0
-    n_draft: int = 0
-    n_accept: int = 0
-
-    def per_call_us(self) -> dict:
-        def us(ns, n):
-            return round(ns / n / 1000, 4) if n else 0.0
-        return {"us_per_gen_call": us(self.draft_ns, self.n_draft),
-                "us_per_acc_call": us(self.accept_ns, self.n_accept),
-                "us_per_begin_call": us(self.begin_ns, self.n_begin)}
-
-
-def common_prefix(draft: np.ndarray, target: np.ndarray) -> int:
-    """Length of the longest common prefix of two int arrays."""
-    k = min(len(draft), len(target))
-    diff = np.flatnonzero(draft[:k] != target[:k])
-    return int(diff[0]) if len(diff) else k
-
-
 def replay_request(engine: SpecEngine, slot: int, prompt: np.ndarray, output: np.ndarray,
                    record_drafts: bool, timers: Timers, n_ctx: int = 0) -> dict:
-    """Run one request through `engine` on `slot`; returns its golden-format record.
+    """Run one request through `engine` on `slot` (`ngramspec.loop.run_recorded`).
 
-    n_ctx > 0 bounds every draft by llama-server's ``n_ctx - L - 2`` (no draft call when that
-    is <= 0); 0 means unbounded, as in the golden files.
+    Parameters
+    ----------
+    engine : SpecEngine
+    slot : int
+    prompt, output : 1-D int arrays
+        The request's prompt and recorded output.
+    record_drafts : bool
+        Include every draft in the record.
+    timers : Timers
+        The engine calls' times are added to it.
+    n_ctx : int
+        > 0 bounds every draft by llama-server's ``n_ctx - L - 2`` (no draft call when that is
+        <= 0); 0 means unbounded, as in the golden files.
+
+    Returns
+    -------
+    dict
+        The request's golden-format record.
     """
-    n_out = len(output)
-    buf = np.empty(len(prompt) + n_out + 1, dtype=np.int32)
-    buf[:len(prompt)] = prompt
-    L = len(prompt)
-    steps, drafts = [], []
-    clock = time.perf_counter_ns
-    t0 = clock()
-    engine.begin(slot, prompt)
-    timers.begin_ns += clock() - t0
-    timers.n_begin += 1
-    draft_fn, accept_fn = engine.draft, engine.accept
-    n_draft_calls = n_drafts = n_draft_tokens = n_acc_drafts = n_acc_tokens = 0
-    produced = 1
-    sampled = int(output[0]) if n_out else 0
-    while produced < n_out:
-        bound = None
-        if n_ctx > 0:
-            bound = n_ctx - L - 2
-        n_acc = 0
-        if bound is None or bound > 0:
-            context = buf[:L]                # the driver's view, made outside the timed call
-            t0 = clock()
-            draft = draft_fn(slot, context, sampled, bound)
-            timers.draft_ns += clock() - t0
-            timers.n_draft += 1
-            n_draft_calls += 1
-            called = 1
-        else:
-            draft = buf[:0]
-            called = 0
-        n_d = len(draft)
-        if n_d:
-            n_acc = common_prefix(draft, output[produced:produced + n_d])
-            t0 = clock()
-            accept_fn(slot, n_acc)
-            timers.accept_ns += clock() - t0
-            timers.n_accept += 1
-            n_drafts += 1
-            n_draft_tokens += n_d
-            n_acc_tokens += n_acc
-            n_acc_drafts += n_acc > 0
-        steps.append([n_d, n_acc, called])
-        if record_drafts:
-            drafts.append(draft.tolist())
-        buf[L] = sampled
-        buf[L + 1:L + 1 + n_acc] = output[produced:produced + n_acc]
-        L += 1 + n_acc
-        produced += n_acc
-        if produced >= n_out:
-            break
-        sampled = int(output[produced])
-        produced += 1
-    n_steps = len(steps)
-    record = {
-        "slot": slot, "n_prompt": len(prompt), "n_output": n_out, "n_steps": n_steps,
-        "n_draft_calls": n_draft_calls, "n_drafts": n_drafts, "n_draft_tokens": n_draft_tokens,
-        "n_acc_drafts": n_acc_drafts, "n_acc_tokens": n_acc_tokens,
-        "acc_rate": round(n_acc_tokens / n_draft_tokens, 4) if n_draft_tokens else 0.0,
-        # the first output token comes from the prompt pass, not from a verification step
-        "tokens_per_step": round((n_out - 1) / n_steps, 4) if n_steps else 0.0,
-        "steps": steps,
-    }
-    if record_drafts:
-        record["drafts"] = drafts
-    return record
+    loop = run_recorded(engine, slot, prompt, output, n_ctx=n_ctx, record_drafts=record_drafts)
+    timers.add(loop.timers)
+    return loop.record()
 
 
 @dataclass

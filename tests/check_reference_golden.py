@@ -16,6 +16,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the checkout's ngramspec (the reference harness runs on its slot loop, ngramspec.loop)
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from reference import STAT_KEYS, RefChain, ref_replay  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -9,6 +9,10 @@ says wraparound matters.
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ngramspec.loop import run_recorded
+
 MASK16 = 0xFFFF
 MASK32 = 0xFFFFFFFF
 MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -460,7 +464,7 @@ class RefChain:
         self.impl_last: list[_Impl | None] = [None] * n_slots
 
     def begin(self, slot: int, prompt) -> None:
-        prompt = list(prompt)
+        prompt = np.asarray(prompt).tolist()     # Python ints: the spec's arithmetic is exact
         for impl in self.impls:
             impl.begin(slot, prompt)
             impl.calls_b += 1
@@ -470,7 +474,7 @@ class RefChain:
         draft call at all (spec 1.2); otherwise the draft is truncated after the impl ran."""
         if n_max is not None and n_max <= 0:
             return []
-        inp = list(inp)
+        inp = np.asarray(inp).tolist()
         for impl in self.impls:
             res = impl.draft(slot, inp, sampled)
             impl.calls_g += 1
@@ -515,34 +519,12 @@ STAT_KEYS = ("calls_b", "calls_g", "calls_a", "gen_drafts", "acc_drafts", "gen_t
 
 
 def replay_request(chain, slot: int, prompt, output):
-    """One request under greedy verification; returns (steps, drafts)."""
-    prompt = list(prompt)
-    output = list(output)
-    chain.begin(slot, prompt)
-    steps, drafts = [], []
-    if not output:
-        return steps, drafts
-    cache = prompt[:]
-    sampled = output[0]
-    produced = 1
-    while produced < len(output):
-        draft = list(chain.draft(slot, cache, sampled))
-        drafts.append(draft)
-        n_acc = 0
-        if draft:
-            rest = output[produced:]
-            while n_acc < len(draft) and n_acc < len(rest) and draft[n_acc] == rest[n_acc]:
-                n_acc += 1
-            chain.accept(slot, n_acc)
-        steps.append([len(draft), n_acc, 1])
-        cache.append(sampled)
-        cache.extend(output[produced : produced + n_acc])
-        produced += n_acc
-        if produced >= len(output):
-            break
-        sampled = output[produced]
-        produced += 1
-    return steps, drafts
+    """One request under greedy verification, driven by the package's one slot loop
+    (``ngramspec.loop.run_recorded``, itself pinned by the golden files); returns
+    (steps, drafts)."""
+    loop = run_recorded(chain, slot, np.asarray(prompt, dtype=np.int32),
+                        np.asarray(output, dtype=np.int32), record_drafts=True)
+    return loop.steps, loop.drafts
 
 
 def ref_replay(chain_factory, requests, state: str = "shared", n_slots: int = 1):

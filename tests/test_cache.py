@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 
 from ngramspec import SpecEngine
 from ngramspec._cache import (CacheFileError, NgramCache, NgramCacheProposer, _draft_once,
-                              _replay_request, build_ngram_cache)
+                              build_ngram_cache)
 from ngramspec.cache_file import (atomic_write_bytes, build_static_cache, load_cache,
                                   merge_into_dynamic, save_cache)
+from ngramspec.loop import run_recorded
 from ngramspec.replay import COUNTERS, replay
 from ngramspec.traces import read_requests
 
@@ -76,17 +77,18 @@ def test_cache_golden(path):
 
 @pytest.mark.parametrize("state", ["shared", "fresh"])
 def test_cache_golden_kernel_only(state, code_edit):
-    """The kernel alone (no engine) on the static-cache file: one loaded cache shared by every
-    fresh proposer, `reset` standing in for a new proposer."""
+    """The kernel built directly (not from the registry) on the static-cache file: one loaded
+    cache shared by every fresh proposer, `reset` standing in for a new proposer."""
     header, expected = read_golden(GOLDEN / f"code-edit.cache-static.{state}.jsonl.gz")
     requests = code_edit[:len(expected)]
     p = NgramCacheProposer(1, static=load_cache(STATIC_BIN))
+    engine = SpecEngine.from_proposers([p])
     for req, want in zip(requests, expected):
         if state == "fresh":
             p.reset()
-        steps, drafts = _replay_request(p, 0, req.prompt, req.output)
-        assert drafts == want["drafts"]
-        assert steps == want["steps"]
+        loop = run_recorded(engine, 0, req.prompt, req.output, record_drafts=True)
+        assert loop.drafts == want["drafts"]
+        assert loop.steps == want["steps"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -110,6 +110,25 @@ def test_ngram_types_match_plain_greedy(llm, prompt, plain, spec_type):
     assert t["target_s"] + t["proposers_s"] <= t["gen_s"] * 1.01 + 1e-3
 
 
+def test_live_steps_equal_a_replay_of_its_output(llm, prompt):
+    """Live and replay are two targets of one loop: replaying the live output through a fresh
+    engine (same bounds) makes exactly the live run's drafts and acceptances."""
+    from ngramspec.loop import SlotLoop
+    spec = "ngram-simple,ngram-mod"
+    res = generate_speculative(llm, prompt, SpecEngine(spec), n_predict=N_PREDICT,
+                               record_steps=True)
+    out = np.asarray(res.output_tokens, dtype=np.int32)
+    loop = SlotLoop(SpecEngine(spec), 0, prompt, int(out[0]), n_ctx=N_CTX, n_predict=N_PREDICT)
+    replayed = []
+    while not loop.done and loop.n_output < len(out):
+        L, sampled = loop.n_context, loop.sampled
+        draft = loop.propose()
+        k = loop.verify(out[loop.n_output:loop.n_output + len(draft) + 1])
+        replayed.append((L, sampled, draft.tolist(), k))
+    assert replayed == res.steps
+    assert (loop.n_draft_tokens, loop.n_acc_tokens) == (res.n_drafted, res.n_accepted)
+
+
 def test_context_limit_stops_like_plain(llm, prompt):
     """n_predict = -1: the run ends when the KV cache is full, drafts bounded by n_ctx - L - 2."""
     n_ctx = llm.n_ctx()

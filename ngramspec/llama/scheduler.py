@@ -23,24 +23,20 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
 from .batch import MultiSeqBatch
 from .params import SamplingParams, SpeculationParams
+from .request import Chunk, Completion, QueueFull, RequestHandle
 from .sampling import Sampler, sample_run
 from .text import TextStream, token_piece_fn
 
-try:
-    from ngramspec.loop import FixedPolicy, SlotLoop
-except ImportError:  # pragma: no cover - until the loop module is merged
-    from ._loop_shim import FixedPolicy, SlotLoop
+from ngramspec.loop import FixedPolicy, SlotLoop
 
 __all__ = ["Scheduler", "RequestHandle", "Completion", "Chunk", "QueueFull"]
 
@@ -50,139 +46,6 @@ log = logging.getLogger("ngramspec.scheduler")
 MAX_SLOTS = 256
 #: Prompt tokens a step keeps for admitted prompts when drafts could fill the whole batch.
 PREFILL_RESERVE = 64
-FINISH_REASONS = ("stop", "length", "cancelled", "context", "error")
-
-
-class QueueFull(RuntimeError):
-    """The scheduler's bounded queue of waiting requests is full (retry later: HTTP 503)."""
-
-
-@dataclass
-class Chunk:
-    """Tokens emitted by one step of one request, with the text they release.
-
-    ``text`` may be empty (an incomplete UTF-8 character or a possible stop-string prefix is held
-    back) and may belong to earlier tokens.
-    """
-
-    tokens: List[int]
-    text: str
-
-
-@dataclass
-class Completion:
-    """The outcome of one request.
-
-    Attributes
-    ----------
-    tokens : list of int
-        Emitted tokens (an EOS token included when the model stopped by itself; after a stop
-        string, up to the token that completed it).
-    text : str
-        Their text, cut before a stop string.
-    finish_reason : str
-        ``"stop"`` (EOS or a stop string), ``"length"`` (``max_tokens``), ``"cancelled"``,
-        ``"context"`` (the slot's context is full) or ``"error"``.
-    prompt_n, prompt_cached_n : int
-        Prompt tokens, and how many of them were reused from the slot's KV cache.
-    predicted_n : int
-        ``len(tokens)``.
-    prompt_ms, predicted_ms : float
-        Admission to first token; first token to the end.
-    draft_n, draft_n_accepted : int
-        Draft tokens verified and accepted.
-    stop_string : str or None
-        The stop string that ended the request.
-    queued_ms : float
-        Submission to admission.
-
-    Notes
-    -----
-    Thread-safety: plain data, not modified once the handle is done.
-    """
-
-    tokens: List[int]
-    text: str
-    finish_reason: str
-    prompt_n: int
-    prompt_cached_n: int
-    predicted_n: int
-    prompt_ms: float
-    predicted_ms: float
-    draft_n: int
-    draft_n_accepted: int
-    stop_string: Optional[str] = None
-    queued_ms: float = 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.predicted_n / (self.predicted_ms / 1e3) if self.predicted_ms > 0 else 0.0
-
-
-_END = object()
-
-
-class RequestHandle:
-    """A submitted request: wait for it, stream it, or cancel it.
-
-    Notes
-    -----
-    Thread-safety: every method may be called from any thread. Iterating the handle from two
-    threads at once splits the chunks between them.
-    """
-
-    def __init__(self, req: "_Request"):
-        self._req = req
-        self._chunks: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._done = threading.Event()
-        self._completion: Optional[Completion] = None
-        self._error: Optional[BaseException] = None
-
-    @property
-    def id(self) -> int:
-        return self._req.id
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def cancel(self) -> None:
-        """Ask the scheduler to stop this request; its slot is freed within one step.
-
-        The completion then has ``finish_reason == "cancelled"`` (unless it had finished already).
-        """
-        self._req.cancel_requested = True
-        self._req.sched._wake()
-
-    def result(self, timeout: Optional[float] = None) -> Completion:
-        """Wait for the completion.
-
-        Raises
-        ------
-        TimeoutError
-            When ``timeout`` seconds passed first.
-        RuntimeError
-            When the request failed (a decode error, an exception in its callback).
-        """
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.id} not done after {timeout} s")
-        if self._error is not None:
-            raise RuntimeError(f"request {self.id} failed: {self._error}") from self._error
-        return self._completion
-
-    def __iter__(self) -> Iterator[Chunk]:
-        """Chunks as the steps emit them, until the request is done (then :meth:`result`)."""
-        while True:
-            item = self._chunks.get()
-            if item is _END:
-                self._chunks.put(_END)  # later iterations end at once too
-                return
-            yield item
-
-    def _finish(self, completion: Optional[Completion], error: Optional[BaseException]) -> None:
-        self._completion, self._error = completion, error
-        self._chunks.put(_END)
-        self._done.set()
 
 
 class _Request:
@@ -682,9 +545,10 @@ class Scheduler:
         r.slot.n_cached = int(r.prompt.size)
         spec = r.spec
         base = self._make_policy(spec)
-        engine = self._engine_for(spec.types) if spec.enabled else self._engine
+        engine = self._engine_for(spec.types) if spec.enabled else None
         r.loop = SlotLoop(engine, r.slot.id, r.prompt, tok, n_ctx=self.n_ctx_slot,
-                          n_predict=r.sampling.max_tokens, policy=_RequestPolicy(self, base, spec))
+                          n_predict=r.sampling.max_tokens, policy=_RequestPolicy(self, base, spec),
+                          capacity=self.n_ctx_slot)
         self._emit(r, [tok])
 
     def _make_policy(self, spec: SpeculationParams):
@@ -746,7 +610,7 @@ class Scheduler:
             self._finish(r, reason)
 
     def _deliver(self, r: _Request, tokens: List[int], text: str) -> None:
-        r.handle._chunks.put(Chunk(tokens, text))
+        r.handle._push(Chunk(tokens, text))
         if r.on_token is not None:
             try:
                 r.on_token(tokens, text)

@@ -1,0 +1,389 @@
+"""The one draft -> verify -> accept loop: llama-server's slot loop, split around the target.
+
+llama-server runs each generating slot through the same steps (``server_context::update_slots``
+with ``common_speculative_draft`` / ``common_speculative_accept``): begin the proposers once on
+the full prompt, emit the first token from the prompt pass, then per step
+
+1. bound the draft by ``n_draft_max`` (``server_slot::get_n_draft_max``): ``n_ctx - L - 2``, and
+   ``n_remaining - 1`` when ``n_predict`` is set; no draft call at all when it is <= 0;
+2. draft from the tokens in the KV cache and the last sampled token;
+3. let the target decode ``[sampled] + draft`` and verify it
+   (``common_sampler_sample_and_accept_n``): the accepted draft prefix plus one token of the
+   target's own;
+4. report the accepted length to the proposers after every non-empty draft, also when it is 0.
+
+`SlotLoop` holds one request's side of that: :meth:`SlotLoop.propose` is steps 1-2 and
+:meth:`SlotLoop.verify` is step 4 given the target's tokens of step 3, so any target sits between
+them: a recorded output (:func:`run_recorded`, the replay driver and the golden files), one live
+llama context (``ngramspec.live``), the llama-cpp-python plug-in, a batched scheduler that decodes
+many slots' drafts at once. A draft-length policy (:class:`FixedPolicy`: llama.cpp's behaviour)
+hooks into every step.
+
+This module imports neither llama_cpp nor the compiled kernels: an engine is anything with
+``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max)`` and ``accept(slot, n)``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+__all__ = ["FixedPolicy", "SlotLoop", "Timers", "common_prefix", "run_recorded"]
+
+_EMPTY = np.empty(0, dtype=np.int32)
+_EMPTY.setflags(write=False)
+_clock = time.perf_counter_ns
+
+
+def common_prefix(draft, target) -> int:
+    """Length of the longest common prefix of two 1-D integer sequences.
+
+    Parameters
+    ----------
+    draft : numpy.ndarray
+    target : numpy.ndarray or sequence of int
+
+    Returns
+    -------
+    int
+    """
+    k = min(len(draft), len(target))
+    diff = np.flatnonzero(draft[:k] != target[:k])
+    return int(diff[0]) if len(diff) else k
+
+
+@dataclass
+class Timers:
+    """Nanoseconds spent in, and number of, the engine's begin/draft/accept calls.
+
+    Notes
+    -----
+    Memory: six integers.
+
+    Thread-safety: not thread-safe; each loop owns its own, a driver sums them with :meth:`add`.
+    """
+    begin_ns: int = 0
+    draft_ns: int = 0
+    accept_ns: int = 0
+    n_begin: int = 0
+    n_draft: int = 0
+    n_accept: int = 0
+
+    def add(self, other: "Timers") -> None:
+        """Add `other`'s times and counts into this one."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def per_call_us(self) -> dict:
+        """Mean microseconds per draft, accept and begin call (0.0 where there was none)."""
+        def us(ns, n):
+            return round(ns / n / 1000, 4) if n else 0.0
+        return {"us_per_gen_call": us(self.draft_ns, self.n_draft),
+                "us_per_acc_call": us(self.accept_ns, self.n_accept),
+                "us_per_begin_call": us(self.begin_ns, self.n_begin)}
+
+
+class FixedPolicy:
+    """llama.cpp's draft length: no bound beyond the server's, the whole draft is verified.
+
+    A policy sees every step of a :class:`SlotLoop`: ``before_draft(loop)`` may return a bound
+    lower than ``loop.n_draft_max`` (``None`` keeps it; ``0`` makes the step a plain decode with
+    no draft call), ``after_draft(loop, draft)`` returns how many of the draft's tokens to verify,
+    ``observe(loop, n_draft, n_accepted)`` learns from the verified step.
+
+    Notes
+    -----
+    Memory: none.
+
+    Thread-safety: stateless, so shareable by any number of loops and threads.
+    """
+
+    def before_draft(self, loop: "SlotLoop"):
+        return None
+
+    def after_draft(self, loop: "SlotLoop", draft: np.ndarray) -> int:
+        return len(draft)
+
+    def observe(self, loop: "SlotLoop", n_draft: int, n_accepted: int) -> None:
+        pass
+
+
+class SlotLoop:
+    """One request on one engine slot: begin, then ``propose() -> verify(target)`` per step.
+
+    Construction calls ``engine.begin(slot, prompt)`` (timed): the context (the tokens in the
+    target's KV cache) is the prompt, `first_token` (the prompt pass's output) is the first
+    output token and the next to be verified.
+
+    Parameters
+    ----------
+    engine : SpecEngine or None
+        Anything with llama-server's ``begin(slot, prompt)``, ``draft(slot, context, sampled,
+        n_max)`` and ``accept(slot, n_accepted)``; ``None`` runs the loop without drafts (plain
+        decoding).
+    slot : int
+        The engine slot (llama-server's ``seq_id``).
+    prompt : 1-D int array-like
+        The full prompt; the engine validates it.
+    first_token : int or None
+        The token sampled from the prompt pass; ``None`` for a request without output (the loop
+        is done at once).
+    n_ctx : int
+        The target's context size; > 0 bounds every draft by ``n_ctx - L - 2`` (L = context
+        length), 0 leaves drafts unbounded by context.
+    n_predict : int
+        Output token limit, -1 for none; >= 0 bounds drafts by ``n_remaining - 1`` and ends the
+        request once that many tokens are out.
+    policy : FixedPolicy-like, optional
+        Draft-length policy; ``None`` is :class:`FixedPolicy` (llama.cpp).
+    record_drafts : bool
+        Keep every verified draft (``drafts``; the golden files' ``--drafts``).
+    capacity : int
+        Expected final context length: the context buffer is allocated once at that size (it
+        grows by doubling past it). A constant buffer lets the engine validate each token once.
+
+    Attributes
+    ----------
+    done : bool
+        The request has ended: the target returned no token after the accepted draft, or
+        ``n_predict`` tokens are out. `propose` and `verify` raise once it is set.
+    sampled : int
+        The last output token, the one the next step verifies (not yet in the context).
+    n_output : int
+        Output tokens so far, `sampled` included.
+    n_draft_max : int or None
+        The server's bound of the current step (None: unbounded), set by `propose` before the
+        policy's ``before_draft`` runs.
+    steps : list of [n_draft, n_accepted, draft_called]
+        One entry per verified step, as the golden files list them.
+    drafts : list of list of int
+        The verified drafts (with ``record_drafts``).
+    n_draft_calls, n_drafts, n_draft_tokens, n_acc_drafts, n_acc_tokens : int
+        Draft calls made, non-empty drafts, drafted tokens, drafts with an accepted token,
+        accepted tokens.
+    timers : Timers
+        Time spent in the engine's calls.
+
+    Notes
+    -----
+    Memory: the context buffer (4 bytes per token of ``capacity`` or the longest context), the
+    step records (and drafts with ``record_drafts``).
+
+    Thread-safety: not thread-safe; one thread drives a loop. Loops on different slots of one
+    engine may run in different threads (the engine allows one thread per slot).
+    """
+
+    __slots__ = ("engine", "slot", "n_ctx", "n_predict", "policy", "record_drafts", "done",
+                 "sampled", "n_output", "n_prompt", "n_draft_max", "steps", "drafts",
+                 "n_draft_calls", "n_drafts", "n_draft_tokens", "n_acc_drafts", "n_acc_tokens",
+                 "timers", "_buf", "_len", "_draft", "_called", "_hooks")
+
+    def __init__(self, engine, slot: int, prompt, first_token, *, n_ctx: int = 0,
+                 n_predict: int = -1, policy=None, record_drafts: bool = False,
+                 capacity: int = 0):
+        self.engine = engine
+        self.slot = slot
+        self.n_ctx = int(n_ctx)
+        self.n_predict = int(n_predict)
+        self.policy = FixedPolicy() if policy is None else policy
+        # FixedPolicy's hooks change nothing: skip the three calls per step
+        self._hooks = type(self.policy) is not FixedPolicy
+        self.record_drafts = record_drafts
+        self.timers = Timers()
+        self.steps = []
+        self.drafts = []
+        self.n_draft_calls = self.n_drafts = self.n_draft_tokens = 0
+        self.n_acc_drafts = self.n_acc_tokens = 0
+        self.n_draft_max = None
+        self._draft = None
+        self._called = 0
+        if engine is not None:
+            t0 = _clock()
+            engine.begin(slot, prompt)      # validates the prompt before it is copied below
+            self.timers.begin_ns += _clock() - t0
+            self.timers.n_begin += 1
+        n = len(prompt)
+        self.n_prompt = n
+        self._buf = np.empty(max(int(capacity), n + 64), dtype=np.int32)
+        self._buf[:n] = prompt
+        self._len = n
+        if first_token is None:
+            self.sampled = -1
+            self.n_output = 0
+            self.done = True
+        else:
+            self.sampled = int(first_token)
+            self.n_output = 1
+            self.done = 0 <= self.n_predict <= 1
+
+    @property
+    def context(self) -> np.ndarray:
+        """The tokens in the target's KV cache (prompt + verified output, without `sampled`):
+        a read-only view of the loop's buffer, valid until the next `verify`."""
+        view = self._buf[:self._len]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def n_context(self) -> int:
+        """Length of `context` (llama-server's L)."""
+        return self._len
+
+    @property
+    def pending_draft(self) -> np.ndarray:
+        """The draft `propose` returned that `verify` has not consumed yet (empty if none)."""
+        return _EMPTY if self._draft is None else self._draft
+
+    def propose(self) -> np.ndarray:
+        """Steps 1-2: bound, then draft (timed). Returns the int32 draft to verify (maybe empty).
+
+        Raises
+        ------
+        RuntimeError
+            The request is done, or the previous draft was not verified yet.
+        """
+        if self.done:
+            raise RuntimeError("propose() on a finished request")
+        if self._draft is not None:
+            raise RuntimeError("propose() twice without verify()")
+        L = self._len
+        bound = None
+        if self.n_ctx > 0:
+            bound = self.n_ctx - L - 2
+        if self.n_predict >= 0:
+            remaining = self.n_predict - self.n_output - 1
+            bound = remaining if bound is None else min(bound, remaining)
+        self.n_draft_max = bound
+        if self._hooks and (bound is None or bound > 0):
+            lower = self.policy.before_draft(self)
+            if lower is not None:
+                bound = lower if bound is None else min(bound, int(lower))
+        if self.engine is None or (bound is not None and bound <= 0):
+            draft = _EMPTY                  # llama-server makes no draft call then
+            self._called = 0
+        else:
+            context = self._buf[:L]         # the driver's view, made outside the timed call
+            t0 = _clock()
+            draft = self.engine.draft(self.slot, context, self.sampled, bound)
+            self.timers.draft_ns += _clock() - t0
+            self.timers.n_draft += 1
+            self.n_draft_calls += 1
+            self._called = 1
+            if type(draft) is not np.ndarray or draft.dtype != np.int32:
+                draft = np.asarray(draft, dtype=np.int32)
+        if self._hooks:
+            k = self.policy.after_draft(self, draft)
+            if not 0 <= k <= len(draft):
+                raise ValueError(f"policy.after_draft returned {k}: allowed 0 .. {len(draft)}")
+            draft = draft[:k]
+        self._draft = draft
+        return draft
+
+    def verify(self, target, *, n_verified: int | None = None) -> int:
+        """Step 4: accept the draft's prefix that `target` confirms; returns its length.
+
+        Parameters
+        ----------
+        target : 1-D int array-like
+            The target's token after ``[sampled] + draft[:i]`` for i = 0, 1, ...: at most
+            ``len(draft) + 1`` tokens, possibly fewer (a sampler stops at the first mismatch, a
+            recorded output ends). When no token follows the accepted prefix the request is done.
+        n_verified : int, optional
+            Draft tokens the target decoded, when it cut the draft (llama-cpp-python trims
+            drafts to its free context); the rest count as rejected. Default: all.
+
+        Returns
+        -------
+        int
+            Accepted draft tokens (``engine.accept`` got the same, after a non-empty draft).
+        """
+        draft = self._draft
+        if draft is None:
+            raise RuntimeError("verify() without propose()")
+        self._draft = None
+        n_d = len(draft)
+        n_acc = 0
+        if n_d:
+            checked = draft if n_verified is None else draft[:n_verified]
+            n_acc = common_prefix(checked, target)
+            t0 = _clock()
+            self.engine.accept(self.slot, n_acc)
+            self.timers.accept_ns += _clock() - t0
+            self.timers.n_accept += 1
+            self.n_drafts += 1
+            self.n_draft_tokens += n_d
+            self.n_acc_tokens += n_acc
+            self.n_acc_drafts += n_acc > 0
+        self.steps.append([n_d, n_acc, self._called])
+        if self.record_drafts:
+            self.drafts.append(draft.tolist())
+        L = self._len
+        if L + 1 + n_acc > len(self._buf):
+            grown = np.empty(max(2 * len(self._buf), L + 1 + n_acc), dtype=np.int32)
+            grown[:L] = self._buf[:L]
+            self._buf = grown
+        buf = self._buf
+        buf[L] = self.sampled
+        buf[L + 1:L + 1 + n_acc] = draft[:n_acc]
+        self._len = L + 1 + n_acc
+        self.n_output += n_acc
+        if n_acc < len(target):
+            self.sampled = int(target[n_acc])
+            self.n_output += 1
+        else:
+            self.done = True
+        if 0 <= self.n_predict <= self.n_output:
+            self.done = True
+        if self._hooks:
+            self.policy.observe(self, n_d, n_acc)
+        return n_acc
+
+    def record(self) -> dict:
+        """The request's record in the golden files' format (``drafts`` with record_drafts)."""
+        n_steps = len(self.steps)
+        rec = {
+            "slot": self.slot, "n_prompt": self.n_prompt, "n_output": self.n_output,
+            "n_steps": n_steps, "n_draft_calls": self.n_draft_calls, "n_drafts": self.n_drafts,
+            "n_draft_tokens": self.n_draft_tokens, "n_acc_drafts": self.n_acc_drafts,
+            "n_acc_tokens": self.n_acc_tokens,
+            "acc_rate": round(self.n_acc_tokens / self.n_draft_tokens, 4)
+            if self.n_draft_tokens else 0.0,
+            # the first output token comes from the prompt pass, not from a verification step
+            "tokens_per_step": round((self.n_output - 1) / n_steps, 4) if n_steps else 0.0,
+            "steps": self.steps,
+        }
+        if self.record_drafts:
+            rec["drafts"] = self.drafts
+        return rec
+
+
+def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=None,
+                 record_drafts: bool = False) -> SlotLoop:
+    """One request verified against a recorded output (greedy replay); returns the finished loop.
+
+    The target's tokens are the recording: a draft is accepted up to its first token that
+    differs from it, and the request ends with the recording.
+
+    Parameters
+    ----------
+    engine, slot, n_ctx, policy, record_drafts
+        As for :class:`SlotLoop`.
+    prompt, output : 1-D int arrays
+        The request's prompt and its recorded output tokens.
+
+    Returns
+    -------
+    SlotLoop
+        Done; ``record()`` gives the golden-format record.
+    """
+    n_out = len(output)
+    loop = SlotLoop(engine, slot, prompt, output[0] if n_out else None, n_ctx=n_ctx,
+                    policy=policy, record_drafts=record_drafts,
+                    capacity=len(prompt) + n_out + 1)
+    propose, verify = loop.propose, loop.verify
+    while not loop.done and loop.n_output < n_out:
+        n_d = len(propose())
+        produced = loop.n_output
+        verify(output[produced:produced + n_d + 1])
+    return loop

@@ -1,0 +1,182 @@
+"""The one slot loop (ngramspec.loop): llama-server's bound, begin/draft/accept order, targets
+that end early, the policy hooks. Golden parity of the loop itself is tests/test_golden.py."""
+import numpy as np
+import pytest
+
+from ngramspec import SpecEngine
+from ngramspec.loop import FixedPolicy, SlotLoop, run_recorded
+
+
+class ScriptedEngine:
+    """An engine that drafts from a script and records every call it gets."""
+
+    def __init__(self, drafts=()):
+        self.script = [np.asarray(d, dtype=np.int32) for d in drafts]
+        self.calls = []
+
+    def begin(self, slot, prompt):
+        self.calls.append(("begin", slot, list(prompt)))
+
+    def draft(self, slot, context, sampled, n_max):
+        self.calls.append(("draft", slot, list(context), sampled, n_max))
+        d = self.script.pop(0) if self.script else np.empty(0, dtype=np.int32)
+        return d if n_max is None else d[:n_max]
+
+    def accept(self, slot, n):
+        self.calls.append(("accept", slot, n))
+
+
+def test_step_order_context_and_record():
+    eng = ScriptedEngine([[5, 6, 7], [], [9]])
+    loop = SlotLoop(eng, 2, [1, 2, 3], 4)
+    assert eng.calls == [("begin", 2, [1, 2, 3])]
+    assert (loop.sampled, loop.n_output, loop.done) == (4, 1, False)
+    assert loop.propose().tolist() == [5, 6, 7]
+    assert loop.verify([5, 6, 8, 0]) == 2          # mismatch at 2: the target's own token is 8
+    assert loop.context.tolist() == [1, 2, 3, 4, 5, 6]
+    assert (loop.sampled, loop.n_output) == (8, 4)
+    assert loop.propose().tolist() == []           # empty draft: no accept
+    assert loop.verify([3]) == 0
+    assert loop.propose().tolist() == [9]
+    assert loop.verify([0, 1]) == 0                # rejected: accept(0) all the same
+    assert [c[0] for c in eng.calls] == ["begin", "draft", "accept", "draft", "draft", "accept"]
+    assert eng.calls[2] == ("accept", 2, 2) and eng.calls[5] == ("accept", 2, 0)
+    assert eng.calls[3][2:4] == ([1, 2, 3, 4, 5, 6], 8)
+    rec = loop.record()
+    assert rec["steps"] == [[3, 2, 1], [0, 0, 1], [1, 0, 1]]
+    assert (rec["n_output"], rec["n_steps"], rec["n_draft_calls"], rec["n_drafts"],
+            rec["n_draft_tokens"], rec["n_acc_drafts"], rec["n_acc_tokens"]) == (6, 3, 3, 2, 4,
+                                                                                 1, 2)
+    assert rec["acc_rate"] == 0.5 and rec["tokens_per_step"] == round(5 / 3, 4)
+    assert loop.timers.n_begin == 1 and loop.timers.n_draft == 3 and loop.timers.n_accept == 2
+
+
+def test_context_bound_and_no_call_when_it_is_not_positive():
+    eng = ScriptedEngine([[7] * 10] * 4)
+    loop = SlotLoop(eng, 0, list(range(10)), 1, n_ctx=16)
+    bounds = []
+    while not loop.done and loop.n_context < 16:
+        d = loop.propose()
+        bounds.append(loop.n_draft_max)
+        loop.verify(list(d) + [3])                 # the whole draft accepted
+    assert bounds[0] == 16 - 10 - 2
+    assert [c[4] for c in eng.calls if c[0] == "draft"] == [b for b in bounds if b > 0]
+    assert loop.steps[-1][2] == 0                  # bound <= 0: a plain step, no draft call
+    assert all(s[0] <= 16 - 2 for s in loop.steps)
+
+
+def test_n_predict_bounds_drafts_and_ends_the_request():
+    eng = ScriptedEngine([[7] * 10] * 4)
+    loop = SlotLoop(eng, 0, [1, 2], 1, n_predict=5)
+    assert loop.propose().tolist() == [7] * 3      # n_remaining - 1 = 5 - 1 - 1
+    loop.verify([7, 7, 7, 9])
+    assert loop.n_output == 5 and loop.done
+    with pytest.raises(RuntimeError, match="finished"):
+        loop.propose()
+    assert SlotLoop(None, 0, [1], 1, n_predict=1).done
+
+
+def test_a_target_that_ends_with_the_draft_ends_the_request():
+    loop = SlotLoop(ScriptedEngine([[4, 5]]), 0, [1, 2, 3], 3)
+    loop.propose()
+    assert loop.verify([4, 5]) == 2
+    assert loop.done and loop.n_output == 3 and loop.context.tolist() == [1, 2, 3, 3, 4, 5]
+
+
+def test_n_verified_cuts_the_compared_draft():
+    eng = ScriptedEngine([[4, 5, 6]])
+    loop = SlotLoop(eng, 0, [1], 2)
+    loop.propose()
+    assert loop.verify([4, 5], n_verified=1) == 1
+    assert eng.calls[-1] == ("accept", 0, 1) and loop.sampled == 5
+
+
+def test_misuse_raises():
+    loop = SlotLoop(ScriptedEngine(), 0, [1], 2)
+    with pytest.raises(RuntimeError, match="without propose"):
+        loop.verify([1])
+    loop.propose()
+    with pytest.raises(RuntimeError, match="twice"):
+        loop.propose()
+
+
+def test_no_engine_is_plain_decoding():
+    loop = SlotLoop(None, 0, [1, 2], 3)
+    for t in (4, 5):
+        assert loop.propose().size == 0
+        loop.verify([t])
+    assert loop.steps == [[0, 0, 0], [0, 0, 0]] and loop.context.tolist() == [1, 2, 3, 4]
+    assert loop.timers.n_begin == 0
+
+
+def test_context_buffer_grows_past_capacity():
+    eng = ScriptedEngine([[9] * 50] * 10)
+    loop = SlotLoop(eng, 0, [1], 2, capacity=4)
+    expect = [1]
+    while loop.n_output < 300:
+        d = loop.propose()
+        expect += [loop.sampled] + d.tolist()
+        loop.verify(list(d) + [8])
+    assert loop.context.tolist() == expect
+    assert eng.calls[-1][0] == "accept" and eng.calls[-2][2] == expect[:len(eng.calls[-2][2])]
+
+
+class Recorder(FixedPolicy):
+    def __init__(self, lower, keep):
+        self.lower, self.keep, self.seen = lower, keep, []
+
+    def before_draft(self, loop):
+        self.seen.append(("before", loop.n_draft_max))
+        return self.lower
+
+    def after_draft(self, loop, draft):
+        return min(self.keep, len(draft))
+
+    def observe(self, loop, n_draft, n_acc):
+        self.seen.append(("observe", n_draft, n_acc))
+
+
+def test_policy_lowers_the_bound_and_shortens_the_draft():
+    eng = ScriptedEngine([[4, 5, 6, 7, 8]])
+    pol = Recorder(lower=4, keep=2)
+    loop = SlotLoop(eng, 0, [1, 2], 3, n_ctx=100, policy=pol)
+    assert loop.propose().tolist() == [4, 5]
+    assert eng.calls[-1][4] == 4                   # min(100 - 2 - 2, 4)
+    assert loop.verify([4, 5, 6]) == 2
+    assert pol.seen == [("before", 96), ("observe", 2, 2)]
+    assert eng.calls[-1] == ("accept", 0, 2) and loop.steps == [[2, 2, 1]]
+
+
+def test_policy_zero_bound_is_a_plain_step():
+    eng = ScriptedEngine([[4]])
+    loop = SlotLoop(eng, 0, [1], 3, policy=Recorder(lower=0, keep=9))
+    assert loop.propose().size == 0
+    loop.verify([5])
+    assert [c[0] for c in eng.calls] == ["begin"] and loop.steps == [[0, 0, 0]]
+
+
+def test_policy_out_of_range_keep_is_refused():
+    class Bad(FixedPolicy):
+        def after_draft(self, loop, draft):
+            return len(draft) + 1
+    loop = SlotLoop(ScriptedEngine([[4]]), 0, [1], 3, policy=Bad())
+    with pytest.raises(ValueError, match="after_draft returned 2: allowed 0 .. 1"):
+        loop.propose()
+
+
+def test_run_recorded_with_a_real_engine():
+    prompt = np.array([1, 2, 3, 4, 5, 6, 1, 2, 3], dtype=np.int32)
+    output = np.array([4, 5, 6, 1, 2, 3, 4, 5, 9], dtype=np.int32)
+    e = SpecEngine("ngram-simple", ngram_simple_size_n=2, ngram_simple_size_m=3)
+    loop = run_recorded(e, 0, prompt, output, record_drafts=True)
+    assert loop.done is False and loop.n_output == len(output)
+    rec = loop.record()
+    # context [..1 2 3] + sampled 4: "3 4" -> "5 6 1" all accepted, then sampled 2 ...
+    assert rec["drafts"][0] == [5, 6, 1]
+    assert rec["steps"][0] == [3, 3, 1]
+    assert loop.context.tolist() + [loop.sampled] == prompt.tolist() + output.tolist()
+    s = e.stats()[0]
+    assert (s["gen_tokens"], s["acc_tokens"]) == (rec["n_draft_tokens"], rec["n_acc_tokens"])
+    for out in ([], [7]):
+        rec = run_recorded(SpecEngine("ngram-simple"), 0, prompt, np.array(out, np.int32)).record()
+        assert rec["n_output"] == len(out) and rec["steps"] == []
