@@ -110,6 +110,12 @@ def _execute(args) -> int:
                           f"{exc}") from None
     if args.n_predict < -1 or args.n_predict == 0:
         raise ValueError(f"--n-predict must be -1 or >= 1, got {args.n_predict}")
+    if args.policy == "auto":
+        try:
+            import ngramspec.policy  # noqa: F401
+        except ImportError:
+            raise ValueError("--policy auto: the cost-aware policy (ngramspec.policy) is not "
+                             "in this build; use --policy fixed") from None
     sock = _bind(args.host, args.port)
     try:
         model, scheduler = build_scheduler(args)

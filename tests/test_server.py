@@ -5,12 +5,8 @@ Kept small for a loaded 2-core box: one decode thread, short outputs (<= 48 toke
 processes (the main one with 4 slots, and a 1-slot one for the full queue and SIGTERM).
 """
 import json
-import os
 import pathlib
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 import ngramspec  # noqa: E402
 from clitools import cli  # noqa: E402
+from ngramspec.server.process import ServerProcess  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KEY = "test-key-0123456789"
@@ -40,45 +37,8 @@ PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\
            "Dear Sir or Madam,"]
 
 
-class Server:
-    """``python -m ngramspec serve ARGS`` on a free port, until stopped."""
-
-    def __init__(self, *args, timeout=120):
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="ngramspec-serve-", suffix=".log")
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ngramspec", "serve", "--port", "0", "-t", "1", *args],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        self.url = None
-        while time.monotonic() < deadline:
-            text = self.output()
-            if self.url is None and "listening on " in text:
-                self.url = text.split("listening on ", 1)[1].split()[0]
-            if self.url is not None:
-                try:
-                    if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"the server did not start:\n{self.output()}")
-
-    def output(self) -> str:
-        with open(self.log.name, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def Server(*args):
+    return ServerProcess("-t", "1", *args, cwd=str(ROOT))
 
 
 @pytest.fixture(scope="module")

@@ -119,8 +119,12 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
 
     Notes
     -----
+    Memory: besides the scheduler, one thread per request in flight (`SchedulerBridge`) and a
+    Prometheus registry of a few dozen series.
+
     Thread-safety: the handlers run on the event loop; every blocking scheduler call runs on
-    the app's own thread pool (`SchedulerBridge`).
+    the app's own thread pool (`SchedulerBridge`). Several apps may serve several schedulers in
+    one process (each has its own registry and pool).
     """
     keys = [k.strip() for k in (api_key or "").split(",") if k.strip()]
     cfg = _Config(scheduler, model_name, keys, defaults or {}, n_predict)
