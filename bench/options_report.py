@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from suffix_report import FAMILIES, cell, replay_family, traces_dir  # noqa: E402
 
-from ngramspec._core import SpecEngine  # noqa: E402
-from ngramspec.spec_types import REGISTRY  # noqa: E402
+from ngramspec import SpecEngine  # noqa: E402
+from ngramspec.registry import TYPES  # noqa: E402
 from ngramspec.traces import read_requests  # noqa: E402
 
 # (spec type, option keyword): the option's value 0 is llama.cpp's behaviour
@@ -43,7 +43,7 @@ OPTIONS = (
 
 
 def available(spec_type, keyword):
-    t = REGISTRY.get(spec_type)
+    t = TYPES.get(spec_type)
     return t is not None and any(p.name == keyword for p in t.params)
 
 

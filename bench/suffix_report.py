@@ -27,10 +27,12 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ngramspec._core import SpecEngine  # noqa: E402
-from ngramspec._suffix import PARAMS, build_ngram_suffix  # noqa: E402
+from ngramspec import SpecEngine  # noqa: E402
+from ngramspec.registry import TYPES  # noqa: E402
 from ngramspec.replay import Timers, replay_request  # noqa: E402
 from ngramspec.traces import read_requests  # noqa: E402
+
+SUFFIX_PARAMS = {p.name: p for p in TYPES["ngram-suffix"].params}
 
 FAMILIES = ("code-edit", "agentic", "reasoning", "chat", "model-generated")
 # issue 7's rows: (tokens per step, acceptance) per family
@@ -75,7 +77,7 @@ def replay_family(engine, requests):
 
 
 def suffix_engine(params):
-    return SpecEngine.from_proposers([build_ngram_suffix(1, params)], n_slots=1)
+    return SpecEngine("ngram-suffix", **params)
 
 
 def chain_engine():
@@ -166,7 +168,7 @@ def main(argv=None):
     ap.add_argument("--family", action="append", choices=FAMILIES,
                     help="a family to replay (repeatable; default: all)")
     ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                    help=f"an ngram-suffix parameter: {', '.join(PARAMS)}")
+                    help=f"an ngram-suffix parameter: {', '.join(SUFFIX_PARAMS)}")
     ap.add_argument("--limit", type=int, help="first N requests per family (for quick runs)")
     ap.add_argument("--no-chain", action="store_true", help="skip the llama.cpp chain row")
     ap.add_argument("--cost", action="store_true", help="measure the draft-call cost instead")
@@ -175,9 +177,9 @@ def main(argv=None):
     params = {}
     for kv in args.param:
         k, _, v = kv.partition("=")
-        if k not in PARAMS:
+        if k not in SUFFIX_PARAMS:
             ap.error(f"unknown parameter {k!r}")
-        params[k] = PARAMS[k][3](v)
+        params[k] = SUFFIX_PARAMS[k].kind(v)
     if args.cost:
         rows = cost(params)
         print("| context (tokens) | draft calls | µs per draft call | begin (µs) "

@@ -960,50 +960,6 @@ cdef class NgramCacheProposer(Proposer):
                 f"dynamic={len(self.dynamic_cache)} n-grams restart={bool(self.restart)}>")
 
 
-# Frozen caches loaded from files, by file identity: engines built one after another (the
-# "fresh" replay state, one engine per request) share one copy instead of re-reading the file.
-# Weak values: a cache lives only as long as some proposer uses it. A rewritten file (atomic
-# save = new inode, size, mtime) gets a new key, so a changed file is always re-read.
-_loaded = weakref.WeakValueDictionary()
-
-
-def _load_arg(value, bint missing_ok):
-    if value is None or isinstance(value, NgramCache):
-        return value
-    from ngramspec.cache_file import load_cache
-    path = os.fspath(value)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        if missing_ok:
-            return None
-        raise FileNotFoundError(2, "No such file or directory", path) from None
-    key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    cache = _loaded.get(key)
-    if cache is None:
-        cache = load_cache(path)
-        (<NgramCache>cache)._frozen = True
-        _loaded[key] = cache
-    return cache
-
-
-def build_ngram_cache(n_slots, values):
-    """Registry factory for ``ngram-cache``: ``values["lookup_cache_static"]`` and
-    ``values["lookup_cache_dynamic"]`` are file paths, `NgramCache` objects or None.
-
-    A static file must exist (llama-server aborts otherwise). A dynamic file that does not
-    exist yet counts as empty, so a first run can start the cache that later runs read.
-
-    Memory: proposers built from the same unchanged file share one frozen copy of it (kept
-    while any of them lives).
-
-    Thread-safety: call with the GIL held (file loading releases it while parsing)."""
-    static = _load_arg(values.get("lookup_cache_static"), False)
-    dynamic = _load_arg(values.get("lookup_cache_dynamic"), True)
-    return NgramCacheProposer(n_slots, static, dynamic,
-                              restart=bool(values.get("ngram_cache_restart", 0)))
-
-
 def _draft_once(Proposer p, Py_ssize_t slot, inp, int sampled):
     """One raw ``c_draft`` call (no engine, no statistics); for tests. Returns a list."""
     arr = _as_tokens(inp, "inp")

@@ -1,17 +1,16 @@
 # C-level contract of ngramspec's kernels.
 #
-# Every proposer is a `Proposer` subclass. The engine (`SpecEngine`) validates slot indices and
+# Every proposer is a `Proposer` subclass. The engine (`Engine`) validates slot indices and
 # token arrays once, then calls the `c_*` methods with raw pointers; a `c_*` method may trust
 # `0 <= slot < n_slots`, `tokens` pointing at `n` valid ids in 0 .. 2**31-1, and `out` having room
 # for `max_draft` tokens.
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 
-# The one token type: llama.cpp's llama_token. tests/test_types.py pins it to numpy.int32.
+# The one token type: llama.cpp's llama_token. tests/test_engine.py pins it to numpy.int32.
 ctypedef int32_t token_t
 
-# ngram-mod's pool: 2**22 int32 entries, EMPTY = -1 (spec 5.1).
+# ngram-mod's pool (common_ngram_mod): 2**22 int32 entries, EMPTY = -1.
 cdef enum:
-    MOD_POOL_BITS = 22
     MOD_POOL_SIZE = 4194304
     MOD_POOL_MASK = 4194303
     MOD_EMPTY = -1

@@ -3,9 +3,10 @@
 
 Two layers per proposer (house style): a C struct with the state plus free ``noexcept nogil``
 functions over raw token pointers, and a thin ``cdef class`` that owns the memory. The engine
-(`SpecEngine`) validates every argument once, then calls the kernels through `Proposer`'s cdef
-methods. The behaviour is llama.cpp's at commit 3ce7da2c (b10102), quirks included; see
-``../shared/spec/llamacpp-ngram.md`` (cited as "spec N.M").
+(`Engine`) validates every argument once, then calls the kernels through `Proposer`'s cdef
+methods. The behaviour is llama.cpp's at commit 3ce7da2c (b10102), quirks included: the
+comments name the llama.cpp functions each kernel reproduces (``common/ngram-map.cpp``,
+``common/ngram-mod.cpp``, ``common/speculative.cpp``).
 """
 import operator
 
@@ -43,12 +44,11 @@ cdef extern from "<sys/mman.h>" nogil:
     int madvise(void*, size_t, int)
     int MADV_HUGEPAGE
 
-# Python-visible constants (spec 2).
-POOL_SIZE = MOD_POOL_SIZE
+# Python-visible constants: token ids are llama.cpp's llama_token (int32), never negative.
 TOKEN_MAX = 2147483647
 DEF TOKEN_MAX_C = 2147483647
-cdef uint64_t MOD_LCG_A = 6364136223846793005ULL     # spec 5.1
-cdef uint32_t MAP_HASH_A = 2654435761U               # spec 4.2
+cdef uint64_t MOD_LCG_A = 6364136223846793005ULL     # common_ngram_mod's hash multiplier
+cdef uint32_t MAP_HASH_A = 2654435761U               # common_ngram_map's key hash
 DEF MAP_INDEX_SIZE = 262144                          # 2**18 uint32 slots per ngram-map slot
 DEF MAP_INDEX_MASK = 262143
 DEF MAP_MAX_VALUES = 4
@@ -252,7 +252,7 @@ cdef class Proposer:
 
     Subclasses implement the ``c_begin`` / ``c_draft`` / ``c_accept`` cdef methods (Cython) or,
     through `PyProposer`, ``on_begin`` / ``on_draft`` / ``on_accept`` (Python). Use a proposer
-    through `SpecEngine`, which validates the arguments and keeps llama.cpp's statistics.
+    through `Engine`, which validates the arguments and keeps llama.cpp's statistics.
 
     Memory: the base class holds nothing per slot; each subclass documents its own.
 
@@ -343,7 +343,7 @@ cdef cnp.ndarray copy_tokens(const token_t* t, Py_ssize_t n):
 
 
 cdef inline uint64_t mod_hash(const token_t* t, Py_ssize_t n) noexcept nogil:
-    """ngram-mod's LCG polynomial hash of n tokens (uint64 wraparound, spec 5.1)."""
+    """ngram-mod's LCG polynomial hash of n tokens (uint64 wraparound, as common_ngram_mod)."""
     cdef uint64_t h = 0
     cdef Py_ssize_t i
     for i in range(n):
@@ -352,7 +352,7 @@ cdef inline uint64_t mod_hash(const token_t* t, Py_ssize_t n) noexcept nogil:
 
 
 # --------------------------------------------------------------------------------------------
-# ngram-simple (spec 3): stateless backward scan
+# ngram-simple (common_ngram_simple_draft): stateless backward scan
 # --------------------------------------------------------------------------------------------
 
 cdef Py_ssize_t simple_draft(const token_t* inp, Py_ssize_t L, token_t sampled,
@@ -601,7 +601,7 @@ cdef class SimpleProposer(Proposer):
 
 
 # --------------------------------------------------------------------------------------------
-# ngram-map-k / ngram-map-k4v (spec 4)
+# ngram-map-k / ngram-map-k4v (common_ngram_map_begin / _draft / _accept)
 # --------------------------------------------------------------------------------------------
 
 # k4v's statistics scan visits every earlier position from the key's stat_idx to the match:
@@ -1106,7 +1106,7 @@ cdef void map_accept(MapState* s, uint16_t n_accepted) noexcept nogil:
 
 
 cdef class MapProposer(Proposer):
-    """ngram-map-k (``key_only=True``) and ngram-map-k4v (``key_only=False``), spec 4.
+    """ngram-map-k (``key_only=True``) and ngram-map-k4v (``key_only=False``): common_ngram_map.
 
     Parameters
     ----------
@@ -1240,7 +1240,8 @@ cdef class MapProposer(Proposer):
 
 
 # --------------------------------------------------------------------------------------------
-# ngram-mod (spec 5): one shared hash pool, rolling LCG hash
+# ngram-mod (common_ngram_mod, common_speculative_impl_ngram_mod): one shared hash pool,
+# rolling LCG hash
 # --------------------------------------------------------------------------------------------
 
 cdef class ModPool:
@@ -1530,7 +1531,7 @@ cdef class ModProposer(Proposer):
 
 
 # --------------------------------------------------------------------------------------------
-# The engine: llama.cpp's glue (spec 7)
+# The engine: llama.cpp's glue (common_speculative_begin / _draft / _accept)
 # --------------------------------------------------------------------------------------------
 
 cdef struct Counters:
@@ -1541,28 +1542,25 @@ cdef struct Counters:
     uint64_t* acc_per_pos      # accepts with k > i, for i < max_draft
 
 
-cdef class SpecEngine:
-    """A chain of proposers driven as llama-server drives them (spec 1 and 7).
+cdef class Engine:
+    """A chain of proposers driven as llama-server drives them (``common_speculative_begin``,
+    ``common_speculative_draft``, ``common_speculative_accept``): the compiled half of
+    `ngramspec.SpecEngine`, which builds the chain from ``--spec-type`` and its parameters.
 
     Parameters
     ----------
-    spec_type : str
-        llama-server's ``--spec-type`` comma list, e.g. ``"ngram-mod,ngram-map-k4v"``. The
-        proposers run in llama.cpp's fixed priority order, whatever the list's order; the first
-        non-empty draft wins.
+    proposers : sequence of Proposer
+        The chain in priority order; the first non-empty draft wins.
     n_slots : int, >= 1
         Server slots. Per-slot state is separate; the ngram-mod pool is shared by all slots.
     pool : ModPool, optional
-        The ngram-mod table to use (shared with other engines given the same pool).
-    **params
-        Flat keywords named after the server flags: ``ngram_simple_size_n``,
-        ``ngram_map_k4v_min_hits``, ``ngram_mod_n_match``, ... (see `ngramspec.spec_types`).
+        The ngram-mod table the chain uses (default: the first ModProposer's).
 
     Methods ``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max=None)`` and
     ``accept(slot, n_accepted)`` follow llama-server: begin once per request with the full
     prompt; draft with the tokens in the KV cache and the last sampled token; accept after every
     non-empty draft (also with 0). Token arrays may be any 1-D integer array-like; ids must be
-    in 0 .. 2**31-1.
+    in 0 .. TOKEN_MAX.
 
     Between two begin() calls a slot's context only grows (llama-server appends to the KV
     cache), which is what the proposers' incremental state relies on, as in llama.cpp. The
@@ -1571,6 +1569,8 @@ cdef class SpecEngine:
     ``buf[:L]``), only the tokens past the previous length are validated; any other array-like
     is converted and checked whole.
 
+    Notes
+    -----
     Memory: see each proposer; the engine adds ``n_slots * max_draft`` int32 of output buffers.
 
     Thread-safety: calls for different slots may come from different threads at once (one
@@ -1598,18 +1598,11 @@ cdef class SpecEngine:
         self.checked_data = NULL
         self.out = NULL
 
-    def __init__(self, spec_type=None, n_slots=1, pool=None, *, proposers=None, **params):
+    def __init__(self, proposers, n_slots=1, pool=None):
         cdef Py_ssize_t i
         n_slots = check_int("n_slots", n_slots, 1)
         if pool is not None and not isinstance(pool, ModPool):
             raise TypeError(f"pool must be a ModPool, got {type(pool).__name__}")
-        if proposers is None:
-            if spec_type is None:
-                raise TypeError("SpecEngine needs spec_type (or proposers=)")
-            from ngramspec.spec_types import build_proposers
-            proposers = build_proposers(spec_type, n_slots, pool, params)
-        elif params or spec_type is not None:
-            raise TypeError("pass either spec_type with parameters, or proposers=")
         proposers = tuple(proposers)
         for p in proposers:
             if not isinstance(p, Proposer):
@@ -1641,11 +1634,6 @@ cdef class SpecEngine:
         for i in range(n_slots):
             self.impl_last[i] = -1
             self.pending[i] = -1
-
-    @classmethod
-    def from_proposers(cls, proposers, n_slots=1):
-        """An engine over already-built proposers (their priority is the given order)."""
-        return cls(None, n_slots, proposers=proposers)
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -1802,7 +1790,8 @@ cdef class SpecEngine:
                 (<Proposer>self.proposers[k]).c_accept(s, n, True)
 
     def stats(self):
-        """llama.cpp's per-proposer counters (spec 7), one dict per proposer in priority order.
+        """llama.cpp's per-proposer counters (``n_call_begin`` ... ``t_accept_us`` of
+        common/speculative.cpp), one dict per proposer in priority order.
 
         Keys: type, calls_b, calls_g, calls_a, gen_drafts, acc_drafts, gen_tokens, acc_tokens,
         acc_per_pos (list), t_begin_us, t_draft_us, t_accept_us.
@@ -1825,15 +1814,10 @@ cdef class SpecEngine:
             })
         return result
 
-    def stats_lines(self):
-        """llama.cpp's ``statistics <type>: ...`` lines, one per proposer."""
-        from ngramspec.stats import statistics_line
-        return [statistics_line(s) for s in self.stats()]
-
     def memory_bytes(self):
         """Bytes held by the proposers and the engine (the shared ModPool not included)."""
         return (sum(p.memory_bytes() for p in self.proposers)
                 + self.n_slots * self.max_draft * sizeof(token_t))
 
     def __repr__(self):
-        return f"<SpecEngine {','.join(self.types) or 'none'} n_slots={self.n_slots}>"
+        return f"<{type(self).__name__} {','.join(self.types) or 'none'} n_slots={self.n_slots}>"

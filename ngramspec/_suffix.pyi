@@ -1,14 +1,10 @@
 """Type stubs of ngramspec._suffix (the ngram-suffix proposer)."""
-from typing import Any, Mapping
-
 import numpy as np
 import numpy.typing as npt
 
 from ngramspec._core import Proposer
 
 N_CALIBRATION_CELLS: int
-# name -> (default, lo, hi, kind, help), the engine keywords of ngram-suffix
-PARAMS: dict[str, tuple[Any, Any, Any, type, str]]
 
 
 class SuffixProposer(Proposer):
@@ -28,4 +24,3 @@ class SuffixProposer(Proposer):
 
 
 def sam_bytes(n_tokens: int) -> int: ...
-def build_ngram_suffix(n_slots: int, values: Mapping[str, Any] | None) -> SuffixProposer: ...

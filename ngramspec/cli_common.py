@@ -4,11 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ngramspec.spec_types import REGISTRY
-
-# Types whose parameters make no sense without a live model.
-LIVE_ONLY = {"draft-simple"}
-
+from ngramspec.registry import TYPES, check_values, parse_types
 
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse that reports a bad flag as one line and exit code 2."""
@@ -69,14 +65,15 @@ def add_context_flags(parser: argparse.ArgumentParser, *, ctx_help: str,
 def add_spec_flags(parser: argparse.ArgumentParser, include_live: bool = False) -> None:
     """``--spec-type`` and every parameter flag of the registered spec types."""
     group = parser.add_argument_group("speculative decoding (llama-server flags)")
-    group.add_argument("--spec-type", default="ngram-mod",
-                       help="comma list of spec types, applied in llama.cpp's priority order "
-                            "(default: %(default)s)")
-    for spec in REGISTRY.values():
-        if spec.name in LIVE_ONLY and not include_live:
+    names = ["none"] + [t.name for t in TYPES.values() if include_live or not t.live]
+    group.add_argument("--spec-type", default="ngram-mod", metavar="TYPE[,TYPE...]",
+                       help=f"comma list of spec types, applied in llama.cpp's priority order: "
+                            f"{', '.join(names)} (default: %(default)s)")
+    for spec in TYPES.values():
+        if spec.live and not include_live:
             continue
         for p in spec.params:
-            if p.kind is object:
+            if p.kind is object or not p.cli:
                 continue
             kind = p.kind if p.kind in (int, float) else str
             rng = ""
@@ -106,7 +103,6 @@ def load_cache_files(spec_type: str, params: dict) -> tuple:
         return spec_type, params
     from ngramspec._cache import NgramCache
     from ngramspec.cache_file import load_cache
-    from ngramspec.spec_types import parse_types
     types = parse_types(spec_type)
     if "ngram-cache" not in types:
         spec_type = ",".join(parse_types(types + ["ngram-cache"]))
@@ -124,11 +120,23 @@ def load_cache_files(spec_type: str, params: dict) -> tuple:
 
 
 def engine_params(args: argparse.Namespace) -> dict:
-    """The engine keywords of the flags given on the command line."""
+    """The engine keywords of the flags given on the command line (unchecked)."""
     params = {}
-    for spec in REGISTRY.values():
+    for spec in TYPES.values():
         for p in spec.params:
             value = getattr(args, p.name, None)
             if value is not None:
                 params[p.name] = value
     return params
+
+
+def check_spec_flags(spec_type: str, params: dict) -> None:
+    """Check ``--spec-type`` and the parameter flags before any file is touched.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Naming the flag as the user typed it (``--spec-ngram-mod-n-min = 2000 is out of
+        range: allowed 0 .. 1024``).
+    """
+    check_values(spec_type, params, by_flag=True)

@@ -21,10 +21,8 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-try:
-    from ._core import PyProposer
-except ImportError:  # the base class may be re-exported only at package level
-    from . import PyProposer  # type: ignore[attr-defined,no-redef]
+from ._core import PyProposer, check_int
+from .registry import TYPES
 
 __all__ = ["DraftModelProposer", "VocabMismatchError", "check_vocab_compatible",
            "build_draft_simple"]
@@ -32,6 +30,7 @@ __all__ = ["DraftModelProposer", "VocabMismatchError", "check_vocab_compatible",
 NAME = "draft-simple"
 #: llama.cpp's draft sampler is ``top_k(10)``; p_min is compared with the probability after it.
 TOP_K = 10
+_PARAMS = {p.name: p for p in TYPES[NAME].params}
 
 
 class VocabMismatchError(ValueError):
@@ -134,20 +133,17 @@ class DraftModelProposer(PyProposer):
     def __init__(self, model, n_slots: int = 1, *, n_max: int = 3, n_min: int = 0,
                  p_min: float = 0.0, n_ctx: int = 4096, n_batch: int = 512,
                  n_threads: Optional[int] = None):
-        n_max, n_min, n_ctx, n_batch = int(n_max), int(n_min), int(n_ctx), int(n_batch)
-        p_min = float(p_min)
-        if n_max < 0:
-            raise ValueError(f"--spec-draft-n-max must be >= 0, got {n_max}")
+        # the draft-simple entries of the registry, reported by this constructor's keywords
+        n_max, n_min, p_min, n_ctx, n_batch = (
+            _PARAMS[name].check(value, label) for name, value, label in (
+                ("spec_draft_n_max", n_max, "n_max"), ("spec_draft_n_min", n_min, "n_min"),
+                ("spec_draft_p_min", p_min, "p_min"), ("ctx_size_draft", n_ctx, "n_ctx"),
+                ("batch_size_draft", n_batch, "n_batch")))
+        n_slots = check_int("n_slots", n_slots, 1)
+        if n_threads is not None:
+            n_threads = _PARAMS["threads_draft"].check(n_threads, "n_threads")
         # llama.cpp checks the bound only after the first drafted token: n_max = 0 drafts one.
         n_max = max(1, n_max)
-        if n_min < 0:
-            raise ValueError(f"--spec-draft-n-min must be >= 0, got {n_min}")
-        if not 0.0 <= p_min <= 1.0:
-            raise ValueError(f"--spec-draft-p-min must lie in [0, 1], got {p_min}")
-        if int(n_slots) < 1:
-            raise ValueError(f"n_slots must be >= 1, got {n_slots}")
-        if n_ctx < 16 or n_batch < 1:
-            raise ValueError(f"draft n_ctx must be >= 16 and n_batch >= 1, got {n_ctx}, {n_batch}")
         super().__init__(NAME, int(n_slots), n_max)
         import llama_cpp
         from llama_cpp import _internals
@@ -270,26 +266,21 @@ class DraftModelProposer(PyProposer):
 
 
 def build_draft_simple(n_slots: int, values: Dict[str, Any]) -> DraftModelProposer:
-    """Builder for the ``draft-simple`` spec type (called by ``ngramspec.spec_types``).
+    """Builder for the ``draft-simple`` spec type (called by ``ngramspec.registry``).
 
     Parameters
     ----------
     n_slots : int
         Engine slots.
     values : dict
-        ``model_draft`` (GGUF path or ``llama_cpp.Llama``, required), ``spec_draft_n_max`` (3),
-        ``spec_draft_n_min`` (0), ``spec_draft_p_min`` (0.0); optional ``ctx_size_draft``
-        (4096), ``threads_draft``.
+        Every keyword of the registry, checked: ``model_draft`` (GGUF path or
+        ``llama_cpp.Llama``, required), ``spec_draft_n_max``, ``spec_draft_n_min``,
+        ``spec_draft_p_min``, ``ctx_size_draft``, ``batch_size_draft``, ``threads_draft``.
     """
     model = values.get("model_draft")
     if model is None:
         raise ValueError("spec type draft-simple needs a draft model (--model-draft / model_draft)")
-
-    def get(key, default):
-        v = values.get(key)
-        return default if v is None else v
-
-    return DraftModelProposer(model, n_slots, n_max=get("spec_draft_n_max", 3),
-                              n_min=get("spec_draft_n_min", 0), p_min=get("spec_draft_p_min", 0.0),
-                              n_ctx=get("ctx_size_draft", 4096),
-                              n_threads=values.get("threads_draft"))
+    return DraftModelProposer(model, n_slots, n_max=values["spec_draft_n_max"],
+                              n_min=values["spec_draft_n_min"], p_min=values["spec_draft_p_min"],
+                              n_ctx=values["ctx_size_draft"], n_batch=values["batch_size_draft"],
+                              n_threads=values["threads_draft"])

@@ -5,8 +5,10 @@ import json
 import os
 import sys
 
+from ngramspec import registry
 from ngramspec.cli_common import (add_context_flags, add_model_flags, add_spec_flags,
-                                  engine_params, load_cache_files, run_one_line_errors)
+                                  check_spec_flags, engine_params, load_cache_files,
+                                  run_one_line_errors)
 
 # generate's own defaults, chosen from bench/E2E.md: on a CPU, verifying a batch of k tokens costs
 # c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one thread), so
@@ -72,6 +74,7 @@ def generate_params(args) -> dict:
         params[lo] = min(params[lo], params[hi])
     elif lo in given and hi not in given:
         params[hi] = max(params[hi], params[lo])
+    check_spec_flags(args.spec_type, params)
     return params
 
 
@@ -94,10 +97,9 @@ def _read_prompt_tokens(path):
 
 
 def spec_types(args):
-    from ngramspec.spec_types import parse_types
-    types = parse_types(args.spec_type)
+    types = registry.parse_types(args.spec_type)
     if args.model_draft and "draft-simple" not in types:
-        types = parse_types(types + ["draft-simple"])
+        types = registry.parse_types(types + ["draft-simple"])
     if "draft-simple" in types and not args.model_draft:
         raise ValueError("spec type draft-simple needs --model-draft")
     return types
@@ -121,22 +123,12 @@ def _load_draft_vocab_checked(llm, path):
 
 def _build_engine(llm, types, params, args):
     from ngramspec import SpecEngine
-    from ngramspec.spec_types import all_params, build_proposers
-    ngram = [t for t in types if t != "draft-simple"]
-    proposers = build_proposers(",".join(ngram), 1, None, params) if ngram else []
     if "draft-simple" in types:
-        from ngramspec.draft_model import DraftModelProposer
         _load_draft_vocab_checked(llm, args.model_draft)
-        known = all_params()
-        value = {k: known[k].check(params[k]) if k in params else known[k].default
-                 for k in ("spec_draft_n_max", "spec_draft_n_min", "spec_draft_p_min")}
-        # Built here rather than through the registry so that the draft model gets the target's
-        # context size and thread count. draft-simple is last in llama.cpp's priority order.
-        proposers.append(DraftModelProposer(
-            args.model_draft, 1, n_max=value["spec_draft_n_max"],
-            n_min=value["spec_draft_n_min"], p_min=value["spec_draft_p_min"],
-            n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads))
-    return SpecEngine.from_proposers(proposers, n_slots=1)
+        # the draft model gets the target's context size, batch size and threads
+        params = dict(params, model_draft=args.model_draft, ctx_size_draft=args.ctx_size,
+                      batch_size_draft=args.batch_size, threads_draft=args.threads)
+    return SpecEngine.from_proposers(registry.build_proposers(types, 1, None, params), n_slots=1)
 
 
 def _execute(args):

@@ -419,11 +419,13 @@ def _draft_time_us(stats) -> int:
 
 
 def _check_engine_models(llm, engine) -> None:
-    # A draft model must share the target's vocabulary: its tokens are verified as ids.
-    from .draft_model import DraftModelProposer
+    # A draft model must share the target's vocabulary: its tokens are verified as ids. Any
+    # proposer with a check_target (DraftModelProposer) is asked, so this generation loop does
+    # not import the draft model, which imports this module's decoder.
     for prop in getattr(engine, "proposers", ()) or ():
-        if isinstance(prop, DraftModelProposer):
-            prop.check_target(llm)
+        check = getattr(prop, "check_target", None)
+        if check is not None:
+            check(llm)
 
 
 def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slot: int = 0,

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ngramspec._core import ModPool, SpecEngine
+from ngramspec._core import ModPool
+from ngramspec.engine import SpecEngine
 from ngramspec.loop import Timers, common_prefix, run_recorded  # noqa: F401 (re-exported)
-from ngramspec.spec_types import REGISTRY, parse_types
+from ngramspec.registry import TYPES, parse_types
 
 COUNTERS = ("calls_b", "calls_g", "calls_a", "gen_drafts", "acc_drafts", "gen_tokens",
             "acc_tokens")
@@ -74,7 +75,7 @@ def _sum_stats(total: list | None, stats: list) -> list:
 def _run_once(requests, spec_type, params, state, n_slots, record_drafts, n_ctx, progress):
     timers = Timers()
     records, total, engines = [], None, []
-    pool = ModPool() if any(REGISTRY[t].uses_pool for t in parse_types(spec_type)) else None
+    pool = ModPool() if any(TYPES[t].uses_pool for t in parse_types(spec_type)) else None
     engine = None
     for t, req in enumerate(requests):
         slot = t % n_slots
@@ -104,11 +105,39 @@ def _json_params(params: dict) -> dict:
 def replay(requests, spec_type: str, params: dict | None = None, *, state: str = "shared",
            n_slots: int = 1, record_drafts: bool = False, repeat: int = 1, n_ctx: int = 0,
            progress=None) -> ReplayResult:
-    """Replay `requests` (``traces.Request``) and return the golden-format result.
+    """Replay recorded requests through a chain and return the golden-format result.
 
-    state "shared" keeps one engine for all requests (a running server; request t on slot
-    t % n_slots); "fresh" builds a new one per request. With repeat > 1 the replay runs that many
-    times and the fastest timings are reported (drafts are deterministic).
+    Parameters
+    ----------
+    requests : sequence of ngramspec.traces.Request
+    spec_type : str
+        ``--spec-type`` list.
+    params : dict, optional
+        Engine keywords (`ngramspec.registry`).
+    state : {"shared", "fresh"}
+        "shared" keeps one engine for all requests (a running server; request t on slot
+        t % n_slots); "fresh" builds a new one per request (the pool emptied).
+    n_slots : int
+    record_drafts : bool
+        Keep every draft in the request records.
+    repeat : int
+        Run that many times and report the fastest timings (drafts are deterministic; differing
+        counters raise RuntimeError).
+    n_ctx : int
+        > 0 bounds drafts by llama-server's ``n_ctx - L - 2``.
+    progress : callable, optional
+        ``progress(done, total)`` after each request of the first run.
+
+    Returns
+    -------
+    ReplayResult
+        ``summary`` (totals, llama.cpp's counters per proposer, µs per call) and ``requests``.
+
+    Notes
+    -----
+    Memory: the engine's, plus the records (with every draft when record_drafts).
+
+    Thread-safety: builds its own engines; safe to run in several threads at once.
     """
     params = dict(params or {})
     if state not in ("shared", "fresh"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from ngramspec.cli_common import add_spec_flags, engine_params, load_cache_files
+from ngramspec.cli_common import add_spec_flags, check_spec_flags, engine_params, load_cache_files
 from ngramspec.replay import ProgressBar, replay
 from ngramspec.stats import acceptance_line, statistics_line
 from ngramspec.traces import read_requests
@@ -49,6 +49,7 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     given = engine_params(args)
+    check_spec_flags(args.spec_type, given)
     # cache files are read once, for every trace file and every engine of --state fresh
     args.spec_type, params = load_cache_files(args.spec_type, given)
     out = open(args.output, "w", encoding="utf-8") if args.output else None

@@ -54,7 +54,8 @@ def add_parser(subparsers):
                         "context is full (default %(default)s)")
     p.add_argument("--policy", choices=("fixed", "auto"), default="fixed",
                    help="draft-length policy of requests that choose none: llama.cpp's fixed "
-                        "bounds or the cost-aware one (default %(default)s)")
+                        "bounds, or auto: the drafts of all slots cut jointly to the most "
+                        "expected tokens per second of the step (default %(default)s)")
     p.add_argument("--timeout-graceful-shutdown", type=bounded(float, 0.0), default=GRACEFUL_S,
                    metavar="S", help="seconds running requests may finish after SIGTERM before "
                                      "they are cancelled (default %(default)s)")
@@ -110,12 +111,6 @@ def _execute(args) -> int:
                           f"{exc}") from None
     if args.n_predict < -1 or args.n_predict == 0:
         raise ValueError(f"--n-predict must be -1 or >= 1, got {args.n_predict}")
-    if args.policy == "auto":
-        try:
-            import ngramspec.policy  # noqa: F401
-        except ImportError:
-            raise ValueError("--policy auto: the cost-aware policy (ngramspec.policy) is not "
-                             "in this build; use --policy fixed") from None
     sock = _bind(args.host, args.port)
     try:
         model, scheduler = build_scheduler(args)

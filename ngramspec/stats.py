@@ -1,4 +1,5 @@
-"""llama.cpp's statistics lines (spec 7.1) from `SpecEngine.stats()` dicts."""
+"""llama.cpp's ``statistics <type>: ...`` lines (``common/speculative.cpp``) and llama-server's
+``draft acceptance`` line, from `SpecEngine.stats()` dicts."""
 from __future__ import annotations
 
 
@@ -28,12 +29,3 @@ def acceptance_line(accepted: int, generated: int, n_drafts: int) -> str:
     return (f"draft acceptance = {rate:.5f} ({accepted:5d} accepted / {generated:5d} generated), "
             f"mean len = {mean_len:5.2f}")
 
-
-def mean_acceptance_length(s: dict) -> float:
-    """1 + accepted tokens per accept call (0 without accepts)."""
-    return 1 + s["acc_tokens"] / s["calls_a"] if s["calls_a"] else 0.0
-
-
-def acceptance_rate_per_position(s: dict) -> list[float]:
-    """Fraction of accept calls that accepted more than i tokens, per draft position i."""
-    return [c / s["calls_a"] for c in s["acc_per_pos"]] if s["calls_a"] else []

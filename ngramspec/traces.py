@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-TOKEN_MAX = 2**31 - 1
+from ngramspec._core import TOKEN_MAX
 
 
 class TraceError(ValueError):

@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ngramspec import SpecEngine
-from ngramspec._cache import (CacheFileError, NgramCache, NgramCacheProposer, _draft_once,
-                              build_ngram_cache)
+from ngramspec._cache import CacheFileError, NgramCache, NgramCacheProposer, _draft_once
 from ngramspec.cache_file import (atomic_write_bytes, build_static_cache, load_cache,
                                   merge_into_dynamic, save_cache)
 from ngramspec.loop import run_recorded
+from ngramspec.registry import build_proposers
 from ngramspec.replay import COUNTERS, replay
 from ngramspec.traces import read_requests
 
@@ -305,7 +305,8 @@ def test_engine_integration(tmp_path):
     # a dynamic file that does not exist yet is an empty cache (first run)
     eng = SpecEngine("ngram-cache", lookup_cache_dynamic=str(tmp_path / "dyn.bin"))
     assert len(eng.proposers[0].dynamic_cache) == 0
-    p = build_ngram_cache(3, {"lookup_cache_static": None, "lookup_cache_dynamic": None})
+    (p,) = build_proposers("ngram-cache", 3, None, {"lookup_cache_static": None,
+                                                    "lookup_cache_dynamic": None})
     assert p.n_slots == 3 and p.name == "ngram-cache"
 
 
@@ -313,7 +314,7 @@ def test_dynamic_cache_drafts_with_strict_thresholds(tmp_path):
     dyn_path = tmp_path / "dyn.bin"
     stream = [10, 11, 12, 13, 14] * 4
     merge_into_dynamic(dyn_path, stream)
-    p = build_ngram_cache(1, {"lookup_cache_dynamic": str(dyn_path)})
+    (p,) = build_proposers("ngram-cache", 1, None, {"lookup_cache_dynamic": str(dyn_path)})
     # nothing in the context cache matches; the dynamic 4-gram (11,12,13,14) -> 10 (3 samples)
     assert _draft_once(p, 0, [99, 11, 12, 13], 14)[:5] == [10, 11, 12, 13, 14]
 

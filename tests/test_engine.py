@@ -4,7 +4,8 @@ import re
 import numpy as np
 import pytest
 
-from ngramspec import ModPool, POOL_SIZE, SpecEngine, acceptance_line, statistics_line
+from ngramspec import ModPool, SpecEngine, acceptance_line, statistics_line
+from ngramspec._core import Engine
 from ngramspec._core import MapProposer, ModProposer, PyProposer, SimpleProposer
 
 
@@ -18,13 +19,13 @@ def test_token_type_is_int32():
 
 def test_pool_is_fixed_16_mib_and_shared():
     pool = ModPool()
-    assert pool.size == POOL_SIZE == 4 * 1024 * 1024
+    assert pool.size == 4 * 1024 * 1024
     assert pool.nbytes == 16 * 1024 * 1024
     e = SpecEngine("ngram-mod", n_slots=8, pool=pool, ngram_mod_n_match=4)
     assert e.pool is pool
     assert all(p.pool is pool for p in e.proposers)
     e.begin(3, np.arange(100, dtype=np.int32))
-    assert pool.used == 96 and pool.occupancy == pytest.approx(96 / POOL_SIZE)
+    assert pool.used == 96 and pool.occupancy == pytest.approx(96 / pool.size)
     pool.reset()
     assert pool.used == 0 and pool.get([0, 1, 2, 3]) == -1
 

@@ -336,6 +336,10 @@ def test_cli_text_report(capsys, tmp_path, prompt):
     (["--prompt", "x", "--spec-type", "draft-simple"], "--model-draft"),
     (["--prompt", "x", "--spec-type", "ngram-bogus"], "unknown spec type"),
     (["--prompt", "x", "-n", "-5"], "--n-predict"),
+    (["--prompt", "x", "--spec-ngram-mod-n-min", "8", "--spec-ngram-mod-n-max", "4"],
+     "--spec-ngram-mod-n-min = 8 is greater than --spec-ngram-mod-n-max = 4"),
+    (["--prompt", "x", "--spec-draft-p-min", "1.5"],
+     "--spec-draft-p-min = 1.5 is out of range: allowed 0.0 .. 1.0"),
 ])
 def test_cli_errors_are_one_line(capsys, argv, needle):
     rc = cli_main(["generate", *argv])
@@ -365,7 +369,7 @@ def test_generate_defaults_apply_to_generate_only(tmp_path, prompt, monkeypatch,
     the plug-in keep llama.cpp's defaults, and a flag given on the command line wins."""
     import argparse
 
-    import ngramspec.spec_types as spec_types
+    import ngramspec.registry as registry
     from ngramspec import generate_cli
     from ngramspec.cli import build_parser
     from ngramspec.cli_common import engine_params
@@ -397,13 +401,13 @@ def test_generate_defaults_apply_to_generate_only(tmp_path, prompt, monkeypatch,
 
     # The CLI really builds its ngram-mod with them.
     seen = []
-    real = spec_types.build_proposers
+    real = registry.build_proposers
 
     def spy(spec_type, n_slots, pool, params):
         props = real(spec_type, n_slots, pool, params)
         seen.extend(props)
         return props
-    monkeypatch.setattr(spec_types, "build_proposers", spy)
+    monkeypatch.setattr(registry, "build_proposers", spy)
     toks = tmp_path / "prompt.json"
     toks.write_text(json.dumps([int(t) for t in prompt]))
     rc = cli_main(["generate", "--prompt-tokens", str(toks), "-n", "4", "-c", str(N_CTX),

@@ -67,7 +67,7 @@ def test_replay_fresh_state_and_plain_jsonl(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--spec-type", "ngram-bogus"], "unknown spec type 'ngram-bogus'"),
-    (["--spec-ngram-mod-n-match", "0"], "ngram_mod_n_match = 0 is out of range: allowed 1 .. 1024"),
+    (["--spec-ngram-mod-n-match", "0"], "--spec-ngram-mod-n-match = 0 is out of range: allowed 1 .. 1024"),
     (["--slots", "0"], "--slots"),
 ])
 def test_replay_bad_flags_one_line_exit_2(args, message):

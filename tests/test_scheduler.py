@@ -291,3 +291,60 @@ def _check_sampling_distribution(sched):
     colder, _ = run(range(2 * n, 2 * n + 64), 0.8, False)
     p_other = _chi2_p(colder, plain)
     assert p_other < 1e-3, p_other
+
+
+def test_draft_model_alongside(llm, prompts):
+    """A draft model (the same GGUF: its greedy drafts are the target's) ends the chain; greedy
+    output is unchanged and the draft model's tokens are accepted."""
+    with Scheduler(llm, n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1, spec_type="ngram-mod",
+                   draft_model=default_model_path(),
+                   spec_params=dict(spec_draft_n_max=4)) as s:
+        assert s.spec_types == ("ngram-mod", "draft-simple")
+        ps = [prompts[1], prompts[3]]
+        hs = [s.submit(p, SamplingParams(max_tokens=n)) for p, n in ps]
+        res = [h.result(timeout=300) for h in hs]
+        for (p, n), r in zip(ps, res):
+            assert_greedy_equal(llm, p, r.tokens, generate_plain(llm, p, n_predict=n).output_tokens)
+        st = s.stats()["proposers"]["draft-simple"]
+        assert st["accepted"] > 0.5 * st["drafted"] > 0
+        # a per-request p_min of 1 stops every draft-model draft before its first token
+        before = s.stats()["proposers"]["draft-simple"]["drafted"]
+        r = s.submit(ps[0][0], SamplingParams(max_tokens=8),
+                     SpeculationParams(types=("draft-simple",), p_min=1.0)).result(timeout=120)
+        assert r.draft_n == 0 and s.stats()["proposers"]["draft-simple"]["drafted"] == before
+        with pytest.raises(ValueError, match="speculation.p_min"):
+            s.submit(ps[0][0], speculation=SpeculationParams(p_min=2.0))
+
+
+def test_auto_policy_keeps_greedy_output(llm, prompts):
+    """policy "auto": drafts cut to the joint cost-aware lengths; the output is unchanged."""
+    with Scheduler(llm, n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1, policy="auto",
+                   spec_type="ngram-simple,ngram-mod",
+                   spec_params=dict(ngram_simple_size_n=3, ngram_simple_size_m=8,
+                                    ngram_mod_n_match=8, ngram_mod_n_min=2,
+                                    ngram_mod_n_max=16)) as s:
+        assert s._cost.calibrated  # measured at start
+        ps = [prompts[4], prompts[3]]
+        hs = [s.submit(p, SamplingParams(max_tokens=n)) for p, n in ps]
+        for (p, n), h in zip(ps, hs):
+            assert_greedy_equal(llm, p, h.result(timeout=300).tokens,
+                                generate_plain(llm, p, n_predict=n).output_tokens)
+        st = s.stats()
+        # the proposers' drafts (whole) against what the steps verified (cut)
+        drafted = sum(v["drafted"] for v in st["proposers"].values())
+        assert st["draft_tokens"] <= drafted and s._accept_prior.tried[0] > 0
+
+
+def test_logit_bias_and_ignore_eos(sched, prompts):
+    p, _ = prompts[3]
+    plain = sched.submit(p, SamplingParams(max_tokens=8)).result(timeout=120).tokens
+    banned = plain[1]
+    res = sched.submit(p, SamplingParams(max_tokens=8, logit_bias={banned: float("-inf")})
+                       ).result(timeout=120)
+    assert res.tokens[0] == plain[0] and banned not in res.tokens
+    eos = sched.tokenize("<|im_end|>", add_bos=False)[0]
+    res = sched.submit(p, SamplingParams(max_tokens=8, ignore_eos=True,
+                                         logit_bias={eos: 100.0})).result(timeout=120)
+    assert res.finish_reason == "length" and eos not in res.tokens  # banned despite the bias
+    res = sched.submit(p, SamplingParams(max_tokens=8, logit_bias={eos: 100.0})).result(timeout=120)
+    assert res.tokens == [eos] and res.finish_reason == "stop" and res.text == ""

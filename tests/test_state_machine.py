@@ -54,7 +54,8 @@ def configs(draw):
         params[pre + "_min_hits"] = draw(st.integers(1, 3))
     params["ngram_mod_n_match"] = draw(st.integers(1, 5))
     params["ngram_mod_n_min"] = draw(st.integers(0, 6))
-    params["ngram_mod_n_max"] = draw(st.integers(0, 10))
+    # n_min > n_max together is refused by the registry (it would never draft)
+    params["ngram_mod_n_max"] = draw(st.integers(params["ngram_mod_n_min"], 10))
     return types, params
 
 

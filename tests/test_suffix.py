@@ -26,7 +26,8 @@ from reference_suffix import ReferenceSuffix  # noqa: E402
 
 suffix = pytest.importorskip("ngramspec._suffix", reason="extension not built "
                              "(python setup.py build_ext --inplace)")
-from ngramspec._suffix import PARAMS, SuffixProposer, build_ngram_suffix, sam_bytes  # noqa: E402
+from ngramspec._suffix import SuffixProposer, sam_bytes  # noqa: E402
+from ngramspec.registry import TYPES, build_proposers  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
 
@@ -315,12 +316,18 @@ def test_docstrings_state_memory_and_thread_safety():
 # parameters and the engine
 # ---------------------------------------------------------------------------------------------
 
+def build_ngram_suffix(n_slots, params):
+    (p,) = build_proposers("ngram-suffix", n_slots, None, params)
+    return p
+
+
 def test_factory_defaults_and_ranges():
     p = build_ngram_suffix(3, {})
     assert (p.name, p.n_slots, p.max_draft) == ("ngram-suffix", 3, 256)
-    assert build_ngram_suffix(1, {"ngram_suffix_max_draft": 7, "other_type_key": 1}).max_draft == 7
-    for name, (default, lo, hi, kind, _) in PARAMS.items():
-        assert name.startswith("ngram_suffix_") and lo <= default <= hi
+    assert build_ngram_suffix(1, {"ngram_suffix_max_draft": 7}).max_draft == 7
+    for param in TYPES["ngram-suffix"].params:
+        name, lo, hi = param.name, param.lo, param.hi
+        assert name.startswith("ngram_suffix_") and lo <= param.default <= hi
         for bad in (lo - 1, hi + 1):
             with pytest.raises(ValueError, match=f"{name} = .* allowed {lo} .. {hi}"):
                 build_ngram_suffix(1, {name: bad})
@@ -350,7 +357,7 @@ def test_through_the_engine():
              np.concatenate([words[i] for i in rng.integers(0, 6, 10)]).tolist())
             for _ in range(5)]
     direct = SuffixProposer(1, max_draft=32)
-    engine = core.SpecEngine.from_proposers([SuffixProposer(1, max_draft=32)], n_slots=1)
+    engine = core.Engine([SuffixProposer(1, max_draft=32)], n_slots=1)
     for prompt, output in reqs:
         assert [list(map(int, d)) for d in replay(engine, 0, prompt, output)] == \
             list(replay(direct, 0, prompt, output))

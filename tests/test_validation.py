@@ -21,14 +21,14 @@ import pytest
 
 from ngramspec import (MapProposer, ModPool, ModProposer, PyProposer, SimpleProposer,
                        SpecEngine)
+from ngramspec._core import TOKEN_MAX
 from ngramspec.cli import main as cli_main
 from ngramspec.replay import replay
-from ngramspec.spec_types import REGISTRY
+from ngramspec.registry import TYPES
 from ngramspec.traces import TraceError, read_requests
 
 from conftest import ROOT, TRACES
 
-TOKEN_MAX = 2**31 - 1
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 CHAIN = ",".join(NGRAM_TYPES)
 
@@ -46,7 +46,7 @@ SPEC_RANGES = {
 
 
 def _type_of(param: str) -> str:
-    for spec in REGISTRY.values():
+    for spec in TYPES.values():
         if any(p.name == param for p in spec.params):
             return spec.name
     raise KeyError(param)
@@ -95,6 +95,40 @@ def test_unknown_spec_type_in_a_list():
 def test_spec_type_known_to_llama_but_unsupported(name):
     with pytest.raises(ValueError, match=f"'{name}'.*not supported"):
         SpecEngine(name)
+
+
+def test_unknown_type_lists_only_types_that_work():
+    with pytest.raises(ValueError) as exc:
+        SpecEngine("ngram-bogus")
+    allowed = str(exc.value).partition("allowed ")[2].split(", ")
+    assert allowed == ["none", *TYPES]
+    assert not {"draft-eagle3", "draft-mtp", "draft-dflash"} & set(allowed)
+
+
+def test_ngram_mod_n_min_above_n_max_is_refused_naming_both():
+    with pytest.raises(ValueError, match="ngram_mod_n_min = 8 is greater than "
+                                         "ngram_mod_n_max = 4"):
+        SpecEngine("ngram-mod", ngram_mod_n_min=8, ngram_mod_n_max=4)
+    SpecEngine("ngram-mod", ngram_mod_n_min=4, ngram_mod_n_max=4)
+    SpecEngine("ngram-mod", ngram_mod_n_max=0)       # alone: llama.cpp's default n_min stays
+
+
+def test_spec_type_help_lists_the_valid_types(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["replay", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "ngram-mod, ngram-cache" in text and "none, ngram-suffix, ngram-simple" in text
+    assert "draft-simple" not in text and "draft-mtp" not in text    # replay has no model
+
+
+def test_every_parameter_has_one_flag_and_a_default_in_range():
+    params = [p for spec in TYPES.values() for p in spec.params]
+    assert len({p.name for p in params}) == len(params)
+    for p in params:
+        if p.kind in (int, float) and p.default is not None:
+            assert p.check(p.default) == p.default
+        if p.cli:
+            assert p.flag.startswith("--") and "_" not in p.flag
 
 
 @pytest.mark.parametrize("bad", [5, 2.5, object()])
@@ -783,7 +817,7 @@ def test_cli_bad_flags(tmp_path):
     _write(tmp_path / "ok.jsonl", GOOD_LINE + "\n")
     cases = [
         (["--spec-type", "ngram-foo"], ["unknown spec type 'ngram-foo'"]),
-        (["--spec-ngram-mod-n-match", "0"], ["ngram_mod_n_match = 0 is out of range"]),
+        (["--spec-ngram-mod-n-match", "0"], ["--spec-ngram-mod-n-match = 0 is out of range"]),
         (["--spec-ngram-mod-n-max", "abc"], ["--spec-ngram-mod-n-max", "invalid int value"]),
         (["--slots", "0"], ["--slots"]),
         (["--bogus-flag"], ["unrecognized arguments: --bogus-flag"]),
@@ -804,10 +838,14 @@ def _cli_in_process(argv, capsys):
 
 @pytest.mark.parametrize("flags, needle", [
     (["--spec-type", "draft-mtp"], "'draft-mtp' is not supported"),
-    (["--spec-ngram-simple-size-n", "1025"], "ngram_simple_size_n = 1025 is out of range"),
-    (["--spec-ngram-map-k-size-m", "0"], "ngram_map_k_size_m = 0 is out of range"),
-    (["--spec-ngram-map-k4v-min-hits", "0"], "ngram_map_k4v_min_hits = 0 is out of range"),
-    (["--spec-ngram-mod-n-min", "-1"], "ngram_mod_n_min = -1 is out of range"),
+    (["--spec-ngram-simple-size-n", "1025"], "--spec-ngram-simple-size-n = 1025 is out of range"),
+    (["--spec-ngram-map-k-size-m", "0"], "--spec-ngram-map-k-size-m = 0 is out of range"),
+    (["--spec-ngram-map-k4v-min-hits", "0"], "--spec-ngram-map-k4v-min-hits = 0 is out of range"),
+    (["--spec-ngram-mod-n-min", "-1"],
+     "--spec-ngram-mod-n-min = -1 is out of range: allowed 0 .. 1024"),
+    (["--spec-ngram-mod-n-min", "8", "--spec-ngram-mod-n-max", "4"],
+     "--spec-ngram-mod-n-min = 8 is greater than --spec-ngram-mod-n-max = 4"),
+    (["--spec-type", "draft-eagle3"], "allowed none, ngram-suffix, ngram-simple"),
     (["--spec-ngram-mod-n-match", "2.5"], "invalid int value: '2.5'"),
     (["--limit", "0"], "--limit"), (["--repeat", "-3"], "--repeat"), (["--slots", "x"], "--slots"),
     (["--state", "stale"], "invalid choice: 'stale'"),

@@ -31,12 +31,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from .batch import MultiSeqBatch
+from .joint import CALIBRATION_SIZES, AcceptanceCounts, StepCost, choose_lengths
 from .params import SamplingParams, SpeculationParams
 from .request import Chunk, Completion, QueueFull, RequestHandle
 from .sampling import Sampler, sample_run
 from .text import TextStream, token_piece_fn
 
-from ngramspec.loop import FixedPolicy, SlotLoop
+from ngramspec.loop import SlotLoop
 
 __all__ = ["Scheduler", "RequestHandle", "Completion", "Chunk", "QueueFull"]
 
@@ -71,6 +72,8 @@ class _Request:
         self.first_idx = 0             # batch index of this step's first token
         self.last_idx = -1             # batch index of the prompt's last token (its final chunk)
         self.callback_error: Optional[BaseException] = None
+        self.auto = False              # joint cost-aware draft length (policy "auto")
+        self.accept_counts = AcceptanceCounts()
         self.draft_n = self.draft_acc = 0
         self.t_submit = time.perf_counter()
         self.t_admit = self.t_first = 0.0
@@ -86,27 +89,24 @@ class _Slot:
 
 
 class _RequestPolicy:
-    """A request's draft-length policy: the base policy within the request's ``n_max``/``n_min``
-    and the step's token budget (the scheduler's ``draft_cap``)."""
+    """A request's draft bounds: its ``n_max``/``n_min`` and the step's token budget (the
+    scheduler's ``draft_cap``). The ``"auto"`` policy's cut comes after all slots drafted
+    (:mod:`ngramspec.llama.joint`)."""
 
-    def __init__(self, sched, base, spec: SpeculationParams):
-        self.sched, self.base = sched, base
+    def __init__(self, sched, spec: SpeculationParams):
+        self.sched = sched
         self.n_max = 0 if not spec.enabled else spec.n_max
         self.n_min = spec.n_min or 0
 
     def before_draft(self, loop):
         bound = self.sched._draft_cap
-        if self.n_max is not None:
-            bound = min(bound, self.n_max)
-        lower = self.base.before_draft(loop)
-        return bound if lower is None else min(bound, lower)
+        return bound if self.n_max is None else min(bound, self.n_max)
 
     def after_draft(self, loop, draft):
-        k = self.base.after_draft(loop, draft)
-        return 0 if k < self.n_min else k
+        return 0 if len(draft) < self.n_min else len(draft)
 
     def observe(self, loop, n_draft, n_acc):
-        self.base.observe(loop, n_draft, n_acc)
+        pass
 
 
 class Scheduler:
@@ -200,6 +200,9 @@ class Scheduler:
 
         self._engine, self.spec_types = self._build_engine(spec_type, spec_params, draft_model)
         self._engines: Dict[tuple, object] = {}
+        self._draft_proposer = next((p for p in (self._engine.proposers if self._engine else ())
+                                     if p.name == "draft-simple"), None)
+        self._draft_p_min = getattr(self._draft_proposer, "p_min", 0.0)
         self._slots = [_Slot(i, self.n_ctx_slot) for i in range(self.n_slots)]
         self._queue: deque = deque()
         self._active: List[_Request] = []     # admitted, in admission order
@@ -209,17 +212,20 @@ class Scheduler:
         self._stopping = False
         self._closed = False
         self._draft_cap = 0
+        self._cost = StepCost()
+        self._accept_prior = AcceptanceCounts()
         self._use = 0
         self._stats = {"requests_submitted": 0, "requests_finished": 0,
                        "requests_cancelled": 0, "tokens_predicted": 0, "tokens_prompt": 0,
                        "tokens_prompt_cached": 0, "decode_calls": 0, "decode_tokens": 0,
-                       "draft_tokens": 0, "draft_tokens_accepted": 0, "t_decode_s": 0.0}
+                       "draft_tokens": 0, "draft_tokens_accepted": 0, "t_decode_s": 0.0,
+                       "t_steps_cpu_s": 0.0}
 
     # -- construction helpers ------------------------------------------------------------------
 
     def _build_engine(self, spec_type, spec_params, draft_model):
         from ngramspec import SpecEngine
-        from ngramspec.spec_types import parse_types
+        from ngramspec.registry import parse_types
         types = [t for t in parse_types(spec_type) if t != "none"]
         params = dict(spec_params or {})
         if draft_model is not None:
@@ -244,7 +250,8 @@ class Scheduler:
             from ngramspec import SpecEngine
             props = [p for p in self._engine.proposers if p.name in key]
             eng = SpecEngine.from_proposers(props, n_slots=self.n_slots)
-            self._engines[key] = eng
+            with self._cond:  # stats() reads the dict from other threads
+                self._engines[key] = eng
         return eng
 
     # -- public API ----------------------------------------------------------------------------
@@ -256,9 +263,25 @@ class Scheduler:
                 raise RuntimeError("the scheduler has been stopped")
             if self._thread is not None:
                 return
+            if self.policy == "auto":
+                self._calibrate()
             self._thread = threading.Thread(target=self._run, name="ngramspec-decode",
                                             daemon=True)
             self._thread.start()
+
+    def _calibrate(self) -> None:
+        """Measure the step cost curve on the idle context (slot 0's sequence, then cleared)."""
+        filler = np.full(max(CALIBRATION_SIZES), 198, dtype=np.int32)
+        seq = self._slots[0]
+
+        def decode(n):
+            self._batch.clear()
+            self._batch.add(seq.id, filler[:n], 0, "all")
+            self._batch.decode(self._ctx)
+            self._lc.llama_memory_seq_rm(self._mem, seq.id, 0, -1)
+
+        self._cost.calibrate(decode, [n for n in CALIBRATION_SIZES if n <= self.n_batch])
+        seq.n_cached = 0
 
     def stop(self, *, cancel: bool = False, timeout: Optional[float] = None) -> None:
         """Stop accepting requests, finish (or with ``cancel=True`` cancel) the ones submitted,
@@ -377,16 +400,6 @@ class Scheduler:
                                      f"({', '.join(self.spec_types) or 'none'})")
         if spec.p_min is not None and "draft-simple" not in self.spec_types:
             raise ValueError("speculation.p_min needs a draft model (draft-simple) in the chain")
-        if spec.policy == "auto" or (spec.policy is None and self.policy == "auto"):
-            self._auto_policy_class()
-
-    def _auto_policy_class(self):
-        try:
-            from ngramspec.policy import CostAwarePolicy  # noqa: F401
-        except ImportError:
-            raise ValueError("policy 'auto' is not available in this build "
-                             "(ngramspec.policy is missing); use 'fixed'") from None
-        return CostAwarePolicy
 
     def stats(self) -> dict:
         """Counters for monitoring (``/metrics``): slots, queue, tokens, drafts per proposer.
@@ -394,7 +407,10 @@ class Scheduler:
         Keys: ``n_slots``, ``slots_busy``, ``queue_length``, ``requests_submitted``,
         ``requests_finished``, ``requests_cancelled``, ``tokens_predicted``, ``tokens_prompt``,
         ``tokens_prompt_cached``, ``decode_calls``, ``decode_tokens``, ``draft_tokens``,
-        ``draft_tokens_accepted``, ``t_decode_s``, and ``proposers``: per proposer type
+        ``draft_tokens_accepted``, ``t_decode_s`` (wall time in ``llama_decode``),
+        ``t_steps_cpu_s`` (CPU time of the decode thread's steps: with one decode thread
+        llama.cpp computes on it, so this is the work done, whatever the machine's load), and
+        ``proposers``: per proposer type
         ``{"drafted": ..., "accepted": ..., "drafts": ..., "drafts_accepted": ...}``.
         """
         with self._cond:
@@ -435,6 +451,19 @@ class Scheduler:
             self._cond.notify_all()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # never leave a waiting client behind
+            log.exception("the scheduler's decode thread failed")
+            with self._cond:
+                self._stopping = True
+                pending = list(self._queue) + list(self._active)
+                self._queue.clear()
+            for r in pending:
+                self._finish(r, "error", error=exc)
+            raise
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while (not self._active and not self._queue and not self._stopping):
@@ -444,6 +473,7 @@ class Scheduler:
                 self._reap_queue()
                 self._admit()
             if self._active:
+                c0 = time.thread_time()
                 try:
                     self._step()
                 except Exception as exc:  # a decode failure fails the running requests only
@@ -452,6 +482,8 @@ class Scheduler:
                         self._finish(r, "error", error=exc)
                         self._lc.llama_memory_seq_rm(self._mem, r.slot.id, 0, -1)
                         r.slot.n_cached = 0
+                with self._cond:
+                    self._stats["t_steps_cpu_s"] += time.thread_time() - c0
 
     def _reap_queue(self) -> None:
         for r in [r for r in self._queue if r.cancel_requested]:
@@ -504,12 +536,21 @@ class Scheduler:
         # Drafts of all generating slots must fit the batch with room kept for prompts.
         reserve = min(PREFILL_RESERVE, self.n_batch // 4) if pre else 0
         self._draft_cap = max(0, (self.n_batch - reserve) // max(1, len(gen)) - 1)
+        dp = self._draft_proposer
         for r in gen:
-            draft = r.loop.propose()
+            if dp is not None and r.spec.p_min is not None:
+                # the request's own p_min for this draft call (the decode thread owns dp)
+                dp.p_min = r.spec.p_min
+                draft = r.loop.propose()
+                dp.p_min = self._draft_p_min
+            else:
+                draft = r.loop.propose()
             r.draft = draft
-            toks = np.empty(len(draft) + 1, dtype=np.int32)
+        self._choose_lengths(gen, pre)
+        for r in gen:
+            toks = np.empty(len(r.draft) + 1, dtype=np.int32)
             toks[0] = r.loop.sampled
-            toks[1:] = draft
+            toks[1:] = r.draft
             r.first_idx = batch.add(r.slot.id, toks, r.loop.context.size, "all")
         for r in pre:
             r.last_idx = -1
@@ -528,6 +569,7 @@ class Scheduler:
         rows = batch.decode(self._ctx)
         dt = time.perf_counter() - t0
         row_of = np.cumsum(batch.logits[:batch.n]) - 1  # batch index -> output row
+        self._cost.observe(batch.n, dt)
         with self._cond:
             self._stats["decode_calls"] += 1
             self._stats["decode_tokens"] += batch.n
@@ -538,24 +580,33 @@ class Scheduler:
             if r.last_idx >= 0:
                 self._first_token(r, rows[int(row_of[r.last_idx])], r.last_idx)
 
+    def _choose_lengths(self, gen: List[_Request], pre: List[_Request]) -> None:
+        """Cut the drafts of ``"auto"`` requests to the joint cost-aware lengths
+        (:mod:`ngramspec.llama.joint`); without a measured cost curve they stay whole."""
+        auto = [r for r in gen if r.auto and len(r.draft)]
+        if not auto or not self._cost.calibrated:
+            return
+        n_fixed = sum(len(r.draft) for r in gen if not (r.auto and len(r.draft)))
+        n_prompt = min(sum(r.prompt.size - r.n_past for r in pre),
+                       max(0, self.n_batch - len(gen) - n_fixed))
+        gains = [np.cumprod(r.accept_counts.rates(len(r.draft), self._accept_prior))
+                 for r in auto]
+        ks = choose_lengths(gains, len(gen) + n_fixed + n_prompt, float(len(gen)), self._cost)
+        for r, k in zip(auto, ks):
+            r.draft = r.draft[:k]
+
     def _first_token(self, r: _Request, row: np.ndarray, idx: int) -> None:
         tok = r.sampler.sample(self._ctx, idx, row)
         r.t_first = time.perf_counter()
         r.slot.cached[:r.prompt.size] = r.prompt
         r.slot.n_cached = int(r.prompt.size)
         spec = r.spec
-        base = self._make_policy(spec)
+        r.auto = spec.enabled and (spec.policy or self.policy) == "auto"
         engine = self._engine_for(spec.types) if spec.enabled else None
         r.loop = SlotLoop(engine, r.slot.id, r.prompt, tok, n_ctx=self.n_ctx_slot,
-                          n_predict=r.sampling.max_tokens, policy=_RequestPolicy(self, base, spec),
+                          n_predict=r.sampling.max_tokens, policy=_RequestPolicy(self, spec),
                           capacity=self.n_ctx_slot)
         self._emit(r, [tok])
-
-    def _make_policy(self, spec: SpeculationParams):
-        name = spec.policy or self.policy
-        if name == "auto":
-            return self._auto_policy_class()()
-        return FixedPolicy()
 
     def _verify(self, r: _Request, rows: np.ndarray, row0: int) -> None:
         loop, draft = r.loop, r.draft
@@ -567,7 +618,10 @@ class Scheduler:
         target = sample_run(r.sampler, self._ctx, rows[row0:row0 + m + 1], first_idx, draft,
                             max(1, remaining), eog.__contains__)
         L0 = loop.context.size
-        n_acc = loop.verify(np.asarray(target, dtype=np.int32))
+        # A draft cut by the joint choice: its verified part is what was decoded.
+        n_acc = loop.verify(np.asarray(target, dtype=np.int32), n_verified=m)
+        r.accept_counts.observe(m, n_acc)
+        self._accept_prior.observe(m, n_acc)
         r.draft_n += m
         r.draft_acc += n_acc
         L = loop.context.size

@@ -1,0 +1,183 @@
+"""Aggregate throughput of the batched scheduler: C concurrent clients, speculative against plain.
+
+    python bench/serve_report.py [--clients 1,2,4,8] [--rounds 3] [--requests 2] [--n-predict 128]
+                                 [--code 4] [--code-max 1800] [--chat 4]
+                                 [--json FILE] [--md FILE]
+
+Each client sends its requests one after another (a closed loop, as a chat user or an agent
+does); C clients run at once against one `ngramspec.llama.Scheduler` with ``n_slots = max(C)``,
+one decode thread. A run is one (C, configuration) pair on a fresh scheduler (empty KV cache,
+empty ngram-mod pool), so every configuration starts from the same state; the rounds rotate the
+order of the configurations so that all see the same machine load. Prompts: code-edit and chat
+requests of the shared traces (as ``e2e_report.py`` picks them), client i taking prompts
+i, i + C, ...; greedy, ``--n-predict`` tokens at most.
+
+Figures per run: output tokens per second of wall time, and per CPU-second of the decode thread
+(``Scheduler.stats()["t_steps_cpu_s"]``: llama.cpp computes on that thread with one decode
+thread, so other processes on a shared machine do not inflate it); the table gives medians over
+the rounds and the median of the per-round ratios speculative / plain.
+
+Configurations: ``plain`` (every request with ``SpeculationParams(enabled=False)``),
+``ngram-mod`` (n_min 8, n_max 32: ``generate``'s defaults) and ``ngram-mod auto`` (the same chain
+with the scheduler's joint cost-aware draft lengths, when available).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+from e2e_report import load_prompts, machine  # noqa: E402
+
+from ngramspec.live import load_model  # noqa: E402
+from ngramspec.llama import SamplingParams, Scheduler, SpeculationParams  # noqa: E402
+
+MOD = dict(ngram_mod_n_min=8, ngram_mod_n_max=32)
+CONFIGS = {
+    "plain": dict(spec=False, policy="fixed"),
+    "ngram-mod": dict(spec=True, policy="fixed"),
+    "ngram-mod auto": dict(spec=True, policy="auto"),
+}
+
+
+def run(llm, prompts, clients, n_requests, n_predict, n_slots, n_ctx_slot, config):
+    sched = Scheduler(llm, n_slots=n_slots, n_ctx=n_slots * n_ctx_slot, n_threads=1,
+                      spec_type="ngram-mod", spec_params=MOD, policy=config["policy"],
+                      queue_size=max(64, clients * n_requests))
+    spec = SpeculationParams(enabled=config["spec"])
+    done = []
+    lock = threading.Lock()
+
+    def client(i):
+        for j in range(n_requests):
+            p = prompts[(i + j * clients) % len(prompts)]
+            res = sched.submit(p, SamplingParams(max_tokens=n_predict), spec).result()
+            with lock:
+                done.append(res)
+
+    sched.start()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    st = sched.stats()
+    sched.stop(timeout=60)
+    n_out = sum(r.predicted_n for r in done)
+    return {"wall_s": wall, "cpu_s": st["t_steps_cpu_s"], "tokens": n_out,
+            "tok_s": n_out / wall, "tok_cpu_s": n_out / st["t_steps_cpu_s"],
+            "decode_calls": st["decode_calls"], "decode_tokens": st["decode_tokens"],
+            "drafted": st["draft_tokens"], "accepted": st["draft_tokens_accepted"]}
+
+
+def measure(args):
+    code_max = min(args.code_max, args.n_ctx_slot - args.n_predict - 16)
+    reqs = load_prompts(args.code, args.chat, code_range=(300, code_max), chat_range=(20, 400))
+    prompts = [r.prompt for _, r in reqs]
+    llm = load_model(n_ctx=64, n_threads=1)
+    configs = [c for c in args.configs.split(",")]
+    clients = [int(c) for c in args.clients.split(",")]
+    n_slots = max(clients)
+    info = machine()
+    t_start = time.time()
+    runs = []
+    for rnd in range(args.rounds):
+        for c in clients:
+            order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
+            for name in order:
+                r = run(llm, prompts, c, args.requests, args.n_predict, n_slots, args.n_ctx_slot,
+                        CONFIGS[name])
+                r.update(round=rnd, clients=c, config=name)
+                runs.append(r)
+                print(f"round {rnd} clients {c} {name:15s} {r['tok_s']:7.1f} tok/s wall "
+                      f"{r['tok_cpu_s']:7.1f} tok/cpu-s  accepted {r['accepted']}/{r['drafted']}",
+                      flush=True)
+    info["load_average_end"] = open("/proc/loadavg").read().split()[:3]
+    info["seconds"] = round(time.time() - t_start, 1)
+    return {"machine": info, "args": vars(args), "runs": runs,
+            "summary": summarize(runs, configs, clients)}
+
+
+def summarize(runs, configs, clients):
+    out = {}
+    for c in clients:
+        row = {}
+        for name in configs:
+            rs = [r for r in runs if r["clients"] == c and r["config"] == name]
+            row[name] = {"tok_s": statistics.median(r["tok_s"] for r in rs),
+                         "tok_cpu_s": statistics.median(r["tok_cpu_s"] for r in rs),
+                         "accepted": sum(r["accepted"] for r in rs),
+                         "drafted": sum(r["drafted"] for r in rs),
+                         "tokens_per_decode": statistics.median(
+                             r["tokens"] / max(1, r["decode_calls"]) for r in rs)}
+            if name != "plain" and "plain" in configs:
+                pairs = [(r, p) for r in rs for p in runs if p["config"] == "plain"
+                         and p["clients"] == c and p["round"] == r["round"]]
+                row[name]["x_plain"] = statistics.median(r["tok_s"] / p["tok_s"] for r, p in pairs)
+                row[name]["x_plain_cpu"] = statistics.median(r["tok_cpu_s"] / p["tok_cpu_s"]
+                                                             for r, p in pairs)
+        out[str(c)] = row
+    return out
+
+
+def markdown(res, command):
+    m = res["machine"]
+    lines = [
+        "# Serving throughput: concurrent clients on the batched scheduler",
+        "",
+        f"Generated by `{command}` (method in the script's docstring). Model: the embedded "
+        f"SmolLM2-135M-Instruct Q4_1, one decode thread; CPU {m.get('cpu', '?')}; revision "
+        f"`{m.get('revision', '?')}`; load average {' '.join(m.get('load_average', []))} at the "
+        f"start, {' '.join(m.get('load_average_end', []))} at the end ({m['seconds']} s).",
+        "",
+        "| clients | configuration | tok/s (wall) | tok per CPU-s | × plain (wall) | × plain (CPU) "
+        "| accepted / drafted | tokens per decode |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c, row in res["summary"].items():
+        for name, v in row.items():
+            lines.append(
+                f"| {c} | {name} | {v['tok_s']:.1f} | {v['tok_cpu_s']:.1f} | "
+                f"{v.get('x_plain', 1.0):.3f} | {v.get('x_plain_cpu', 1.0):.3f} | "
+                f"{v['accepted']} / {v['drafted']} | {v['tokens_per_decode']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--configs", default="plain,ngram-mod,ngram-mod auto")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=2, help="requests per client")
+    ap.add_argument("--n-predict", type=int, default=128)
+    ap.add_argument("--n-ctx-slot", type=int, default=2048)
+    ap.add_argument("--code", type=int, default=4)
+    ap.add_argument("--code-max", type=int, default=1800, help="longest code-edit prompt")
+    ap.add_argument("--chat", type=int, default=4)
+    ap.add_argument("--json")
+    ap.add_argument("--md")
+    args = ap.parse_args(argv)
+    res = measure(args)
+    command = "python bench/serve_report.py " + " ".join(argv if argv is not None
+                                                          else sys.argv[1:])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    md = markdown(res, command.strip())
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
