@@ -1,5 +1,5 @@
-"""The ``ngramspec`` command: ``replay``, ``generate``, ``cache``, ``calibrate`` and ``tune``
-subcommands.
+"""The ``ngramspec`` command: ``replay``, ``generate``, ``serve``, ``cache``, ``calibrate``
+and ``tune`` subcommands.
 
 Errors in files or flags are reported as one line on stderr with exit code 2, no traceback.
 """
@@ -12,7 +12,7 @@ from ngramspec.cli_common import OneLineErrorParser
 
 # subcommand modules, each with add_parser(subparsers) and run(args) -> int
 SUBCOMMANDS = ("ngramspec.replay_cli", "ngramspec.generate_cli", "ngramspec.cache_cli",
-               "ngramspec.calibrate_cli", "ngramspec.tune_cli")
+               "ngramspec.calibrate_cli", "ngramspec.tune_cli", "ngramspec.serve_cli")
 
 
 def build_parser() -> OneLineErrorParser:

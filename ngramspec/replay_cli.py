@@ -5,7 +5,8 @@ import json
 import os
 
 from ngramspec.cache_file import atomic_write_bytes
-from ngramspec.cli_common import (INT32_MAX, add_spec_flags, check_spec_flags, check_writable,
+from ngramspec.cli_common import (INT32_MAX, add_policy_flags, add_spec_flags, check_spec_flags,
+                                  check_writable,
                                   engine_params, int_arg, load_cache_files)
 from ngramspec.cost import modeled_speedup
 from ngramspec.replay import ProgressBar, replay

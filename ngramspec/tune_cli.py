@@ -20,9 +20,8 @@ import shlex
 import sys
 import tempfile
 
-from ngramspec.cli_common import add_progress_flags, positive_int
+from ngramspec.cli_common import add_progress_flags, int_arg, positive_int
 from ngramspec.logs import FORMATS, read_logs
-from ngramspec.replay_cli import nonnegative
 
 DEFAULT_COST_MODEL = "gpu"
 REPORT_FILE = "report.json"
@@ -90,7 +89,7 @@ def add_parser(subparsers):
     p.add_argument("--cost-model", default=DEFAULT_COST_MODEL, metavar="FILE|NAME",
                    help="verification cost model: a calibration JSON file (ngramspec "
                         "calibrate) or a named profile (default %(default)s)")
-    p.add_argument("--ctx-size", type=nonnegative, default=0, metavar="N",
+    p.add_argument("--ctx-size", type=int_arg(0), default=0, metavar="N",
                    help="bound drafts by llama-server's n_ctx - L - 2 (0: unbounded)")
     p.add_argument("--jobs", "-j", type=positive_int, default=None, metavar="N",
                    help="worker processes (default: the cores this process may use)")

@@ -1,0 +1,140 @@
+"""``ngramspec serve``: the OpenAI-compatible server (`ngramspec.server`) under uvicorn.
+
+Everything that can fail on the command line fails before the model loads, as one line on
+stderr with exit code 2: a bad flag, a missing model file, a corrupt cache file, a port that
+cannot be bound (the socket is bound here, before the model, and handed to uvicorn).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+
+from ngramspec.cli_common import (add_context_flags, add_model_flags, add_spec_flags, bounded,
+                                  load_cache_files, positive_int, run_one_line_errors)
+
+# Seconds uvicorn lets running requests finish after SIGTERM/SIGINT before cancelling them.
+GRACEFUL_S = 5.0
+
+
+def add_parser(subparsers):
+    from ngramspec.generate_cli import GENERATE_DEFAULTS, state_generate_defaults
+    p = subparsers.add_parser(
+        "serve", help="OpenAI-compatible HTTP server with per-request speculative decoding",
+        description="Serve /v1/completions and /v1/chat/completions (streaming with SSE), "
+                    "/v1/models, /health and /metrics (Prometheus) on the batched scheduler: "
+                    "--slots requests decode together, each with its own proposer state; a "
+                    "request's \"speculative\" object chooses its proposers, n_max, n_min, "
+                    "policy, or switches speculation off. Spec defaults are generate's ("
+                    + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
+                                for k, v in GENERATE_DEFAULTS.items()) + ").")
+    add_model_flags(p)
+    add_context_flags(p, ctx_help="context size in tokens for all slots together, split evenly "
+                                  "between them as llama-server does (default %(default)s)")
+    p.add_argument("-np", "--slots", "--parallel", dest="slots", type=positive_int, default=4,
+                   metavar="N", help="requests decoded together (default %(default)s)")
+    p.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
+                   help="requests waiting for a slot before new ones get 503 "
+                        "(default %(default)s)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default %(default)s: this machine only)")
+    p.add_argument("--port", type=bounded(int, 0, 65535), default=8080,
+                   help="port to bind, 0 = any free port (default %(default)s)")
+    p.add_argument("--api-key", metavar="KEY", default=os.environ.get("NGRAMSPEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on the API (comma list for several "
+                        "keys; default: $NGRAMSPEC_API_KEY, else no key)")
+    p.add_argument("-a", "--alias", metavar="NAME", default=None,
+                   help="model id reported by /v1/models (default: the GGUF's file name)")
+    p.add_argument("--temp", type=bounded(float, 0.0), default=0.8, metavar="X",
+                   help="temperature of requests that give none (default %(default)s, "
+                        "llama-server's; 0 = greedy)")
+    p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
+                   help="max_tokens of requests that give none; -1 = until EOS or the slot's "
+                        "context is full (default %(default)s)")
+    p.add_argument("--policy", choices=("fixed", "auto"), default="fixed",
+                   help="draft-length policy of requests that choose none: llama.cpp's fixed "
+                        "bounds, or auto: the drafts of all slots cut jointly to the most "
+                        "expected tokens per second of the step (default %(default)s)")
+    p.add_argument("--timeout-graceful-shutdown", type=bounded(float, 0.0), default=GRACEFUL_S,
+                   metavar="S", help="seconds running requests may finish after SIGTERM before "
+                                     "they are cancelled (default %(default)s)")
+    p.add_argument("--log-level", default="info",
+                   choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's log level (default %(default)s)")
+    add_spec_flags(p, include_live=True)
+    state_generate_defaults(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"--host {host} --port {port}: cannot bind: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def build_scheduler(args):
+    """The scheduler of the parsed flags (model loaded, not started)."""
+    from ngramspec.generate_cli import generate_params, spec_types
+    from ngramspec.llama.scheduler import Scheduler
+    args.spec_type, params = load_cache_files(args.spec_type, generate_params(args))
+    types = spec_types(args)
+    for flag, path in (("--model", args.model), ("--model-draft", args.model_draft)):
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"{flag}: model file not found: {path}")
+    model = args.model
+    if model is None:
+        from ngramspec.model import default_model_path
+        model = default_model_path()
+    return model, Scheduler(model, n_slots=args.slots, n_ctx=args.ctx_size,
+                            n_batch=args.batch_size, n_threads=args.threads,
+                            spec_type=",".join(t for t in types if t != "draft-simple") or "none",
+                            spec_params=params, draft_model=args.model_draft,
+                            queue_size=args.queue_size, policy=args.policy)
+
+
+def _execute(args) -> int:
+    try:
+        import uvicorn
+
+        from ngramspec.server import create_app
+    except ImportError as exc:
+        raise ImportError(f"serve needs the 'serve' extra (pip install 'ngramspec[serve]'): "
+                          f"{exc}") from None
+    if args.n_predict < -1 or args.n_predict == 0:
+        raise ValueError(f"--n-predict must be -1 or >= 1, got {args.n_predict}")
+    sock = _bind(args.host, args.port)
+    try:
+        model, scheduler = build_scheduler(args)
+        name = args.alias or os.path.basename(model)
+        app = create_app(scheduler, model_name=name, api_key=args.api_key,
+                         defaults={"temperature": args.temp}, n_predict=args.n_predict,
+                         stop_timeout=max(5.0, args.timeout_graceful_shutdown))
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        # One line a supervisor (or a test) can wait for, printed before requests are served.
+        sys.stdout.write(f"ngramspec serve: model {name}, {args.slots} slots, listening on "
+                         f"http://{shown}:{port}\n")
+        sys.stdout.flush()
+        config = uvicorn.Config(app, log_level=args.log_level, lifespan="on",
+                                timeout_graceful_shutdown=args.timeout_graceful_shutdown)
+        # uvicorn re-raises the signal that stopped it once it has shut down; a no-op handler
+        # makes that graceful stop an ordinary exit (code 0) instead of a death by SIGTERM.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0
+
+
+def run(args) -> int:
+    return run_one_line_errors("serve", _execute, args)

@@ -1,0 +1,108 @@
+"""The scheduler seen from the event loop: submit, stream, wait, cancel on disconnect.
+
+The scheduler's calls block (``RequestHandle.result()``, iterating a handle); they run on a
+thread pool of the bridge's own, sized for every request the scheduler can hold at once (its
+slots plus its bounded queue), so that waiting requests never starve each other or Starlette's
+pool. The event loop only waits on futures.
+
+A request whose client goes away is cancelled on the scheduler (which frees its slot within
+one step): streams notice it when Starlette cancels the response (the ASGI disconnect
+message) or when a write fails; non-streamed requests poll ``Request.is_disconnected()``
+while they wait.
+"""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import AsyncIterator, Optional
+
+from starlette.requests import Request
+
+from ngramspec.server.errors import APIError
+
+# How often a waiting request checks that its client is still there, and how long a stream
+# stays silent before it sends an SSE comment (a write is what reveals a closed connection).
+POLL_S = 0.25
+KEEPALIVE_S = 5.0
+_END = object()
+
+
+class SchedulerBridge:
+    """Runs requests on a `Scheduler` from coroutines.
+
+    Parameters
+    ----------
+    scheduler : ngramspec.llama.scheduler.Scheduler
+        Started by the caller (or by the app's lifespan).
+    max_pending : int
+        Requests the scheduler can hold at once (slots + queue): the size of the thread pool.
+
+    Notes
+    -----
+    Memory: one thread per request in flight (at most ``max_pending``), idle threads exit.
+    Thread-safety: the coroutines may run concurrently on one event loop; the scheduler's
+    ``submit`` and ``RequestHandle.cancel`` are thread-safe.
+    """
+
+    def __init__(self, scheduler, max_pending: int):
+        self.scheduler = scheduler
+        self._pool = ThreadPoolExecutor(max_workers=max(4, max_pending + 4),
+                                        thread_name_prefix="ngramspec-request")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self, fn, *args):
+        """``fn(*args)`` on the bridge's pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def submit(self, prompt_tokens, sampling, speculation):
+        """Submit a request; a full queue or a stopped scheduler is a 503 (parameter errors
+        propagate as the scheduler raises them)."""
+        from ngramspec.llama import QueueFull
+        try:
+            return await self.run(lambda: self.scheduler.submit(
+                prompt_tokens, sampling=sampling, speculation=speculation))
+        except QueueFull as exc:
+            raise APIError(503, f"the server is busy: {exc}; retry later",
+                           code="queue_full") from None
+        except RuntimeError as exc:  # stopped (shutting down)
+            raise APIError(503, f"the server is shutting down: {exc}",
+                           code="unavailable") from None
+
+    async def result(self, handle, request: Optional[Request] = None):
+        """The request's `Completion`; cancels it if the client disconnects first."""
+        fut = asyncio.ensure_future(self.run(handle.result))
+        try:
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=POLL_S)
+                if done:
+                    return fut.result()
+                if request is not None and await request.is_disconnected():
+                    handle.cancel()
+                    return await fut
+        finally:
+            if not handle.done:
+                handle.cancel()
+
+    async def chunks(self, handle) -> AsyncIterator:
+        """The handle's chunks as they are emitted; ``None`` items are keep-alive ticks.
+
+        Cancelling the consumer (a client disconnect) cancels the request.
+        """
+        it = iter(handle)
+        try:
+            while True:
+                fut = asyncio.ensure_future(self.run(next, it, _END))
+                while True:
+                    done, _ = await asyncio.wait({fut}, timeout=KEEPALIVE_S)
+                    if done:
+                        break
+                    yield None
+                chunk = fut.result()
+                if chunk is _END:
+                    return
+                yield chunk
+        finally:
+            if not handle.done:
+                handle.cancel()

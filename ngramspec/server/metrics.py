@@ -1,0 +1,197 @@
+"""``GET /metrics``: Prometheus text under llama-server's, vLLM's and ngramspec's names.
+
+The values are read from ``scheduler.stats()`` when Prometheus scrapes (a custom collector), so
+the scheduler keeps one set of counters and the server adds only its HTTP counts. Names:
+
+- llama-server's (``llamacpp:``): ``prompt_tokens_total``, ``prompt_seconds_total``,
+  ``tokens_predicted_total``, ``tokens_predicted_seconds_total``, ``n_decode_total``,
+  ``prompt_tokens_seconds`` and ``predicted_tokens_seconds``
+  (tokens/s), ``requests_processing`` (slots busy), ``requests_deferred`` (queue length), and the
+  speculative counters llama-server's clients read, ``n_drafted_total`` and
+  ``n_drafted_accepted_total``;
+- vLLM's (``vllm:``, label ``model_name``): ``num_requests_running``, ``num_requests_waiting``,
+  ``prompt_tokens_total``, ``generation_tokens_total``, ``spec_decode_num_drafts_total``,
+  ``spec_decode_num_draft_tokens_total``, ``spec_decode_num_accepted_tokens_total``;
+- ngramspec's (``ngramspec:``): the speculative counters per proposer (label ``spec_type``),
+  cached prompt tokens, requests submitted/finished/cancelled, slots, queue, and HTTP requests
+  by endpoint and status.
+
+The times (``*_seconds_total`` and the tokens/s gauges) are sums over finished requests, as
+llama-server keeps them.
+
+Notes
+-----
+Memory: one registry per app (several apps in one process do not share counters).
+Thread-safety: prometheus_client's counters are thread-safe; ``collect`` reads one
+``scheduler.stats()`` snapshot per scrape.
+"""
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Paths counted under their own label; anything else (404s, probes) is "other", so that random
+# URLs cannot grow the label set.
+ENDPOINTS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
+
+
+class _Timing:
+    """Sums over finished requests of what the scheduler reports per request (its counters
+    have no times): llama-server's prompt and generation seconds."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.prompt_n = self.prompt_s = self.predicted_n = self.predicted_s = 0.0
+
+    def add(self, done) -> None:
+        with self._lock:
+            self.prompt_n += done.prompt_n - done.prompt_cached_n
+            self.prompt_s += done.prompt_ms / 1e3
+            self.predicted_n += done.predicted_n
+            self.predicted_s += done.predicted_ms / 1e3
+
+    def snapshot(self) -> tuple:
+        with self._lock:
+            return self.prompt_n, self.prompt_s, self.predicted_n, self.predicted_s
+
+
+def _family(kind, name, doc, value, labels=None):
+    fam = kind(name, doc, labels=list(labels or {}))
+    fam.add_metric(list((labels or {}).values()), value)
+    return fam
+
+
+def _ratio(a, b):
+    return a / b if b > 0 else 0.0
+
+
+class _SchedulerCollector:
+    """Builds the metric families from one ``scheduler.stats()`` snapshot."""
+
+    def __init__(self, scheduler, model_name: str, timing: _Timing):
+        self.scheduler, self.model_name, self.timing = scheduler, model_name, timing
+
+    def collect(self):
+        st = self.scheduler.stats()
+        props = st.get("proposers", {})
+        drafts = sum(p["drafts"] for p in props.values())
+        drafted = sum(p["drafted"] for p in props.values())
+        accepted = sum(p["accepted"] for p in props.values())
+        processed = st["tokens_prompt"] - st["tokens_prompt_cached"]
+        t_prompt_n, t_prompt_s, t_pred_n, t_pred_s = self.timing.snapshot()
+        counter = lambda *a: _family(CounterMetricFamily, *a)  # noqa: E731
+        gauge = lambda *a: _family(GaugeMetricFamily, *a)  # noqa: E731
+
+        # llama-server
+        yield counter("llamacpp:prompt_tokens_total", "Number of prompt tokens processed.",
+                      processed)
+        yield counter("llamacpp:prompt_seconds_total", "Prompt process time (finished "
+                      "requests)", t_prompt_s)
+        yield counter("llamacpp:tokens_predicted_total", "Number of generation tokens processed.",
+                      st["tokens_predicted"])
+        yield counter("llamacpp:tokens_predicted_seconds_total", "Predict process time "
+                      "(finished requests)", t_pred_s)
+        yield counter("llamacpp:n_decode_total", "Total number of llama_decode() calls",
+                      st["decode_calls"])
+        yield gauge("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
+                    _ratio(t_prompt_n, t_prompt_s))
+        yield gauge("llamacpp:predicted_tokens_seconds",
+                    "Average generation throughput in tokens/s.", _ratio(t_pred_n, t_pred_s))
+        yield gauge("llamacpp:requests_processing", "Number of requests processing.",
+                    st["slots_busy"])
+        yield gauge("llamacpp:requests_deferred", "Number of requests deferred.",
+                    st["queue_length"])
+        yield counter("llamacpp:n_drafted_total", "Draft tokens generated (all proposers).",
+                      drafted)
+        yield counter("llamacpp:n_drafted_accepted_total",
+                      "Draft tokens accepted by the target (all proposers).", accepted)
+
+        # vLLM
+        m = {"model_name": self.model_name}
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution "
+                    "batches.", st["slots_busy"], m)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                    st["queue_length"], m)
+        yield counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
+                      processed, m)
+        yield counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
+                      st["tokens_predicted"], m)
+        yield counter("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.",
+                      drafts, m)
+        yield counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.",
+                      drafted, m)
+        yield counter("vllm:spec_decode_num_accepted_tokens_total",
+                      "Number of accepted tokens.", accepted, m)
+
+        # ngramspec: per proposer, slots, queue, requests
+        fams = {key: CounterMetricFamily(f"ngramspec:spec_{name}", doc, labels=["spec_type"])
+                for key, name, doc in (
+                    ("drafts", "drafts", "Non-empty drafts, per proposer."),
+                    ("drafted", "draft_tokens", "Draft tokens generated, per proposer."),
+                    ("drafts_accepted", "accepted_drafts", "Drafts with an accepted token."),
+                    ("accepted", "accepted_tokens", "Draft tokens accepted, per proposer."))}
+        for spec_type, p in props.items():
+            for key, fam in fams.items():
+                fam.add_metric([spec_type], p[key])
+        yield from fams.values()
+        yield counter("ngramspec:prompt_tokens_cached_total", "Prompt tokens reused from a "
+                      "slot's KV cache.", st["tokens_prompt_cached"])
+        for key in ("requests_submitted", "requests_finished", "requests_cancelled"):
+            yield counter(f"ngramspec:{key}_total", f"Requests {key.split('_')[1]}.", st[key])
+        yield gauge("ngramspec:slots", "Slots of the scheduler.", st["n_slots"])
+        yield gauge("ngramspec:slots_busy", "Slots holding a request.", st["slots_busy"])
+        yield gauge("ngramspec:queue_length", "Requests waiting for a slot.", st["queue_length"])
+
+
+class ServerMetrics:
+    """The app's Prometheus registry: the scheduler's counters, the finished requests' times
+    and the HTTP request counts.
+
+    Notes
+    -----
+    Thread-safety: every method may be called from any thread.
+    """
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, scheduler, model_name: str):
+        self.timing = _Timing()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_SchedulerCollector(scheduler, model_name, self.timing))
+        self.http = Counter("ngramspec:http_requests", "HTTP requests by endpoint and status.",
+                            ["endpoint", "status"], registry=self.registry)
+
+    def observe_completion(self, done) -> None:
+        """Count a finished request's prompt and generation times."""
+        self.timing.add(done)
+
+    def observe_http(self, path: str, status: int) -> None:
+        self.http.labels(path if path in ENDPOINTS else "other", str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HTTPCountMiddleware:
+    """Pure ASGI middleware counting responses by endpoint and status (streams untouched)."""
+
+    def __init__(self, app, metrics: ServerMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = [500]  # an exception before the response starts is a 500
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.metrics.observe_http(scope["path"], status[0])

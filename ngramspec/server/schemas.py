@@ -1,0 +1,330 @@
+"""Request bodies of the OpenAI endpoints, validated with pydantic.
+
+Field names and JSON types are OpenAI's (``max_tokens``, ``stop``, ``logit_bias`` with string
+keys, ...) plus llama-server's extensions (``top_k``, ``min_p``, ``repeat_penalty``,
+``repeat_last_n``, ``ignore_eos``) and ngramspec's ``speculative`` object, with llama-server's
+flat keys ``speculative.n_max`` / ``speculative.n_min`` / ``speculative.p_min`` accepted as well.
+
+Types are strict (a string is not a number, a number not a boolean) so that a client's mistake
+becomes a 400 naming the field instead of a silently coerced value. Value ranges that depend on
+the model or on the scheduler's configuration (a token id, the context size, a spec type of the
+configured chain, ``n_max``) are checked by the scheduler's own parameter classes, not here: one
+place for each range.
+
+Notes
+-----
+Thread-safety: the models are plain immutable-by-convention data, built per request.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
+                      StrictStr, field_validator)
+
+from ngramspec.server.errors import FieldError
+
+# Strict float: accepts JSON integers, refuses strings and booleans.
+Number = StrictFloat
+
+# llama-server's flat per-request keys, and the ``speculative`` fields they stand for.
+FLAT_SPECULATIVE_KEYS = {"speculative.n_max": "n_max", "speculative.n_min": "n_min",
+                         "speculative.p_min": "p_min"}
+
+
+def _only_neutral(*fields, neutral: tuple, why: str):
+    """A validator refusing anything but the neutral values of fields ngramspec does not
+    implement (OpenAI clients send some of them by default): a 400, not a silent ignore."""
+    def check(cls, v):
+        if v not in neutral:
+            raise ValueError(why)
+        return v
+    return field_validator(*fields)(classmethod(check))
+
+
+class SpeculativeOptions(BaseModel):
+    """The ``speculative`` object of a request: per-request control of speculation.
+
+    ``type`` is a comma list (or a JSON list) of spec types, a subset of the server's
+    ``--spec-type`` chain; ``enabled: false`` decodes this request plainly.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    enabled: Optional[StrictBool] = None
+    type: Optional[Union[StrictStr, List[StrictStr]]] = None
+    n_max: Optional[StrictInt] = None
+    n_min: Optional[StrictInt] = None
+    p_min: Optional[Number] = None
+    policy: Optional[Literal["auto", "fixed"]] = None
+
+    def types(self) -> Optional[tuple]:
+        """``type`` as a tuple of names (``None``: the configured chain)."""
+        if self.type is None:
+            return None
+        names = self.type.split(",") if isinstance(self.type, str) else self.type
+        return tuple(n.strip() for n in names if n.strip())
+
+
+class GenerationRequest(BaseModel):
+    """Fields common to ``/v1/completions`` and ``/v1/chat/completions``."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    model: Optional[StrictStr] = None
+    max_tokens: Optional[StrictInt] = None
+    temperature: Optional[Number] = None
+    top_p: Optional[Number] = None
+    top_k: Optional[StrictInt] = None
+    min_p: Optional[Number] = None
+    seed: Optional[StrictInt] = None
+    stop: Optional[Union[StrictStr, List[StrictStr]]] = None
+    stream: StrictBool = False
+    stream_options: Optional[Dict[str, StrictBool]] = None
+    logit_bias: Optional[Dict[str, Number]] = None
+    frequency_penalty: Optional[Number] = None
+    presence_penalty: Optional[Number] = None
+    repeat_penalty: Optional[Number] = None
+    repeat_last_n: Optional[StrictInt] = None
+    ignore_eos: Optional[StrictBool] = None
+    n: StrictInt = 1
+    # Refused unless neutral: no log-probabilities, no multiple choices.
+    logprobs: Optional[Union[StrictBool, StrictInt]] = None
+    top_logprobs: Optional[StrictInt] = None
+    best_of: Optional[StrictInt] = None
+
+    speculative: Optional[SpeculativeOptions] = None
+    flat_n_max: Optional[StrictInt] = Field(None, alias="speculative.n_max")
+    flat_n_min: Optional[StrictInt] = Field(None, alias="speculative.n_min")
+    flat_p_min: Optional[Number] = Field(None, alias="speculative.p_min")
+
+    _one_choice = _only_neutral("n", neutral=(1,), why="only n = 1 is supported")
+    _no_best_of = _only_neutral("best_of", neutral=(None, 1), why="only best_of = 1 is supported")
+    _no_logprobs = _only_neutral("logprobs", "top_logprobs", neutral=(None, False, 0),
+                                 why="log-probabilities are not supported")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v):
+        if isinstance(v, list) and len(v) > 16:
+            raise ValueError(f"at most 16 stop strings, got {len(v)}")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys(cls, v):
+        if v:
+            for key in v:
+                if not key.lstrip("-").isdigit():
+                    raise ValueError(f"keys must be token ids (integers as strings), got {key!r}")
+        return v
+
+    def speculative_options(self) -> Optional[SpeculativeOptions]:
+        """The ``speculative`` object with llama-server's flat keys merged in.
+
+        Raises
+        ------
+        FieldError
+            A flat key contradicts the object's field.
+        """
+        flat = {"n_max": self.flat_n_max, "n_min": self.flat_n_min, "p_min": self.flat_p_min}
+        given = {k: v for k, v in flat.items() if v is not None}
+        if not given:
+            return self.speculative
+        spec = self.speculative or SpeculativeOptions()
+        for key, value in given.items():
+            inner = getattr(spec, key)
+            if inner is not None and inner != value:
+                raise FieldError(f"speculative.{key}",
+                                 f"{value} contradicts the speculative object's {key} = {inner}")
+        return spec.model_copy(update=given)
+
+    def output_limit(self) -> Optional[int]:
+        return self.max_tokens
+
+    def stop_strings(self) -> tuple:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class CompletionRequest(GenerationRequest):
+    """``POST /v1/completions``: a text prompt or a list of token ids."""
+
+    prompt: Union[StrictStr, List[StrictInt], List[StrictStr], List[List[StrictInt]]]
+    echo: StrictBool = False
+    suffix: Optional[StrictStr] = None
+
+    _no_echo = _only_neutral("echo", neutral=(False,), why="echo is not supported")
+    _no_suffix = _only_neutral("suffix", neutral=(None, ""), why="suffix (insertion) is not "
+                                                                 "supported")
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v):
+        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
+            if len(v) != 1:
+                raise ValueError(f"one prompt per request (n = 1), got a batch of {len(v)}")
+            v = v[0]
+        if len(v) == 0:
+            raise ValueError("the prompt is empty")
+        return v
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[StrictStr, List[TextPart]]] = None
+    name: Optional[StrictStr] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(GenerationRequest):
+    """``POST /v1/chat/completions``: messages rendered with the GGUF's chat template."""
+
+    messages: List[ChatMessage]
+    max_completion_tokens: Optional[StrictInt] = None
+    tools: Optional[List[Any]] = None
+
+    _no_tools = _only_neutral("tools", neutral=(None, []), why="tools are not supported")
+
+    @field_validator("messages")
+    @classmethod
+    def _some_messages(cls, v):
+        if not v:
+            raise ValueError("at least one message is required")
+        return v
+
+    def output_limit(self) -> Optional[int]:
+        """``max_tokens``, or OpenAI's newer ``max_completion_tokens``."""
+        if self.max_completion_tokens is None:
+            return self.max_tokens
+        if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+            raise FieldError("max_completion_tokens", f"{self.max_completion_tokens} disagrees "
+                             f"with max_tokens = {self.max_tokens}")
+        return self.max_completion_tokens
+
+    def template_messages(self) -> List[Dict[str, str]]:
+        return [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+                for m in self.messages]
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses (OpenAI's shapes; ``timings`` is llama-server's)
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Timings(BaseModel):
+    """llama-server's ``timings`` object of one request.
+
+    ``prompt_n`` counts the prompt tokens decoded for this request and ``cache_n`` those taken
+    from the slot's prompt cache; ``draft_n`` / ``draft_n_accepted`` are the draft tokens
+    verified and accepted (0 with speculation off).
+    """
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+    draft_n: int
+    draft_n_accepted: int
+
+
+class _Envelope(BaseModel):
+    """Fields every completion response and stream chunk carries."""
+
+    id: str
+    created: int
+    model: str
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: Optional[Literal["stop", "length"]] = None
+
+
+class CompletionResponse(_Envelope):
+    """A ``/v1/completions`` response, and each chunk of its stream (``text_completion`` too,
+    as OpenAI streams it)."""
+
+    object: Literal["text_completion"] = "text_completion"
+    choices: List[CompletionChoice]
+    usage: Optional[Usage] = None
+    timings: Optional[Timings] = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatCompletionResponse(_Envelope):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: List[ChatChoice]
+    usage: Usage
+    timings: Timings
+
+
+class ChatDelta(BaseModel):
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: Optional[Literal["stop", "length"]] = None
+
+
+class ChatCompletionChunk(_Envelope):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: List[ChatChunkChoice]
+    usage: Optional[Usage] = None
+    timings: Optional[Timings] = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "ngramspec"
+    meta: Dict[str, Any] = {}
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: List[ModelCard]
