@@ -98,7 +98,8 @@ def calibrate(llm, *, ks: Sequence[int] = DEFAULT_KS, n_pasts: Optional[Sequence
     if not budget_s > 0:
         raise ValueError(f"budget_s must be > 0, got {budget_s!r}")
     dec = _target_decoder(llm)
-    ks = sorted({int(k) for k in ks if 1 <= int(k) <= dec.n_batch} | {1})
+    # a batch needs room beside the KV lengths it is measured at: at most half the context
+    ks = sorted({int(k) for k in ks if 1 <= int(k) <= min(dec.n_batch, dec.n_ctx // 2)} | {1})
     n_pasts = _kv_lengths(dec.n_ctx, ks[-1]) if n_pasts is None else sorted(
         {int(p) for p in n_pasts})
     if n_pasts[0] < 0 or n_pasts[-1] + ks[-1] > dec.n_ctx:
@@ -165,6 +166,10 @@ def key_for(llm) -> str:
 def calibration_for(llm, *, refresh: bool = False, **kwargs) -> CostModel:
     """The cached calibration of ``llm`` (`key_for`), measured with :func:`calibrate`
     (``kwargs``) at first use or with ``refresh=True``."""
+    if llm.n_ctx() < 2 * max(kwargs.get("ks", DEFAULT_KS)):
+        # A context too small for the whole curve (generate -c 8): measured for this run
+        # only, so that the cache keeps the full curve for the model.
+        return calibrate(llm, **kwargs)
     return cached_calibration(key_for(llm), lambda: calibrate(llm, **kwargs), refresh=refresh)
 
 
