@@ -162,8 +162,8 @@ def _build_engine(llm, types, params, args):
 
 
 def _execute(args):
-    from ngramspec.live import (divergence_report, generate_plain, generate_speculative,
-                                load_model, tokenize_prompt)
+    from ngramspec.live import (check_engine_models, divergence_report, generate_plain,
+                                generate_speculative, load_model, tokenize_prompt)
 
     if args.chat and args.prompt_tokens:
         raise ValueError("--chat applies to a text prompt, not to --prompt-tokens")
@@ -199,6 +199,7 @@ def _execute(args):
     engine = None
     if types:
         engine = _build_engine(llm, types, params, args)
+        check_engine_models(llm, engine)    # before seconds of calibration: fail fast
 
     policy = None
     if engine is not None and args.spec_policy == "auto":

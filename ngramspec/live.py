@@ -440,7 +440,17 @@ def _draft_time_us(stats) -> int:
                for s in stats if s.get("type") == _DRAFT_TYPE)
 
 
-def _check_engine_models(llm, engine) -> None:
+def check_engine_models(llm, engine) -> None:
+    """Refuse an engine whose drafts could hold ids the target ``llm`` does not have.
+
+    Used by every live driver (`generate_speculative`, the batched scheduler) before a request.
+
+    Raises
+    ------
+    ValueError
+        A draft model of another vocabulary, or an n-gram cache file holding a token id
+        >= ``llm.n_vocab()`` (naming the file and the token).
+    """
     # A draft model must share the target's vocabulary: its tokens are verified as ids. Any
     # proposer with a check_target (DraftModelProposer) is asked, so this generation loop does
     # not import the draft model, which imports this module's decoder.
@@ -497,7 +507,7 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         from .cache_file import as_path
         update_dynamic_cache = as_path("update_dynamic_cache", update_dynamic_cache)
     if engine is not None:
-        _check_engine_models(llm, engine)
+        check_engine_models(llm, engine)
     dec = _target_decoder(llm)
     prompt = _as_prompt(prompt_tokens)
     _check_prompt(dec, prompt)

@@ -148,3 +148,17 @@ def test_cli_generate_with_a_foreign_cache_is_one_line_exit_2(llm, tmp_path, cap
     err = capsys.readouterr().err
     assert rc == 2
     assert len(err.strip().splitlines()) == 1 and str(path) in err and "60000" in err, err
+
+
+def test_the_batched_scheduler_refuses_a_foreign_cache(llm, tmp_path):
+    """The serving engine checks its chain against its model as the single-request driver
+    does: a foreign cache stops the scheduler at construction, naming file and token."""
+    from ngramspec.live import tokenize_prompt
+    from ngramspec.llama import Scheduler
+    prompt = tokenize_prompt(llm, "def add(a, b):\n    return a + b\n\ndef add(a, b):\n")
+    path = foreign_static_cache(tmp_path / "foreign.bin", prompt)
+    with pytest.raises(ValueError) as info:
+        Scheduler(llm, n_slots=1, n_ctx=256, spec_type="ngram-cache",
+                  spec_params={"lookup_cache_static": path})
+    msg = str(info.value)
+    assert str(path) in msg and "token id 60000" in msg, msg

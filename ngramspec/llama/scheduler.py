@@ -37,6 +37,7 @@ from .request import Chunk, Completion, QueueFull, RequestHandle
 from .sampling import Sampler, sample_run
 from .text import TextStream, token_piece_fn
 
+from ngramspec.live import check_engine_models
 from ngramspec.loop import SlotLoop
 
 __all__ = ["Scheduler", "RequestHandle", "Completion", "Chunk", "QueueFull"]
@@ -237,6 +238,9 @@ class Scheduler:
         if not types:
             return None, ()
         engine = SpecEngine(types, n_slots=self.n_slots, **params)
+        # drafts must be ids of this model: a draft model of another vocabulary, an n-gram
+        # cache file of another tokenizer are refused, and drafts stay inside the vocabulary
+        check_engine_models(self.llm, engine)
         return engine, tuple(engine.types)
 
     def _engine_for(self, types: Optional[tuple]):
