@@ -940,6 +940,11 @@ cdef class NgramCache:
             toks = [rd_i32(&view[0] + err_off + 4 * j) for j in range(NGRAM_MAX)]
             msg = (f"corrupt file: invalid n-gram key {toks} (1..4 token ids >= 0, "
                    f"then -1s)")
+        if err_off <= RECORD_HEAD:
+            # Not even the first record parses: the file is no n-gram cache at all (the format
+            # has no magic number), which "truncated" would misreport.
+            msg = (f"not an n-gram cache file (llama.cpp's lookup-cache format: records of 4 "
+                   f"int32 tokens, an int32 count N, N int32 (token, count) pairs): {msg}")
         raise CacheFileError(source, err_off, msg)
 
     def __reduce__(self):

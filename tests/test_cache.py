@@ -708,3 +708,22 @@ def _find_gguf():
         return default_model_path()
     except Exception:
         return None
+
+
+def test_a_file_that_is_no_cache_is_called_so(tmp_path):
+    """A text file (no record parses) is reported as not an n-gram cache file, not as a
+    truncated one; a real cache cut short is still reported as truncated."""
+    from ngramspec.cache_file import load_cache, save_cache
+    text = tmp_path / "notes.txt"
+    text.write_text("hello world this is text\n")
+    with pytest.raises(CacheFileError, match="not an n-gram cache file"):
+        load_cache(text)
+    c = NgramCache()
+    c.update(np.arange(1, 40, dtype=np.int32) % 7, 1, 4)
+    good = tmp_path / "good.bin"
+    save_cache(c, good)
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(good.read_bytes()[:-3])
+    with pytest.raises(CacheFileError, match="truncated file") as info:
+        load_cache(cut)
+    assert "not an n-gram cache file" not in str(info.value)
