@@ -64,6 +64,7 @@ def assert_greedy_equal(llm, prompt, got, want):
     assert rep is not None and rep.within_noise(), rep
 
 
+@pytest.mark.slow
 def test_concurrent_greedy_requests_give_plain_greedy_output(llm, sched, prompts):
     plain = [generate_plain(llm, p, n_predict=n).output_tokens for p, n in prompts]
     handles = [None] * len(prompts)
@@ -256,6 +257,7 @@ def _chi2_p(a, b):
                                                   [cb[k] for k in keys]]))[1]
 
 
+@pytest.mark.slow
 def test_speculative_sampling_has_the_plain_distribution(llm):
     """Many short sampled continuations of a text the proposers can copy: speculative (drafts
     accepted while the sample equals them) and plain sampling, disjoint fixed seeds."""

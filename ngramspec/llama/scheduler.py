@@ -47,6 +47,8 @@ log = logging.getLogger("ngramspec.scheduler")
 MAX_SLOTS = 256
 #: Prompt tokens a step keeps for admitted prompts when drafts could fill the whole batch.
 PREFILL_RESERVE = 64
+#: Policy "auto": each request's first PROBES drafts are verified for at least PROBE_LEN tokens.
+PROBES, PROBE_LEN = 3, 2
 
 
 class _Request:
@@ -593,6 +595,10 @@ class Scheduler:
                  for r in auto]
         ks = choose_lengths(gains, len(gen) + n_fixed + n_prompt, float(len(gen)), self._cost)
         for r, k in zip(auto, ks):
+            # A request whose drafts were never verified probes a short one: without it the
+            # prior alone would decide, and a slot that never drafts never learns.
+            if r.accept_counts.tried[0] < PROBES:
+                k = max(k, min(len(r.draft), PROBE_LEN))
             r.draft = r.draft[:k]
 
     def _first_token(self, r: _Request, row: np.ndarray, idx: int) -> None:
