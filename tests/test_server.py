@@ -27,14 +27,19 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 KEY = "test-key-0123456789"
 CTX, SLOTS = 4096, 4                  # 1024 tokens per slot
 EXAMPLE = pathlib.Path(ngramspec.__file__).parent / "examples" / "code_edit_prompt.txt"
-# The example code edit, with the answer's first characters: the model then copies the file,
-# and no greedy choice of its first 48 tokens is a near tie (top-2 logit gap >= 0.5), so the
-# text cannot depend on the batch or KV-cache layout (float noise). Without them the first
-# token is a 0.03-logit tie between "```" and "To".
-COPY_PROMPT = EXAMPLE.read_text(encoding="utf-8") + "```python\n#"
-PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n\n",
-           "Once upon a time,", "SELECT name FROM", "1, 2, 3, 4,", "<html>\n<head>",
-           "Dear Sir or Madam,"]
+# Greedy equalities below (stream = non-stream, concurrent = sequential, chat = completion of the
+# rendered chat) hold only where no greedy choice is a near tie: the KV-cache layout and the batch
+# composition change the logits' low bits (float noise), and the 135M model has ties within 0.05
+# logit on most short prompts ("The capital of France is"). The prompts here were chosen for a
+# top-2 logit gap >= 0.4 on every greedy token they are asked for: the example code edit with the
+# first lines of its answer (the model copies the file), and chats with a forced answer.
+EXAMPLE_TEXT = EXAMPLE.read_text(encoding="utf-8")
+_CODE = EXAMPLE_TEXT.split("```python\n", 1)[1].splitlines(keepends=True)
+COPY_PROMPT = EXAMPLE_TEXT + "```python\n#"         # gap >= 0.5 over 48 tokens
+PROMPTS = [EXAMPLE_TEXT + "```python\n" + "".join(_CODE[:k])  # gap >= 0.4 over 20 tokens
+           for k in (1, 3, 4, 6, 8, 9, 10, 11)]
+CHAT_REPEAT = [{"role": "user", "content": "Repeat exactly: the cat sat on the mat."}]
+CHAT_COUNT = [{"role": "user", "content": "Write the numbers from 1 to 10 separated by commas."}]
 
 
 def Server(*args):
@@ -123,19 +128,18 @@ def test_completion_with_the_openai_client(client, http):
 
 def test_chat_uses_the_gguf_template(client, http, vocab):
     from ngramspec.live import render_chat
-    messages = [{"role": "system", "content": "You are terse."},
-                {"role": "user", "content": "Name a primary colour."}]
-    res = client.chat.completions.create(model="m", messages=messages, max_tokens=12,
+    res = client.chat.completions.create(model="m", messages=CHAT_REPEAT, max_tokens=12,
                                          temperature=0)
     msg = res.choices[0].message
     assert msg.role == "assistant" and msg.content
     # The same prompt rendered with the GGUF's template, sent as plain text, gives the same text.
-    rendered = render_chat(vocab, messages)
-    assert rendered.startswith("<|im_start|>system\nYou are terse.")
+    rendered = render_chat(vocab, CHAT_REPEAT)
+    assert "<|im_start|>user\nRepeat exactly" in rendered
+    assert rendered.endswith("<|im_start|>assistant\n")
     assert greedy(http, rendered, max_tokens=12)["choices"][0]["text"] == msg.content
     # Content as a list of text parts is the same message.
-    parts = [messages[0], {"role": "user", "content": [{"type": "text", "text": "Name a "},
-                                                       {"type": "text", "text": "primary colour."}]}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Repeat exactly: "},
+                                          {"type": "text", "text": "the cat sat on the mat."}]}]
     again = client.chat.completions.create(model="m", messages=parts, max_tokens=12, temperature=0)
     assert again.choices[0].message.content == msg.content
 
@@ -149,14 +153,13 @@ def _sse_events(response):
 
 
 def test_streams_join_to_the_plain_text(client, http):
-    whole = greedy(http, PROMPTS[1], max_tokens=24)["choices"][0]["text"]
-    stream = client.completions.create(model="m", prompt=PROMPTS[1], max_tokens=24,
+    whole = greedy(http, PROMPTS[1], max_tokens=20)["choices"][0]["text"]
+    stream = client.completions.create(model="m", prompt=PROMPTS[1], max_tokens=20,
                                        temperature=0, stream=True)
     pieces = [c.choices[0].text for c in stream]
     assert len(pieces) > 2 and "".join(pieces) == whole
 
-    chat = dict(model="m", messages=[{"role": "user", "content": "Count to five."}],
-                max_tokens=24, temperature=0)
+    chat = dict(model="m", messages=CHAT_COUNT, max_tokens=24, temperature=0)
     whole = client.chat.completions.create(**chat).choices[0].message.content
     deltas, finish = [], None
     for c in client.chat.completions.create(**chat, stream=True):
