@@ -53,7 +53,8 @@ def as_path(name: str, value, also: str = "") -> str:
 def load_cache(path: PathLike) -> NgramCache:
     """Load an n-gram cache file.
 
-    Raises FileNotFoundError (or another OSError) if it cannot be read, and `CacheFileError`
+    Raises FileNotFoundError (or another OSError) if it cannot be read, `NotRegularFileError`
+    for a directory, FIFO, device or socket (which would block or never end), and `CacheFileError`
     (a ValueError naming the file and the byte offset) if it is truncated or corrupt.
 
     Memory: the file's bytes are held while parsing, on top of the cache itself (roughly 5x
@@ -62,7 +63,20 @@ def load_cache(path: PathLike) -> NgramCache:
     Thread-safety: parsing runs without the GIL; the returned cache is new and unshared.
     """
     path = os.fspath(path)
-    with open(path, "rb") as f:
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; then only regular files are read
+    # (a FIFO, /dev/zero or /dev/urandom would block or never end)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _FILE_KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            raise NotRegularFileError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+                                      f"is a {kind}: n-gram caches are read from regular "
+                                      f"files only", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         data = f.read()
     return NgramCache.from_bytes(data, source=path)
 

@@ -217,3 +217,20 @@ def test_concurrent_saves_never_remove_each_others_temporaries(tmp_path):
     assert temps(tmp_path) == []
     assert load_cache(path).to_dict() in [small_cache([i, k, i, k]).to_dict()
                                           for i in range(4) for k in range(25)]
+
+
+@pytest.mark.parametrize("what", ["fifo", "/dev/zero", "directory"])
+def test_loading_reads_regular_files_only(tmp_path, what):
+    """A FIFO without a writer, an endless device or a directory as a cache file: a clear
+    error at once, naming the path, instead of blocking or reading forever."""
+    from ngramspec.cache_file import load_cache
+    if what == "fifo":
+        path = tmp_path / "cache.bin"
+        os.mkfifo(path)
+    elif what == "directory":
+        path = tmp_path
+    else:
+        path = what
+    with pytest.raises(NotRegularFileError, match="read from regular files only") as info:
+        load_cache(path)
+    assert str(path) in str(info.value)
