@@ -307,7 +307,10 @@ def test_uncompiled_tree_gives_a_clear_import_error(tmp_path):
     shutil.copytree(ROOT / "ngramspec", pkg, ignore=shutil.ignore_patterns("*.so", "*.pyd",
                                                                            "__pycache__"))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", "import ngramspec"], cwd=tmp_path, env=env,
+    # -S: no site-packages, so no editable install's import hook (CI's `pip install -e`) can
+    # redirect the import to the built checkout; the copy in the working folder is found first,
+    # as a source folder shadows a non-editable install.
+    proc = subprocess.run([sys.executable, "-S", "-c", "import ngramspec"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
