@@ -29,8 +29,9 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 
-from ngramspec._core cimport Proposer, token_t
-from ngramspec._core import check_int
+from ngramspec._proposer cimport Proposer
+from ngramspec._types cimport token_t
+from ngramspec._proposer import check_int
 
 import os
 import weakref

@@ -68,8 +68,9 @@ from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memmove, memset
 
-from ngramspec._core cimport (Proposer, alloc_per_slot, malloc, proposer_accept, proposer_begin,
-                              proposer_draft, realloc, token_t)
+from ngramspec._proposer cimport (Proposer, alloc_per_slot, malloc, proposer_accept,
+                                  proposer_begin, proposer_draft, realloc)
+from ngramspec._types cimport NOGIL_MIN_TOKENS, token_t
 
 cnp.import_array()
 
@@ -106,8 +107,7 @@ DEF COUNT_DEPTH = 32
 DEF MIN_CAP = 1024
 # Separator between the global store's sequences: never a valid token, so no match spans two.
 DEF SEP = -1
-# Prompts at least this long are indexed with the GIL released.
-DEF NOGIL_MIN_TOKENS = 4096
+# Prompts at least NOGIL_MIN_TOKENS long (see _types.pxd) are indexed with the GIL released.
 
 N_CALIBRATION_CELLS = N_CELLS
 

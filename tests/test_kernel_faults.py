@@ -535,7 +535,7 @@ def test_two_threads_on_one_slot_are_refused(typ, shared):
     busy raise RuntimeError and leave it alone; no crash, no hang, no other error. Long new
     contexts make the kernels release the GIL, so the calls do overlap."""
     out = run_child(f"""
-        from ngramspec.spec_types import build_proposers
+        from ngramspec.registry import build_proposers
         typ, params, shared = {typ!r}, {PARAMS[typ]!r}, {shared!r}
         params = dict(params)
         if typ == "ngram-suffix":
