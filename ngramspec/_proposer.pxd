@@ -14,6 +14,7 @@ cimport numpy as cnp
 from cpython.long cimport PyLong_CheckExact
 from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t
+from libc.string cimport memcpy
 
 from ngramspec._types cimport TOKEN_MAX_C, token_t
 
@@ -47,12 +48,10 @@ cdef void* realloc(void* p, size_t n) noexcept nogil
 cdef void* alloc_per_slot(Py_ssize_t n_slots, size_t each, str what) except NULL
 cdef int raise_busy(Proposer p, Py_ssize_t slot) except -1
 
-# Argument validation. `as_tokens`: `obj` as a validated C-contiguous int32 array (zero-copy
-# when it already is one; the first `skip` tokens of such an array are taken as validated).
-cdef cnp.ndarray as_tokens(object obj, str name, Py_ssize_t skip=*)
-cdef token_t as_token(object value, str name) except? -1
-# A fresh int32 array holding a copy of t[0 : n] (the caller keeps its buffer).
-cdef cnp.ndarray copy_tokens(const token_t* t, Py_ssize_t n)
+# Argument validation: the full checks (any array-like, every error message); the inline fast
+# paths below (as_tokens, as_token) fall back on them.
+cdef object tokens_slow(object obj, str name)
+cdef token_t token_slow(object value, str name) except? -1
 
 cdef inline Py_ssize_t first_negative(const token_t* t, Py_ssize_t n) noexcept nogil:
     """Index of the first negative id, or -1. The OR-reduction vectorizes; the scan runs only
@@ -139,3 +138,44 @@ cdef inline int proposer_accept(Proposer p, Py_ssize_t slot, Py_ssize_t n_accept
         return p.c_accept(slot, n_accepted, is_other)
     finally:
         p.busy[slot] = 0
+
+
+cdef inline cnp.ndarray as_tokens(object obj, str name, Py_ssize_t skip=0):
+    """`obj` as a validated C-contiguous int32 array (zero-copy when it already is one).
+
+    The first `skip` tokens of a zero-copy array are taken as already validated (the engine
+    validates each token of a growing context once).
+    """
+    cdef cnp.ndarray arr
+    cdef Py_ssize_t bad, n
+    if (cnp.PyArray_CheckExact(obj) and cnp.PyArray_TYPE(<cnp.ndarray>obj) == cnp.NPY_INT32
+            and cnp.PyArray_NDIM(<cnp.ndarray>obj) == 1
+            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>obj)):
+        arr = <cnp.ndarray>obj
+        n = cnp.PyArray_DIMS(arr)[0]
+        check_length(n, name)
+        if skip > n or skip < 0:
+            skip = 0
+        bad = first_negative(<const token_t*>cnp.PyArray_DATA(arr) + skip, n - skip)
+        if bad >= 0:
+            bad += skip
+            raise ValueError(f"{name}[{bad}] = {arr[bad]} is not a token id: ids must be in "
+                             f"0 .. {TOKEN_MAX_C}")
+        return arr
+    return tokens_slow(obj, name)
+
+
+cdef inline token_t as_token(object value, str name) except? -1:
+    cdef long long v
+    if exact_int_in(value, 0, TOKEN_MAX_C, &v):
+        return <token_t>v
+    return token_slow(value, name)
+
+
+# A fresh int32 array holding a copy of t[0 : n] (the caller keeps its buffer).
+cdef inline cnp.ndarray copy_tokens(const token_t* t, Py_ssize_t n):
+    cdef cnp.npy_intp dims = n
+    cdef cnp.ndarray arr = cnp.PyArray_SimpleNew(1, &dims, cnp.NPY_INT32)
+    if n:
+        memcpy(cnp.PyArray_DATA(arr), t, n * sizeof(token_t))
+    return arr

@@ -129,32 +129,11 @@ def _tokens_slow(obj, str name):
     return np.require(arr, np.int32, ("C", "A"))
 
 
-cdef cnp.ndarray as_tokens(object obj, str name, Py_ssize_t skip=0):
-    """`obj` as a validated C-contiguous int32 array (zero-copy when it already is one).
-
-    The first `skip` tokens of a zero-copy array are taken as already validated (the engine
-    validates each token of a growing context once).
-    """
-    cdef cnp.ndarray arr
-    cdef Py_ssize_t bad, n
-    if (cnp.PyArray_CheckExact(obj) and cnp.PyArray_TYPE(<cnp.ndarray>obj) == cnp.NPY_INT32
-            and cnp.PyArray_NDIM(<cnp.ndarray>obj) == 1
-            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>obj)):
-        arr = <cnp.ndarray>obj
-        n = cnp.PyArray_DIMS(arr)[0]
-        check_length(n, name)
-        if skip > n or skip < 0:
-            skip = 0
-        bad = first_negative(<const token_t*>cnp.PyArray_DATA(arr) + skip, n - skip)
-        if bad >= 0:
-            bad += skip
-            raise ValueError(f"{name}[{bad}] = {arr[bad]} is not a token id: ids must be in "
-                             f"0 .. {TOKEN_MAX}")
-        return arr
+cdef object tokens_slow(object obj, str name):
     return _tokens_slow(obj, name)
 
 
-cdef token_t as_token(object value, str name) except? -1:
+cdef token_t token_slow(object value, str name) except? -1:
     cdef long long v
     if exact_int_in(value, 0, TOKEN_MAX_C, &v):
         return <token_t>v
@@ -300,11 +279,3 @@ cdef class PyProposer(Proposer):
 
 
 # Every empty draft is this one read-only array (saves an allocation per draftless step).
-
-cdef cnp.ndarray copy_tokens(const token_t* t, Py_ssize_t n):
-    cdef cnp.npy_intp dims = n
-    cdef cnp.ndarray arr = cnp.PyArray_SimpleNew(1, &dims, cnp.NPY_INT32)
-    if n:
-        memcpy(cnp.PyArray_DATA(arr), t, n * sizeof(token_t))
-    return arr
-
