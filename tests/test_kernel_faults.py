@@ -12,8 +12,9 @@ Two ways to make allocations fail:
   included; but only large allocations reliably hit it, and not under ASan, whose allocator
   reserves its own address space up front);
 * the kernels' fault-injection hook (``ngramspec._core._fail_allocation``): exactly the k-th
-  allocation of _core / _suffix fails, so random k over the allocations a workload makes reaches
-  every allocation site, small ones included, on any build (ASan too).
+  allocation through _proposer's allocator (every kernel module but _cache's C++ containers)
+  fails, so random k over the allocations a workload makes reaches every allocation site, small
+  ones included, on any build (ASan too).
 """
 import json
 import os

@@ -1,0 +1,657 @@
+# cython: language_level=3
+"""ngram-map-k / ngram-map-k4v (common_ngram_map_begin / _draft / _accept), quirks included."""
+from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free
+from libc.string cimport memcmp, memcpy, memmove, memset
+
+from ngramspec._hash cimport (extend_hash, map_hash, map_step, mix64, mod_hash, mod_pow, mod_roll,
+                             mod_step)
+from ngramspec._posindex cimport grow_positions, tab_slot
+from ngramspec._proposer cimport Proposer, alloc_per_slot, calloc, malloc, realloc
+from ngramspec._types cimport NOGIL_MIN_TOKENS, token_t
+
+from ngramspec._proposer import check_int
+
+DEF MAP_INDEX_SIZE = 262144                          # 2**18 uint32 slots per ngram-map slot
+DEF MAP_INDEX_MASK = 262143
+DEF MAP_MAX_VALUES = 4
+DEF MAP_MAX_COUNT = 16380
+
+# --------------------------------------------------------------------------------------------
+# ngram-map-k / ngram-map-k4v (common_ngram_map_begin / _draft / _accept)
+# --------------------------------------------------------------------------------------------
+
+# k4v's statistics scan visits every earlier position from the key's stat_idx to the match:
+# O(L) for each newly matched key, llama.cpp's cost at long contexts. Scans of at least
+# STAT_INDEX_MIN positions go through a per-slot ScanIndex instead: chains of the positions of
+# each n-gram (by a 32-bit tag of its hash, newest first), so a scan visits only the key's
+# occurrences (checked against the text), in the same ascending order. The index is built lazily: a scan indexes at most as many new positions as it
+# covers and scans the rest linearly, so no call costs more than about twice the plain scan.
+# Once built, it also serves the shorter scans (16 positions or more) over indexed positions.
+# begin() on a prompt of STAT_INDEX_MIN tokens or more indexes the prompt (without the GIL).
+# STAT_INDEX_MIN is MapProposer's default `stat_index_min` (tests lower it).
+DEF STAT_INDEX_MIN = 2048
+
+cdef struct ScanSlot:
+    int32_t pos                # newest position of the n-grams with this tag; -1 = empty
+    uint32_t tag               # 32 bits of the n-gram's 64-bit hash (they also pick the slot)
+
+
+cdef struct ScanIndex:
+    Py_ssize_t next_i          # positions 0 .. next_i-1 are indexed
+    Py_ssize_t cap             # room in prev
+    int32_t* prev              # prev[i]: the previous position with i's tag, -1 = none
+    ScanSlot* tab              # open addressing on the tag; a power of two entries, at least
+    Py_ssize_t tab_size        # twice tab_used. Different n-grams sharing a tag share a chain:
+    Py_ssize_t tab_used        # the scan checks every position's text, so it stays exact
+    int32_t* hits              # scratch: one scan's occurrences, newest first
+    Py_ssize_t hits_cap
+    bint stale                 # clear before the next use (begin, or the context shrank)
+
+
+cdef void scan_free(ScanIndex* x) noexcept nogil:
+    free(x.prev)
+    free(x.tab)
+    free(x.hits)
+
+
+cdef inline uint32_t scan_tag(uint64_t h) noexcept nogil:
+    return <uint32_t>(mix64(h) >> 32)      # the high half of the mixed hash (see tab_slot)
+
+
+cdef inline Py_ssize_t scan_find(ScanIndex* x, uint32_t tag) noexcept nogil:
+    """The table entry of `tag`, or the empty entry where it would go."""
+    cdef Py_ssize_t k = tag & (x.tab_size - 1)
+    while x.tab[k].pos >= 0 and x.tab[k].tag != tag:
+        k = (k + 1) & (x.tab_size - 1)
+    return k
+
+
+cdef int scan_grow_table(ScanIndex* x) noexcept nogil:
+    cdef Py_ssize_t size = x.tab_size * 2 if x.tab_size else 4096, i, k
+    cdef ScanSlot* tab = <ScanSlot*>malloc(size * sizeof(ScanSlot))
+    if tab == NULL:
+        return -1
+    memset(tab, 0xFF, size * sizeof(ScanSlot))
+    for i in range(x.tab_size):              # distinct tags: no comparison needed
+        if x.tab[i].pos >= 0:
+            k = x.tab[i].tag & (size - 1)
+            while tab[k].pos >= 0:
+                k = (k + 1) & (size - 1)
+            tab[k] = x.tab[i]
+    free(x.tab)
+    x.tab = tab
+    x.tab_size = size
+    return 0
+
+
+cdef int scan_extend(ScanIndex* x, const token_t* inp, Py_ssize_t last, Py_ssize_t n,
+                     uint64_t a_pow) noexcept nogil:
+    """Index positions next_i .. last (their n-grams must lie inside inp). -1: out of memory."""
+    cdef Py_ssize_t i, k
+    cdef uint64_t h
+    cdef uint32_t tag
+    if x.stale:
+        x.stale = False
+        x.next_i = 0
+        x.tab_used = 0
+        if x.tab != NULL:
+            memset(x.tab, 0xFF, x.tab_size * sizeof(ScanSlot))
+    if last < x.next_i:
+        return 0
+    if last >= x.cap and grow_positions(&x.prev, &x.cap, last) < 0:
+        return -1
+    h = mod_hash(inp + x.next_i, n)
+    for i in range(x.next_i, last + 1):
+        if 2 * (x.tab_used + 1) > x.tab_size:
+            if scan_grow_table(x) < 0:
+                x.next_i = i
+                return -1
+        tag = scan_tag(h)
+        k = scan_find(x, tag)
+        if x.tab[k].pos < 0:
+            x.tab[k].tag = tag
+            x.tab_used += 1
+        x.prev[i] = x.tab[k].pos
+        x.tab[k].pos = <int32_t>i
+        if i < last:
+            h = mod_roll(h, inp[i], inp[i + n], a_pow)
+    x.next_i = last + 1
+    return 0
+
+
+cdef struct MapValue:
+    size_t value_idx           # start of this m-gram in inp; 0 = unused
+    uint16_t value_num         # occurrences, saturating at 16380
+    int16_t n_accepted         # accepted tokens the last time this value drafted
+
+
+cdef struct MapKey:
+    size_t key_idx             # position of the occurrence that created the key
+    size_t stat_idx            # k4v statistics scanned up to here (inclusive)
+    uint16_t key_num           # draft calls in which this key matched
+    MapValue values[MAP_MAX_VALUES]
+
+
+cdef struct MapParams:
+    Py_ssize_t n
+    Py_ssize_t m
+    bint key_only
+    Py_ssize_t min_hits
+    bint reindex
+    uint64_t a_pow             # A^(n-1) mod 2^64, to slide the ScanIndex's hash
+    Py_ssize_t stat_index_min  # k4v scans this long or longer use the ScanIndex
+
+
+cdef struct MapState:
+    MapKey* keys               # append-only list, erased from only by begin's cleanup
+    size_t n_keys
+    size_t cap_keys
+    size_t size_last_begin     # S
+    bint last_draft_created
+    size_t last_draft_key_idx
+    uint16_t last_draft_value_idx
+    size_t idx_last_check
+    uint32_t* key_map          # MAP_INDEX_SIZE positions; 0 = empty
+    uint32_t key_map_last_idx  # K
+    # Lookup of key records by text, replacing llama.cpp's linear search (same result): the
+    # smallest key index per 64-bit hash of the key's text. Rebuilt after begin(), since a new
+    # prompt changes the text found at each key_idx.
+    uint64_t* kt_hash
+    int64_t* kt_idx            # -1 = empty entry
+    Py_ssize_t kt_size         # a power of two, at least twice kt_used
+    Py_ssize_t kt_used
+    bint kt_stale              # rebuild before the next lookup
+    bint kt_linear             # some key's text lies past the context: search linearly
+    # reindex option: fingerprint of the context seen so far, to tell an extension from a new
+    # prompt at begin()
+    uint64_t seen_hash
+    size_t seen_len
+    ScanIndex scan             # k4v's statistics scan (see stat_scan)
+
+
+cdef inline bint map_key_at(const token_t* inp, Py_ssize_t L, Py_ssize_t j, Py_ssize_t n,
+                            token_t sampled) noexcept nogil:
+    """inp[j : j+n] == inp[L-n+1 : L] + [sampled]; False where the window leaves inp."""
+    if j < 0 or j + n > L:
+        return False
+    return inp[j + n - 1] == sampled and memcmp(inp + j, inp + L - n + 1,
+                                                (n - 1) * sizeof(token_t)) == 0
+
+
+cdef inline void map_index(MapState* s, const token_t* inp, Py_ssize_t j, Py_ssize_t n) noexcept nogil:
+    cdef uint32_t h = map_hash(inp + j, n) & MAP_INDEX_MASK
+    if s.key_map[h] == 0:                    # first writer wins
+        s.key_map[h] = <uint32_t>j
+
+
+cdef inline void map_erase_key(MapState* s, size_t i) noexcept nogil:
+    memmove(s.keys + i, s.keys + i + 1, (s.n_keys - i - 1) * sizeof(MapKey))
+    s.n_keys -= 1
+
+
+cdef Py_ssize_t keytab_find(MapState* s, uint64_t h) noexcept nogil:
+    cdef Py_ssize_t k
+    if s.kt_size == 0:
+        return -1
+    k = tab_slot(h, s.kt_size)
+    while s.kt_idx[k] >= 0:
+        if s.kt_hash[k] == h:
+            return <Py_ssize_t>s.kt_idx[k]
+        k = (k + 1) & (s.kt_size - 1)
+    return -1
+
+
+cdef int keytab_insert(MapState* s, uint64_t h, int64_t idx) noexcept nogil:
+    """Add (h -> idx) unless h is present (the smallest index stays). -1: out of memory."""
+    cdef Py_ssize_t k, size, i
+    cdef uint64_t* th
+    cdef int64_t* ti
+    if 2 * (s.kt_used + 1) > s.kt_size:
+        size = s.kt_size * 2 if s.kt_size else 256
+        th = <uint64_t*>malloc(size * sizeof(uint64_t))
+        ti = <int64_t*>malloc(size * sizeof(int64_t))
+        if th == NULL or ti == NULL:
+            free(th)
+            free(ti)
+            return -1
+        memset(ti, 0xFF, size * sizeof(int64_t))
+        for i in range(s.kt_size):
+            if s.kt_idx[i] >= 0:
+                k = tab_slot(s.kt_hash[i], size)
+                while ti[k] >= 0:
+                    k = (k + 1) & (size - 1)
+                th[k] = s.kt_hash[i]
+                ti[k] = s.kt_idx[i]
+        free(s.kt_hash)
+        free(s.kt_idx)
+        s.kt_hash = th
+        s.kt_idx = ti
+        s.kt_size = size
+    k = tab_slot(h, s.kt_size)
+    while s.kt_idx[k] >= 0:
+        if s.kt_hash[k] == h:
+            return 0
+        k = (k + 1) & (s.kt_size - 1)
+    s.kt_hash[k] = h
+    s.kt_idx[k] = idx
+    s.kt_used += 1
+    return 0
+
+
+cdef int keytab_rebuild(MapState* s, const token_t* inp, Py_ssize_t L, Py_ssize_t n) noexcept nogil:
+    cdef size_t i
+    s.kt_used = 0
+    s.kt_linear = False
+    s.kt_stale = False
+    if s.kt_idx != NULL:
+        memset(s.kt_idx, 0xFF, s.kt_size * sizeof(int64_t))
+    for i in range(s.n_keys):
+        if <Py_ssize_t>s.keys[i].key_idx + n > L:
+            s.kt_linear = True               # its text is not there yet: rare, stay exact
+            return 0
+        if keytab_insert(s, mod_hash(inp + s.keys[i].key_idx, n), i) < 0:
+            s.kt_stale = True                # incomplete: rebuild at the next lookup
+            return -1
+    return 0
+
+
+cdef void map_clear(MapState* s) noexcept nogil:
+    """Back to a new map (what a fresh speculative context has), keeping the allocations."""
+    memset(s.key_map, 0, MAP_INDEX_SIZE * sizeof(uint32_t))
+    s.n_keys = 0
+    s.key_map_last_idx = 0
+    s.size_last_begin = 0
+    s.idx_last_check = 0
+    s.last_draft_created = False
+    s.kt_stale = True
+
+
+cdef void map_track(MapState* s, const token_t* inp, size_t L) noexcept nogil:
+    """Fold the context's new tokens into the fingerprint (append-only between begins)."""
+    if L > s.seen_len:
+        s.seen_hash = extend_hash(s.seen_hash, inp + s.seen_len, L - s.seen_len)
+        s.seen_len = L
+
+
+cdef void map_begin_reindex(MapState* s, const token_t* prompt, size_t size_begin) noexcept nogil:
+    """The reindex option: a prompt that does not extend the context seen so far starts the
+    slot's map afresh, instead of keeping stale entries and skipping positions <= K."""
+    if s.seen_len > 0 and (size_begin < s.seen_len or
+                           extend_hash(0, prompt, s.seen_len) != s.seen_hash):
+        map_clear(s)
+    s.seen_hash = extend_hash(0, prompt, size_begin)
+    s.seen_len = size_begin
+
+
+cdef void map_begin(MapState* s, const MapParams* p, size_t size_begin) noexcept nogil:
+    cdef size_t n = p.n, m = p.m
+    cdef size_t cleanup = s.size_last_begin
+    cdef Py_ssize_t i, j, k
+    cdef MapKey* key
+    if cleanup > size_begin:                 # the prompt shrank below the previous prompt
+        cleanup = size_begin - n - m if size_begin > n + m else 0
+    if size_begin < s.idx_last_check:        # history rewritten: drop what lies past cleanup
+        for k in range(MAP_INDEX_SIZE):
+            if s.key_map[k] != 0 and s.key_map[k] >= cleanup:
+                s.key_map[k] = 0
+        s.key_map_last_idx = <uint32_t>(cleanup - 1) if cleanup > 0 else 0
+        i = <Py_ssize_t>s.n_keys - 1
+        while i >= 0:
+            key = &s.keys[i]
+            if key.key_idx >= cleanup:
+                map_erase_key(s, i)
+                i -= 1
+                continue
+            if not p.key_only:
+                for j in range(MAP_MAX_VALUES - 1, -1, -1):
+                    if key.values[j].value_idx != 0 and key.values[j].value_idx >= cleanup:
+                        for k in range(j, MAP_MAX_VALUES - 1):
+                            key.values[k] = key.values[k + 1]
+                        # n_accepted of the last record is kept, as in llama.cpp
+                        key.values[MAP_MAX_VALUES - 1].value_idx = 0
+                        key.values[MAP_MAX_VALUES - 1].value_num = 0
+                if key.values[0].value_idx == 0:
+                    map_erase_key(s, i)
+            i -= 1
+    s.idx_last_check = size_begin
+    s.size_last_begin = size_begin
+    s.last_draft_created = False
+    s.kt_stale = True
+
+
+cdef inline void stat_count(MapKey* ck, const token_t* inp, Py_ssize_t L, size_t i,
+                            Py_ssize_t n, Py_ssize_t m) noexcept nogil:
+    """Count the m-gram after the key's occurrence at i in the key's value records."""
+    cdef int v, iv = -1
+    for v in range(MAP_MAX_VALUES):
+        if ck.values[v].value_idx == 0:
+            ck.values[v].value_idx = i + n
+            ck.values[v].value_num = 0
+            ck.values[v].n_accepted = <int16_t>m
+            iv = v
+            break
+        if (ck.values[v].value_idx + m <= <size_t>L and
+                memcmp(inp + i + n, inp + ck.values[v].value_idx, m * sizeof(token_t)) == 0):
+            iv = v
+            break
+    if iv >= 0 and ck.values[iv].value_num < MAP_MAX_COUNT:
+        ck.values[iv].value_num += 1
+
+
+cdef int stat_scan(MapKey* ck, ScanIndex* x, const MapParams* p, const token_t* inp,
+                   Py_ssize_t L, Py_ssize_t match, token_t sampled) noexcept nogil:
+    """k4v's statistics over the key's occurrences at stat_idx .. match (inclusive: the
+    previous match is counted again), in ascending order. -1: out of memory."""
+    cdef Py_ssize_t n = p.n, lo = <Py_ssize_t>ck.stat_idx, hi = match, i, j, top, cnt = 0
+    cdef Py_ssize_t span = hi - lo + 1, indexed
+    cdef void* grown
+    indexed = 0 if x.stale else x.next_i
+    # long scans build the index; once built, shorter scans over indexed positions use it too
+    if span >= p.stat_index_min or (lo < indexed and span >= 16):
+        if indexed <= hi and scan_extend(x, inp, min(hi, indexed - 1 + span), n, p.a_pow) < 0:
+            return -1
+        if lo < x.next_i:
+            top = min(hi, x.next_i - 1)
+            j = x.tab[scan_find(x, scan_tag(mod_hash(inp + match, n)))].pos
+            while j >= lo:                   # newest first; kept to be counted oldest first
+                if j <= top and map_key_at(inp, L, j, n, sampled):
+                    if cnt == x.hits_cap:
+                        grown = realloc(x.hits, (x.hits_cap * 2 + 64) * sizeof(int32_t))
+                        if grown == NULL:
+                            return -1
+                        x.hits = <int32_t*>grown
+                        x.hits_cap = x.hits_cap * 2 + 64
+                    x.hits[cnt] = <int32_t>j
+                    cnt += 1
+                j = x.prev[j]
+            for i in range(cnt - 1, -1, -1):
+                stat_count(ck, inp, L, x.hits[i], n, p.m)
+            lo = top + 1
+    for i in range(lo, hi + 1):
+        if map_key_at(inp, L, i, n, sampled):
+            stat_count(ck, inp, L, i, n, p.m)
+    return 0
+
+
+cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, Py_ssize_t L,
+                          token_t sampled, token_t* out) noexcept nogil:
+    """Returns the draft length, or -1 when the key list could not grow (out of memory)."""
+    cdef Py_ssize_t n = p.n, m = p.m
+    cdef Py_ssize_t S, K, j, top, match = 0, last_pos, cnt
+    cdef size_t off, i, v
+    cdef uint32_t idx
+    cdef MapKey* ck
+    cdef MapKey* grown
+    cdef uint64_t key_hash
+    cdef Py_ssize_t found
+    cdef int iv, slot_max
+    cdef uint16_t max_occur
+    cdef uint32_t sum_occur
+    s.last_draft_created = False
+    s.last_draft_key_idx = 0
+    s.last_draft_value_idx = 0
+    if L < 2 * n + m:                        # nothing else is updated in this case
+        return 0
+    s.idx_last_check = L
+    S = <Py_ssize_t>s.size_last_begin
+    K = <Py_ssize_t>s.key_map_last_idx
+    last_pos = L - n - m - 1                 # the last candidate whose m-gram lies inside inp
+
+    # (a) lookup: hash index, then the positions not yet indexed (range A, then range B).
+    # Range A is clamped to last_pos so a context shorter than the prompt stays in bounds.
+    idx = s.key_map[(map_step(map_hash(inp + L - n + 1, n - 1), sampled))
+                    & MAP_INDEX_MASK]
+    if idx != 0 and idx < last_pos and map_key_at(inp, L, idx, n, sampled):
+        match = idx
+    top = S - n - m - 1 if S - n - m - 1 < last_pos else last_pos
+    if match == 0 and S > n + m + 1:
+        j = top
+        while j > K:
+            if map_key_at(inp, L, j, n, sampled):
+                match = j
+                break
+            j -= 1
+    if match == 0:
+        j = last_pos
+        while j > S and j > K:
+            if map_key_at(inp, L, j, n, sampled):
+                match = j
+                break
+            j -= 1
+
+    # (b) index maintenance over the same ranges, descending, first writer wins
+    if S > n + m + 1:
+        j = top
+        while j > K:
+            map_index(s, inp, j, n)
+            j -= 1
+    j = last_pos
+    while j > S and j > K:
+        map_index(s, inp, j, n)
+        j -= 1
+    if <uint32_t>last_pos > s.key_map_last_idx:
+        s.key_map_last_idx = <uint32_t>last_pos
+    if match == 0:
+        return 0
+
+    # (c) the key's statistics record: first key whose text (read at key_idx) equals the key
+    if s.kt_stale:
+        if keytab_rebuild(s, inp, L, n) < 0:
+            return -1
+    key_hash = mod_step(mod_hash(inp + L - n + 1, n - 1), sampled)
+    found = -1 if s.kt_linear else keytab_find(s, key_hash)
+    if found >= 0 and map_key_at(inp, L, <Py_ssize_t>s.keys[found].key_idx, n, sampled):
+        off = found
+    elif found < 0 and not s.kt_linear:
+        off = s.n_keys                       # no key has this text
+    else:                                    # a 64-bit collision, or kt_linear: llama.cpp's search
+        off = 0
+        while off < s.n_keys:
+            if map_key_at(inp, L, <Py_ssize_t>s.keys[off].key_idx, n, sampled):
+                break
+            off += 1
+    if off == s.n_keys:
+        if s.n_keys == s.cap_keys:
+            grown = <MapKey*>realloc(s.keys, (s.cap_keys * 2 + 16) * sizeof(MapKey))
+            if grown == NULL:
+                return -1
+            s.keys = grown
+            s.cap_keys = s.cap_keys * 2 + 16
+        ck = &s.keys[s.n_keys]
+        s.n_keys += 1
+        ck.key_idx = match
+        ck.stat_idx = 0
+        ck.key_num = 0
+        for v in range(MAP_MAX_VALUES):
+            ck.values[v].value_idx = 0
+            ck.values[v].value_num = 0
+            ck.values[v].n_accepted = <int16_t>m
+        if not s.kt_linear and keytab_insert(s, key_hash, off) < 0:
+            s.kt_stale = True                # the new key is not in the table: rebuild
+            return -1
+    ck = &s.keys[off]
+    if ck.key_num < MAP_MAX_COUNT:
+        ck.key_num += 1
+
+    slot_max = 0
+    if not p.key_only:                       # (d2) ngram-map-k4v: values seen after the key
+        if ck.key_num < p.min_hits:
+            return 0
+        if stat_scan(ck, &s.scan, p, inp, L, match, sampled) < 0:
+            return -1
+        ck.stat_idx = match
+        max_occur = 0
+        for v in range(MAP_MAX_VALUES):
+            if ck.values[v].value_num > max_occur:
+                max_occur = ck.values[v].value_num
+                slot_max = v
+        sum_occur = 0
+        for v in range(MAP_MAX_VALUES):
+            if v != <size_t>slot_max:
+                sum_occur += ck.values[v].value_num
+        if sum_occur > 0 and max_occur < 2 * sum_occur:
+            return 0
+    # (d1/d2) the draft is always the m tokens after `match`; the value only sets its length
+    cnt = ck.values[slot_max].n_accepted
+    if cnt > m:
+        cnt = m
+    s.last_draft_created = True
+    s.last_draft_key_idx = off
+    s.last_draft_value_idx = <uint16_t>slot_max
+    if cnt <= 0:
+        return 0
+    memcpy(out, inp + match + n, cnt * sizeof(token_t))
+    return cnt
+
+
+cdef void map_accept(MapState* s, uint16_t n_accepted) noexcept nogil:
+    if not s.last_draft_created or s.last_draft_key_idx >= s.n_keys:
+        return
+    s.keys[s.last_draft_key_idx].values[s.last_draft_value_idx].n_accepted = <int16_t>n_accepted
+
+
+cdef class MapProposer(Proposer):
+    """ngram-map-k (``key_only=True``) and ngram-map-k4v (``key_only=False``): common_ngram_map.
+
+    Parameters
+    ----------
+    size_n : int, 1 .. 1024 (default 12) -- key length
+    size_m : int, 1 .. 1024 (default 48) -- value (draft) length
+    min_hits : int, >= 1 (default 1) -- k4v only; ngram-map-k ignores it, as llama.cpp does
+    key_only : bool
+    n_slots : int, >= 1
+    reindex : bool (default False; not llama.cpp's behaviour)
+        On begin(), a prompt that does not extend the slot's previous context resets the slot's
+        map, so the new prompt is indexed from position 1. llama.cpp keeps the stale entries
+        and never scans positions <= K of the new prompt (its "server-state collapse").
+    stat_index_min : int, >= 1 (default 2048)
+        ngram-map-k4v's statistics scans over at least this many positions go through the
+        per-slot ScanIndex (same drafts; a speed knob, lowered by tests).
+
+    Memory: per slot a 2**18-entry uint32 hash index (1 MiB, zero pages until touched) plus,
+    per distinct matched key (unbounded, as in llama.cpp), a 112-byte record and at most 32
+    bytes of lookup table. ngram-map-k4v adds, once a statistics scan covers 2048 positions, a
+    ScanIndex: 4 bytes per context token plus a table of 16-32 bytes per distinct n-gram.
+
+    Thread-safety: each slot's map is independent: one thread per slot at a time (a second
+    call on a busy slot raises RuntimeError).
+    """
+    cdef MapParams params
+    cdef MapState* states
+
+    def __cinit__(self):
+        self.states = NULL
+
+    def __init__(self, size_n=12, size_m=48, min_hits=1, key_only=True, n_slots=1,
+                 reindex=False, stat_index_min=STAT_INDEX_MIN):
+        cdef Py_ssize_t i
+        cdef MapParams params
+        params.reindex = bool(reindex)
+        params.n = check_int("size_n", size_n, 1, 1024)
+        params.m = check_int("size_m", size_m, 1, 1024)
+        params.min_hits = check_int("min_hits", min_hits, 1)
+        params.key_only = bool(key_only)
+        params.stat_index_min = check_int("stat_index_min", stat_index_min, 1)
+        params.a_pow = mod_pow(params.n - 1)
+        # first: it refuses a re-run, which would change the parameters under the slots' state
+        Proposer.__init__(self, "ngram-map-k" if key_only else "ngram-map-k4v", n_slots,
+                          params.m)
+        self.params = params
+        try:
+            self.states = <MapState*>alloc_per_slot(n_slots, sizeof(MapState),
+                                                    f"{self.name}'s per-slot state")
+            for i in range(n_slots):
+                self.states[i].key_map = <uint32_t*>calloc(MAP_INDEX_SIZE, sizeof(uint32_t))
+                if self.states[i].key_map == NULL:
+                    raise MemoryError(f"n_slots = {n_slots}: out of memory for {self.name}'s "
+                                      f"hash index of slot {i} (1 MiB each)")
+        except MemoryError:
+            self.free_states()
+            self.forget_slots()
+            raise
+
+    def __dealloc__(self):
+        self.free_states()
+
+    cdef void free_states(self) noexcept:
+        cdef Py_ssize_t i
+        if self.states != NULL:
+            for i in range(self.n_slots):
+                free(self.states[i].keys)
+                free(self.states[i].key_map)
+                free(self.states[i].kt_hash)
+                free(self.states[i].kt_idx)
+                scan_free(&self.states[i].scan)
+            free(self.states)
+            self.states = NULL
+
+    @property
+    def size_n(self):
+        return self.params.n
+
+    @property
+    def size_m(self):
+        return self.params.m
+
+    @property
+    def min_hits(self):
+        return self.params.min_hits
+
+    @property
+    def reindex(self):
+        return self.params.reindex
+
+    def n_keys(self, Py_ssize_t slot):
+        """Number of key records of `slot` (grows by one per distinct matched key)."""
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot = {slot} is out of range: allowed 0 .. {self.n_slots - 1}")
+        return self.states[slot].n_keys
+
+    def memory_bytes(self):
+        cdef Py_ssize_t i
+        cdef size_t total = 0
+        for i in range(self.n_slots):
+            total += (MAP_INDEX_SIZE * sizeof(uint32_t) + self.states[i].cap_keys * sizeof(MapKey)
+                      + self.states[i].kt_size * (sizeof(uint64_t) + sizeof(int64_t))
+                      + (self.states[i].scan.cap + self.states[i].scan.hits_cap) * sizeof(int32_t)
+                      + self.states[i].scan.tab_size * sizeof(ScanSlot))
+        return total
+
+    cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
+        cdef int r = 0
+        with nogil:
+            if self.params.reindex:
+                map_begin_reindex(&self.states[slot], prompt, n)
+            map_begin(&self.states[slot], &self.params, n)
+            self.states[slot].scan.stale = True   # the new prompt's text is not indexed
+            # k4v on a long prompt: index it now (GIL released) rather than in a draft call
+            if not self.params.key_only and n >= self.params.stat_index_min:
+                r = scan_extend(&self.states[slot].scan, prompt, n - self.params.n,
+                                self.params.n, self.params.a_pow)
+        if r < 0:
+            raise MemoryError(f"out of memory while indexing {self.name}'s prompt")
+        return 0
+
+    cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
+                            token_t sampled, token_t* out) except -1:
+        cdef Py_ssize_t r
+        cdef MapState* s = &self.states[slot]
+        if self.params.reindex:
+            map_track(s, inp, n)
+        if s.scan.next_i > 0 and s.scan.next_i - 1 + self.params.n > n:
+            s.scan.stale = True              # the context shrank without begin()
+        if n - <Py_ssize_t>s.key_map_last_idx > NOGIL_MIN_TOKENS:
+            with nogil:
+                r = map_draft(s, &self.params, inp, n, sampled, out)
+        else:
+            r = map_draft(s, &self.params, inp, n, sampled, out)
+        if r < 0:
+            raise MemoryError(f"out of memory while updating {self.name}'s map")
+        return r
+
+    cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
+        if not is_other:
+            map_accept(&self.states[slot], <uint16_t>n_accepted)
+        return 0
+

@@ -1,0 +1,281 @@
+# cython: language_level=3
+"""The proposers' common ground: the kernels' allocator (with the tests' fault-injection hook),
+argument validation (the one boundary every public entry goes through) and the `Proposer` /
+`PyProposer` base classes that `ngramspec._core.Engine` chains. The C-level contracts are
+declared in ``_proposer.pxd``; ``ngramspec._core`` re-exports the public names.
+"""
+import operator
+import sys
+
+import numpy as np
+
+cimport numpy as cnp
+from cpython.long cimport PyLong_AsLongLong, PyLong_CheckExact
+from libc.stdint cimport SIZE_MAX
+from libc.stdlib cimport free
+from libc cimport stdlib
+from libc.string cimport memcpy
+
+from ngramspec._types cimport TOKEN_MAX_C, token_t
+
+cnp.import_array()
+
+# Python-visible constant: token ids are llama.cpp's llama_token (int32), never negative.
+TOKEN_MAX = 2147483647
+
+# --------------------------------------------------------------------------------------------
+# The kernels' allocator (declared in _proposer.pxd; every kernel module uses it)
+# --------------------------------------------------------------------------------------------
+
+# Fault injection for tests: once armed, allocations are counted and number `fault_at` (1-based)
+# fails as if memory ran out. Off (one predictable branch per allocation) unless a test arms
+# it; not thread-safe, so tests arm it around single-threaded calls only.
+cdef bint fault_armed = False
+cdef long long fault_at = 0
+cdef long long fault_seen = 0
+
+cdef inline bint fault_now() noexcept nogil:
+    global fault_seen
+    if not fault_armed:
+        return False
+    fault_seen += 1
+    return fault_seen == fault_at
+
+
+cdef void* malloc(size_t n) noexcept nogil:
+    return NULL if fault_now() else stdlib.malloc(n)
+
+
+cdef void* calloc(size_t count, size_t size) noexcept nogil:
+    return NULL if fault_now() else stdlib.calloc(count, size)
+
+
+cdef void* realloc(void* p, size_t n) noexcept nogil:
+    return NULL if fault_now() else stdlib.realloc(p, n)
+
+
+def _fail_allocation(fail_at=None):
+    """Testing only: arm (``fail_at`` >= 1: the kernels' allocation number `fail_at` from now
+    fails; 0: count only) or disarm (None) the fault injection of ngramspec's kernels (every
+    module that allocates through _proposer). Returns the number of allocations counted since it
+    was last armed."""
+    global fault_armed, fault_at, fault_seen
+    seen = fault_seen
+    fault_armed = fail_at is not None
+    fault_at = check_int("fail_at", fail_at, 0) if fail_at is not None else 0
+    fault_seen = 0
+    return seen
+
+
+cdef void* alloc_per_slot(Py_ssize_t n_slots, size_t each, str what) except NULL:
+    """calloc(n_slots, each), zeroed; MemoryError naming n_slots when the size overflows or
+    memory runs out."""
+    cdef void* p
+    if each and <size_t>n_slots > SIZE_MAX // each:
+        raise MemoryError(f"n_slots = {n_slots} is too large: {what} would need more than "
+                          f"2**64 bytes")
+    p = calloc(n_slots, each)
+    if p == NULL:
+        raise MemoryError(f"n_slots = {n_slots}: out of memory for {what} "
+                          f"({<size_t>n_slots * each} bytes)")
+    return p
+
+
+# --------------------------------------------------------------------------------------------
+# Argument validation (the one boundary every public entry goes through)
+# --------------------------------------------------------------------------------------------
+
+def _tokens_slow(obj, str name):
+    """Convert any 1-D integer array-like to a C-contiguous int32 array, or raise.
+
+    Byte strings (bytes, bytearray, a memoryview of them) are refused: they are text or raw
+    data, not token ids; so are bools, as everywhere an integer is expected."""
+    if isinstance(obj, (bytes, bytearray)) or (isinstance(obj, memoryview)
+                                               and isinstance(obj.obj, (bytes, bytearray))):
+        raise TypeError(f"{name} must be a 1-D sequence of integer token ids, got "
+                        f"{type(obj.obj if isinstance(obj, memoryview) else obj).__name__} "
+                        f"(bytes are not token ids: tokenize the text first)")
+    if isinstance(obj, (list, tuple)) and bool in map(type, obj):
+        pos = list(map(type, obj)).index(bool)
+        raise TypeError(f"{name}[{pos}] = {obj[pos]} is not a token id: ids must be integers, "
+                        f"not bool")
+    try:
+        arr = np.asarray(obj)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a 1-D sequence of integer token ids ({exc})") from None
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {arr.shape}")
+    check_length(arr.size, name)
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int32)
+    if (arr.dtype.kind == "O" or arr.dtype.kind == "f" and isinstance(obj, (list, tuple))) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in obj):
+        # ints too large for int64 / uint64: numpy makes an object array of them, or (numpy 2,
+        # ints in [2**63, 2**64) mixed with small ones) a float64 array
+        for pos, v in enumerate(obj):
+            if v < 0 or v > TOKEN_MAX:
+                raise ValueError(f"{name}[{pos}] = {v} is not a token id: ids must be in "
+                                 f"0 .. {TOKEN_MAX}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+    lo = int(arr.min())
+    hi = int(arr.max())
+    if lo < 0 or hi > TOKEN_MAX:
+        bad = lo if lo < 0 else hi
+        pos = int(np.flatnonzero(arr == bad)[0])
+        raise ValueError(f"{name}[{pos}] = {bad} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
+    # ascontiguousarray keeps a misaligned int32 buffer as it is: the kernels need int32
+    # alignment (C's rules; vectorized loops may assume it)
+    return np.require(arr, np.int32, ("C", "A"))
+
+
+cdef object tokens_slow(object obj, str name):
+    return _tokens_slow(obj, name)
+
+
+cdef token_t token_slow(object value, str name) except? -1:
+    cdef long long v
+    if exact_int_in(value, 0, TOKEN_MAX_C, &v):
+        return <token_t>v
+    if isinstance(value, bool):              # an int subclass, refused as for every integer
+        raise TypeError(f"{name} must be an integer token id, got bool")
+    if PyLong_CheckExact(value):
+        try:
+            v = PyLong_AsLongLong(value)
+        except OverflowError:
+            raise ValueError(f"{name} = {value} is not a token id: ids must be in "
+                             f"0 .. {TOKEN_MAX}") from None
+    else:
+        try:
+            w = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name} must be an integer token id, got "
+                            f"{type(value).__name__}") from None
+        if w < 0 or w > TOKEN_MAX:
+            raise ValueError(f"{name} = {w} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
+        v = w
+    if v < 0 or v > TOKEN_MAX:
+        raise ValueError(f"{name} = {v} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
+    return <token_t>v
+
+
+def check_int(name, value, lo, hi=None):
+    """Validate an integer parameter against llama.cpp's range; return it as int."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        rng = f"{lo} .. {hi}" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} = {value} is out of range: allowed {rng}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Proposer base classes
+# --------------------------------------------------------------------------------------------
+
+cdef class Proposer:
+    """Base class of every proposer the engine chains.
+
+    Subclasses implement the ``c_begin`` / ``c_draft`` / ``c_accept`` cdef methods (Cython) or,
+    through `PyProposer`, ``on_begin`` / ``on_draft`` / ``on_accept`` (Python). Use a proposer
+    through `Engine`, which validates the arguments and keeps llama.cpp's statistics.
+
+    Memory: the base class holds nothing per slot; each subclass documents its own.
+
+    Thread-safety: per-slot state may be used by one thread per slot at a time; state shared
+    across slots is documented by each subclass. A second call on a slot while one runs (from
+    another thread) raises RuntimeError instead of touching the slot. ``__init__`` runs once:
+    calling it again raises RuntimeError.
+    """
+
+    def __init__(self, str name, n_slots, Py_ssize_t max_draft):
+        if self.busy != NULL:
+            raise RuntimeError(f"{type(self).__name__} is already initialised")
+        n_slots = check_int("n_slots", n_slots, 1)
+        if n_slots > sys.maxsize:
+            raise MemoryError(f"n_slots = {n_slots} is too large: allowed 1 .. {sys.maxsize}")
+        if max_draft < 1:
+            raise ValueError(f"max_draft = {max_draft} is out of range: allowed >= 1")
+        self.busy = <unsigned char*>alloc_per_slot(n_slots, 1, f"{name}'s slot flags")
+        self.name = name
+        self.n_slots = n_slots
+        self.max_draft = max_draft
+
+    def __dealloc__(self):
+        free(self.busy)
+
+    cdef int forget_slots(self) except -1:
+        """Back to uninitialised (n_slots 0), after a subclass freed its per-slot state: what
+        an __init__ that failed half-way leaves (no slot to call, __init__ may run again)."""
+        free(self.busy)
+        self.busy = NULL
+        self.n_slots = 0
+        return 0
+
+    cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
+        return 0
+
+    cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
+                            token_t sampled, token_t* out) except -1:
+        return 0
+
+    cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
+        return 0
+
+    def memory_bytes(self):
+        """Bytes of memory this proposer holds (all slots; a shared ModPool not included)."""
+        return 0
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name!r} n_slots={self.n_slots}>"
+
+
+cdef int raise_busy(Proposer p, Py_ssize_t slot) except -1:
+    raise RuntimeError(f"{p.name} slot {slot} used concurrently from two threads (one thread "
+                       f"per slot at a time)")
+
+
+cdef class PyProposer(Proposer):
+    """A proposer written in Python (e.g. a draft model).
+
+    Override ``on_begin(slot, prompt)``, ``on_draft(slot, inp, sampled) -> sequence of ids`` and
+    ``on_accept(slot, n_accepted, is_other)``. ``prompt`` and ``inp`` are fresh int32 copies the
+    method may keep. A draft longer than ``max_draft`` raises ValueError.
+
+    Memory: whatever the subclass keeps; the wrapper itself holds nothing per slot.
+
+    Thread-safety: the ``on_*`` methods run with the GIL held; one thread per slot at a time (a
+    second call on a busy slot raises RuntimeError, see `Proposer`).
+    """
+
+    def on_begin(self, slot, prompt):
+        pass
+
+    def on_draft(self, slot, inp, sampled):
+        return ()
+
+    def on_accept(self, slot, n_accepted, is_other):
+        pass
+
+    cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
+        self.on_begin(slot, copy_tokens(prompt, n))
+        return 0
+
+    cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
+                            token_t sampled, token_t* out) except -1:
+        cdef cnp.ndarray arr = as_tokens(self.on_draft(slot, copy_tokens(inp, n), sampled),
+                                         f"{self.name} draft")
+        cdef Py_ssize_t length = cnp.PyArray_DIMS(arr)[0]
+        if length > self.max_draft:
+            raise ValueError(f"{self.name} drafted {length} tokens: allowed 0 .. {self.max_draft}")
+        if length:
+            memcpy(out, tok_ptr(arr), length * sizeof(token_t))
+        return length
+
+    cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
+        self.on_accept(slot, n_accepted, is_other)
+        return 0
+
+
+# Every empty draft is this one read-only array (saves an allocation per draftless step).
