@@ -40,7 +40,8 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 
 def bounded(kind, lo=None, hi=None):
-    """argparse type: ``kind(text)`` within ``lo .. hi`` (inclusive; None = unbounded)."""
+    """argparse type: ``kind(text)`` within ``lo .. hi`` (inclusive; None = unbounded), for
+    float flags; integer flags use `int_arg`, whose message states the range."""
     def convert(text: str):
         value = kind(text)
         if (lo is not None and not value >= lo) or (hi is not None and not value <= hi):

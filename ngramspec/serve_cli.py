@@ -12,6 +12,7 @@ import socket
 import sys
 
 from ngramspec.cli_common import (add_context_flags, add_model_flags, add_spec_flags, bounded,
+                                  int_arg,
                                   load_cache_files, positive_int, run_one_line_errors)
 
 # Seconds uvicorn lets running requests finish after SIGTERM/SIGINT before cancelling them.
@@ -39,7 +40,7 @@ def add_parser(subparsers):
                         "(default %(default)s)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default %(default)s: this machine only)")
-    p.add_argument("--port", type=bounded(int, 0, 65535), default=8080,
+    p.add_argument("--port", type=int_arg(0, 65535), default=8080,
                    help="port to bind, 0 = any free port (default %(default)s)")
     p.add_argument("--api-key", metavar="KEY", default=os.environ.get("NGRAMSPEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on the API (comma list for several "
