@@ -7,9 +7,10 @@
 Each root is a checkout with its extensions built (``python setup.py build_ext --inplace``).
 A round runs one worker process per checkout (the order alternates between rounds), so both see
 the same machine load; each worker imports its checkout's ``ngramspec`` (``$NGRAMSPEC_TREE``,
-see `benchlib`) and this ``bench/``'s ``benchlib``, so neither checkout needs this bench/, and times, as ``kernel_report.py`` and ``replay_report.py`` do, the steady draft
-calls by context size, the fixed cost of a call on a 16-token context, and the replay loop's
-draft calls on the first requests of some trace families. The table gives each call's minimum
+see `benchlib`) and this ``bench/``'s ``benchlib`` (neither checkout needs a copy of it), and
+times, as ``kernel_report.py`` and ``replay_report.py`` do, the steady draft calls by context
+size, the fixed cost of a call on a 16-token context, and the replay loop's draft calls on the
+first requests of some trace families. The table gives each call's minimum
 over all rounds, averaged over the calls (`benchlib.per_call_us`), for A and B and their ratio.
 The two checkouts must make the same drafts: the worker reports every draft length and the
 script stops if they differ.
@@ -106,7 +107,8 @@ def main(argv=None):
         for k in (("A", "B") if r % 2 == 0 else ("B", "A")):
             # the worker's benchlib puts checkout k's ngramspec first on sys.path
             env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **{benchlib.TREE_ENV: roots[k]})
-            cmd = [sys.executable, os.path.abspath(__file__), "x", "x", "--worker", "--inner", str(args.inner), "--sizes", args.sizes,
+            cmd = [sys.executable, os.path.abspath(__file__), "x", "x", "--worker",
+                   "--inner", str(args.inner), "--sizes", args.sizes,
                    "--proposers", args.proposers, "--families", args.families]
             res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
                                             env=env, cwd=roots[k]).stdout)

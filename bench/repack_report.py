@@ -21,10 +21,10 @@ it runs on, what turning the extra buffer types off costs where both work:
    ``draft_model=NgramspecDraftModel("ngram-mod,ngram-simple")`` (the README snippet), same
    prompt and token count, next to ngramspec's ``generate_speculative`` on the same model.
 
-Speed is ``(n_output - 1) / t`` from the first output token to the last (as bench/results/e2e.md), by
-wall clock and by CPU time of the decoding thread (with one thread llama.cpp computes on the
-calling thread, so other processes on a shared machine do not inflate it); CPU time is the main
-figure.
+Speed is ``(n_output - 1) / t`` from the first output token to the last (as
+bench/results/e2e.md), by wall clock and by CPU time of the decoding thread (with one thread
+llama.cpp computes on the calling thread, so other processes on a shared machine do not inflate
+it); CPU time is the main figure.
 """
 from __future__ import annotations
 

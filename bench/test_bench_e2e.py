@@ -1,9 +1,9 @@
 """Smoke run of the end-to-end report (bench/e2e_report.py) on the embedded model.
 
-The full report takes minutes (bench/results/e2e.md); this runs its whole code path with tiny sizes (one
-short code-edit and one chat prompt, 8 output tokens, one round, batches up to 4 tokens), so CI
-sees that every configuration still generates plain greedy decoding's output and that the report
-renders. About 10-20 s on two cores.
+The full report takes minutes (bench/results/e2e.md); this runs its whole code path with tiny
+sizes (one short code-edit and one chat prompt, 8 output tokens, one round, batches up to 4
+tokens), so CI sees that every configuration still generates plain greedy decoding's output and
+that the report renders. About 10-20 s on two cores.
 """
 import json
 

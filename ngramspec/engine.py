@@ -33,6 +33,15 @@ class SpecEngine(Engine):
         ``ngram_map_k4v_min_hits``, ``ngram_mod_n_match``, ... (`ngramspec.registry`); a value
         out of range raises ValueError naming the keyword and the allowed range.
 
+    Raises
+    ------
+    TypeError
+        Neither or both of `spec_type` and `proposers`, an unknown keyword, a value of the
+        wrong kind, `pool` not a ``ModPool``.
+    ValueError
+        An unknown or unsupported spec type, a value out of range (the message names the
+        keyword and the allowed range).
+
     Methods ``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max=None)`` and
     ``accept(slot, n_accepted)`` follow llama-server: begin once per request with the full
     prompt; draft with the tokens in the KV cache and the last sampled token; accept after every
@@ -64,7 +73,19 @@ class SpecEngine(Engine):
 
     @classmethod
     def from_proposers(cls, proposers, n_slots: int = 1) -> "SpecEngine":
-        """An engine over already-built proposers (their priority is the given order)."""
+        """An engine over already-built proposers.
+
+        Parameters
+        ----------
+        proposers : sequence of Proposer
+            Their priority is the given order (the first non-empty draft wins).
+        n_slots : int
+            Slots; every proposer must have at least as many.
+
+        Returns
+        -------
+        SpecEngine
+        """
         return cls(None, n_slots, proposers=proposers)
 
     def stats_lines(self) -> list[str]:
