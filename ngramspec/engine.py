@@ -16,6 +16,12 @@ __all__ = ["SpecEngine"]
 class SpecEngine(Engine):
     """A chain of proposers driven as llama-server drives them.
 
+    Methods ``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max=None)`` and
+    ``accept(slot, n_accepted)`` follow llama-server: begin once per request with the full
+    prompt; draft with the tokens in the KV cache and the last sampled token; accept after every
+    non-empty draft (also with 0). Token arrays may be any 1-D integer array-like; ids must be
+    in 0 .. 2**31-1. `ngramspec.loop.SlotLoop` drives them for one request.
+
     Parameters
     ----------
     spec_type : str or list of str
@@ -41,12 +47,6 @@ class SpecEngine(Engine):
     ValueError
         An unknown or unsupported spec type, a value out of range (the message names the
         keyword and the allowed range).
-
-    Methods ``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max=None)`` and
-    ``accept(slot, n_accepted)`` follow llama-server: begin once per request with the full
-    prompt; draft with the tokens in the KV cache and the last sampled token; accept after every
-    non-empty draft (also with 0). Token arrays may be any 1-D integer array-like; ids must be
-    in 0 .. 2**31-1. `ngramspec.loop.SlotLoop` drives them for one request.
 
     Notes
     -----

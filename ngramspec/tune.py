@@ -620,13 +620,26 @@ def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
     cost_model
         An object with ``cost(n_tokens, n_past)`` (`ngramspec.cost`); must pickle when
         ``jobs > 1``.
-    slots : server slot counts to sweep.
-    types : restrict the sweep to these types (default all).
-    ngramspec_options, chains, auto : sweep ngramspec's own options too; try chains of the best
-        setting of each type; try the ``auto`` draft-length policy on the best of each type
-        and the best chain (an ngramspec option: left out without `ngramspec_options`).
-    jobs : worker processes (1: in this process).
-    progress : called as ``progress(done, total)`` after each configuration.
+    slots : sequence of int
+        Server slot counts to sweep.
+    types : iterable of str, optional
+        Restrict the sweep to these types (default all).
+    ngramspec_options, chains, auto : bool
+        Sweep ngramspec's own options too; try chains of the best setting of each type; try
+        the ``auto`` draft-length policy on the best of each type and the best chain (an
+        ngramspec option: left out without `ngramspec_options`).
+    static_path : str, optional
+        Where the static cache built from `train` is written.
+    n_ctx : int
+        Context size bounding drafts (0: none).
+    jobs : int
+        Worker processes (1: in this process).
+    progress : callable, optional
+        Called as ``progress(done, total)`` after each configuration.
+    grids, ngramspec_grids : dict, optional
+        Replace `GRIDS` / `NGRAMSPEC_GRIDS`.
+    cost_name : str
+        The cost model's name or file, as the printed commands give it.
 
     Returns
     -------
