@@ -1,15 +1,16 @@
 """A/B: the draft-call cost of two ngramspec checkouts, measured interleaved on this machine.
 
-    python bench/ab_steady.py A_ROOT B_ROOT [--rounds 6] [--sizes 1k,8k,32k,128k]
-                              [--proposers simple,map-k,map-k4v,mod] [--families chat,agentic]
-                              [--limit FAMILY=N ...] [--json FILE]
+    python bench ab A_ROOT B_ROOT [--rounds 6] [--sizes 1k,8k,32k,128k]
+                  [--proposers simple,map-k,map-k4v,mod] [--families chat=30,agentic=8]
+                  [--json FILE]
 
 Each root is a checkout with its extensions built (``python setup.py build_ext --inplace``).
 A round runs one worker process per checkout (the order alternates between rounds), so both see
-the same machine load; each worker imports its checkout's ``ngramspec`` and this file's
-``benchlib``, and times, as ``kernel_report.py`` and ``replay_report.py`` do, the steady draft
-calls by context size, the fixed cost of a call on a 16-token context, and the replay loop's
-draft calls on the first requests of some trace families. The table gives each call's minimum
+the same machine load; each worker imports its checkout's ``ngramspec`` (``$NGRAMSPEC_TREE``,
+see `benchlib`) and this ``bench/``'s ``benchlib`` (neither checkout needs a copy of it), and
+times, as ``kernel_report.py`` and ``replay_report.py`` do, the steady draft calls by context
+size, the fixed cost of a call on a 16-token context, and the replay loop's draft calls on the
+first requests of some trace families. The table gives each call's minimum
 over all rounds, averaged over the calls (`benchlib.per_call_us`), for A and B and their ratio.
 The two checkouts must make the same drafts: the worker reports every draft length and the
 script stops if they differ.
@@ -23,16 +24,13 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import numpy as np
+
+import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
+from ngramspec.traces import read_requests
 
 
 def worker(args):
-    sys.path[:0] = [args.root, HERE]
-    import numpy as np
-
-    import benchlib
-    from ngramspec.traces import read_requests
-
     engines = benchlib.Engines()
     out = {"ngramspec": __import__("ngramspec").__file__, "steady": {}, "overhead": {},
            "replay": {}}
@@ -88,7 +86,7 @@ def merge(acc, res):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = benchlib.argument_parser(__doc__)
     ap.add_argument("a", help="checkout A (baseline)")
     ap.add_argument("b", help="checkout B")
     ap.add_argument("--rounds", type=int, default=6, help="worker runs per checkout")
@@ -97,19 +95,20 @@ def main(argv=None):
     ap.add_argument("--proposers", default="simple,map-k,map-k4v,mod")
     ap.add_argument("--families", default="chat=30,agentic=8,code-edit=10",
                     help="replayed families as FAMILY=N (first N requests); '' for none")
-    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--json", metavar="FILE", default=benchlib.result_path("ab.json"),
+                    help="write the table as JSON here (default: %(default)s)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--root", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
     roots = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}
     acc = {k: {"steady": {}, "overhead": {}, "replay": {}} for k in roots}
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     for r in range(args.rounds):
         for k in (("A", "B") if r % 2 == 0 else ("B", "A")):
+            # the worker's benchlib puts checkout k's ngramspec first on sys.path
+            env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **{benchlib.TREE_ENV: roots[k]})
             cmd = [sys.executable, os.path.abspath(__file__), "x", "x", "--worker",
-                   "--root", roots[k], "--inner", str(args.inner), "--sizes", args.sizes,
+                   "--inner", str(args.inner), "--sizes", args.sizes,
                    "--proposers", args.proposers, "--families", args.families]
             res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
                                             env=env, cwd=roots[k]).stdout)

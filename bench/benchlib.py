@@ -18,6 +18,7 @@ CTX.npy PROMPT_LEN STEPS`` prints a JSON list (see `memprobe`).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -30,11 +31,43 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-# The checkout's own in-place build wins over an installed ngramspec (an editable install of
-# another checkout would otherwise be measured); without one, the installed package is used.
-if any((ROOT / "ngramspec").glob("_core*.so")) and str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+BENCH = pathlib.Path(__file__).resolve().parent
+RESULTS = BENCH / "results"      # every report's default output folder (bench/README.md: index)
+TREE_ENV = "NGRAMSPEC_TREE"      # `python bench --tree PATH` sets it; subprocesses inherit it
+
+
+def _usage_error(message: str):
+    print(f"bench: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _tree() -> pathlib.Path | None:
+    """The checkout whose ``ngramspec`` the benchmarks measure; None: whatever is importable.
+
+    ``$NGRAMSPEC_TREE`` names it explicitly (an A/B run points each side at its own checkout
+    with this one ``bench/``). Otherwise the checkout ``bench/`` lives in, when its kernels are
+    built in place: an editable install of another checkout would otherwise be measured.
+    """
+    named = os.environ.get(TREE_ENV)
+    if named:
+        tree = pathlib.Path(named).resolve()
+        if not (tree / "ngramspec" / "__init__.py").is_file():
+            _usage_error(f"{TREE_ENV}={named}: no ngramspec package there (a checkout's root, "
+                         f"with its kernels built in place, is expected)")
+        return tree
+    return BENCH.parent if any((BENCH.parent / "ngramspec").glob("_core*.so")) else None
+
+
+# The only sys.path edit of the benchmarks: every script imports this module before ngramspec.
+_TREE = _tree()
+if _TREE is not None and (not sys.path or sys.path[0] != str(_TREE)):
+    sys.path.insert(0, str(_TREE))
+ROOT = _TREE or BENCH.parent      # the measured checkout (revision, examples, server's cwd)
+_loaded = sys.modules.get("ngramspec")
+if os.environ.get(TREE_ENV) and _loaded is not None and not str(
+        pathlib.Path(_loaded.__file__).resolve()).startswith(str(ROOT) + os.sep):
+    _usage_error(f"{TREE_ENV}={ROOT}, but ngramspec was already imported from "
+                 f"{_loaded.__file__}")
 
 import ngramspec
 from ngramspec import ModPool, PyProposer, SpecEngine
@@ -42,7 +75,7 @@ from ngramspec.loop import SlotLoop
 from ngramspec.replay import Timers, replay_request
 from ngramspec.traces import read_requests
 
-SHARED = pathlib.Path(os.environ.get("NGRAMSPEC_SHARED", ROOT.parent / "shared"))
+SHARED = pathlib.Path(os.environ.get("NGRAMSPEC_SHARED", BENCH.parent.parent / "shared"))
 TRACES = SHARED / "traces"
 MIB = 1 << 20
 
@@ -91,6 +124,28 @@ def llama_simple_estimate(n_ctx: int) -> float:
     """
     x0, y0, x1, y1 = 9400, 13.4, 47000, 58.7
     return y0 + (y1 - y0) * (n_ctx - x0) / (x1 - x0)
+
+
+# ------------------------------------------------------------------------------------------
+# Command line: one style for every report (``python bench SUBCOMMAND``, bench/__main__.py)
+# ------------------------------------------------------------------------------------------
+
+def argument_parser(doc: str) -> argparse.ArgumentParser:
+    """A report's parser: its docstring's first paragraph as description, the rest as epilog."""
+    head, _, rest = doc.strip().partition("\n\n")
+    return argparse.ArgumentParser(description=head, epilog=rest or None,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def result_path(name: str) -> str:
+    """Default output file of a report: ``bench/results/NAME`` (e.g. ``kernels.json``)."""
+    return str(RESULTS / name)
+
+
+def command_line(subcommand: str, argv=None) -> str:
+    """The command that reproduces this run, as recorded in a report's output."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python bench", subcommand, *args])
 
 
 def geomean(values) -> float:

@@ -1,6 +1,6 @@
 """Check the C++ baseline against llama.cpp's golden drafts: it must be llama.cpp-faithful.
 
-    python bench/cpp_baseline.py [--files GLOB] [-v]
+    python bench cpp-baseline [--files GLOB] [-v]
 
 Replays golden files of ``../shared/golden`` (every non-cache file by default: the four
 proposers in default and small configurations, fresh and shared state, the chain, and the
@@ -11,14 +11,13 @@ comparison with llama.cpp's own algorithms.
 """
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import pathlib
 import sys
 import time
 
-import benchlib  # noqa: F401  (puts the checkout's ngramspec on sys.path when not installed)
+import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
 from llamacpp_baseline import CppEngine
 from ngramspec.replay import Timers, replay_request
 from ngramspec.traces import read_requests
@@ -107,7 +106,7 @@ def _add_stats(totals, engine):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = benchlib.argument_parser(__doc__)
     ap.add_argument("--files", default="*.jsonl.gz", help="glob of golden files (default: all)")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per file")
     args = ap.parse_args(argv)

@@ -1,8 +1,8 @@
 """End to end on this CPU with the embedded model (SmolLM2-135M-Instruct Q4_1).
 
-    python bench/e2e_report.py [--code 4] [--chat 3] [--n-predict 256] [--runs 3] [--threads 1]
-                               [--json bench/e2e_results.json] [--md bench/E2E.md]
-    python bench/e2e_report.py --render bench/e2e_results.json --md bench/E2E.md
+    python bench e2e [--code 4] [--chat 3] [--n-predict 256] [--runs 3] [--threads 1]
+                     [--json bench/results/e2e.json] [--md bench/results/e2e.md]
+    python bench e2e --render bench/results/e2e.json --md bench/results/e2e.md
 
 Three measurements, all on real prompts of ``../shared/traces`` (token ids of the embedded
 model's own tokenizer, used as-is):
@@ -31,7 +31,6 @@ shared machine, whatever else runs; it is the report's main figure.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import platform
@@ -42,10 +41,9 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-if (ROOT / "ngramspec" / "__init__.py").is_file():
-    # Measure the checkout this script is in (its in-place build), not another installed copy.
-    sys.path.insert(0, str(ROOT))
+import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
+
+ROOT = benchlib.ROOT
 
 import ngramspec  # noqa: E402
 from ngramspec import SpecEngine  # noqa: E402
@@ -58,7 +56,7 @@ from ngramspec.policy import AutoPolicy  # noqa: E402
 from ngramspec.replay import replay  # noqa: E402
 from ngramspec.traces import Request, read_requests  # noqa: E402
 
-TRACES = ROOT.parent / "shared" / "traces"
+TRACES = benchlib.TRACES
 
 PLAIN = "plain"                    # ngramspec's driver without drafts
 LCP_PLAIN = "llama-cpp-python plain"
@@ -632,7 +630,7 @@ def _limits_section(p, res):
 
 
 def render(res):
-    """The Markdown of bench/E2E.md."""
+    """The Markdown of bench/results/e2e.md."""
     s, m = res["settings"], res["machine"]
     names = s["names"]
     lines = []
@@ -766,7 +764,7 @@ def _restore_batch_keys(res):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = benchlib.argument_parser(__doc__)
     ap.add_argument("--code", type=int, default=4, help="code-edit prompts (default 4)")
     ap.add_argument("--chat", type=int, default=3, help="chat prompts (default 3)")
     ap.add_argument("--reasoning", type=int, default=2, help="reasoning prompts (default 2)")
@@ -784,8 +782,10 @@ def main(argv=None):
                     help="comma list of configuration names (default: all); plain is always run")
     ap.add_argument("--batch-reps", type=int, default=5)
     ap.add_argument("--no-batch", action="store_true", help="skip the batch-cost measurement")
-    ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--md", default=None, help="write the Markdown report here")
+    ap.add_argument("--json", metavar="FILE", default=benchlib.result_path("e2e.json"),
+                    help="write the results here (default: %(default)s)")
+    ap.add_argument("--md", metavar="FILE", default=benchlib.result_path("e2e.md"),
+                    help="write the Markdown report here (default: %(default)s)")
     ap.add_argument("--render", default=None, metavar="JSON",
                     help="only render an earlier results file")
     args = ap.parse_args(argv)
@@ -806,7 +806,7 @@ def main(argv=None):
                       log=lambda msg: print(msg, file=sys.stderr, flush=True),
                       n_reasoning=args.reasoning, n_agentic=args.agentic,
                       max_prompt=args.max_prompt, cost_model=cost_model)
-        res["machine"]["command"] = "python bench/e2e_report.py " + " ".join(argv or sys.argv[1:])
+        res["machine"]["command"] = benchlib.command_line("e2e", argv)
         res = _restore_batch_keys(json.loads(json.dumps(_jsonable(res))))
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps(_jsonable(res), indent=1) + "\n")

@@ -1,7 +1,7 @@
 """Per-call cost by context size, begin/reset costs and memory per slot, as Markdown tables.
 
-    python bench/kernel_report.py [--rounds 15] [--sizes 1k,8k,32k,48k,128k] [--json FILE]
-                                  [--md FILE] [--no-cpp] [--no-prompt-lookup]
+    python bench kernels [--rounds 15] [--sizes 1k,8k,32k,48k,128k] [--json FILE]
+                         [--md FILE] [--no-cpp] [--no-prompt-lookup]
 
 Everything compared is measured side by side in this one run: each round prepares a fresh,
 warmed engine for every proposer in turn, each followed by the same configuration on the
@@ -17,7 +17,6 @@ spec's section 9 (llama.cpp's own C++ on its own traces, not measured here).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -179,7 +178,7 @@ def cpp_section(p, st, labels):
     """The measured comparison with llama.cpp's algorithms in C++; returns {(name, size): ratio}."""
     p("## Ratio ngramspec / llama.cpp C++, measured here side by side\n")
     p("The C++ baseline (`bench/llamacpp_baseline`, llama.cpp's algorithms and glue from the spec, "
-      "`g++ -O2`, every golden draft reproduced: `python bench/cpp_baseline.py`) replays the same "
+      "`g++ -O2`, every golden draft reproduced: `python bench cpp-baseline`) replays the same "
       "plans as ngramspec, in alternating rounds. Its calls are timed inside C++ (steady_clock "
       "around the glue's draft call), ngramspec's from Python as `ngramspec replay` does; both "
       "with the same statistic (each call's minimum over the rounds, averaged over the calls).\n")
@@ -386,15 +385,17 @@ def report(args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = benchlib.argument_parser(__doc__)
     ap.add_argument("--sizes", default=",".join(SIZES), help="context sizes (default: all)")
     ap.add_argument("--rounds", type=int, default=15, help="rounds per measurement")
     ap.add_argument("--pl-rounds", type=int, default=3, help="rounds for the prompt lookup")
     ap.add_argument("--no-prompt-lookup", action="store_true",
                     help="skip llama-cpp-python's LlamaPromptLookupDecoding")
     ap.add_argument("--no-cpp", action="store_true", help="skip the llama.cpp C++ baseline")
-    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    ap.add_argument("--md", metavar="FILE", help="also write the tables as Markdown")
+    ap.add_argument("--json", metavar="FILE", default=benchlib.result_path("kernels.json"),
+                    help="write the figures as JSON here (default: %(default)s)")
+    ap.add_argument("--md", metavar="FILE", default=benchlib.result_path("kernels.md"),
+                    help="write the tables as Markdown here (default: %(default)s)")
     report(ap.parse_args(argv))
 
 

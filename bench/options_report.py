@@ -8,31 +8,25 @@ every request. Each option below is off by default (golden parity) and changes o
 Every DEV family file is replayed in server state (one engine, slot 0, requests in file order,
 state kept), with the golden files' replay loop, once with the option off and once on:
 
-    python bench/options_report.py                   # whole files, every option (~5 min)
-    python bench/options_report.py --limit 100       # the first 100 requests of each family
-    python bench/options_report.py --type ngram-cache --limit 100   # one option only
-    python bench/options_report.py --cache-cost      # ngram-cache restart: begin cost, memory
+    python bench options                   # whole files, every option (~5 min)
+    python bench options --limit 100       # the first 100 requests of each family
+    python bench options --type ngram-cache --limit 100   # one option only
+    python bench options --cache-cost      # ngram-cache restart: begin cost, memory
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-
-from suffix_report import FAMILIES, cell, replay_family, traces_dir  # noqa: E402
-
-from ngramspec import SpecEngine  # noqa: E402
-from ngramspec.registry import TYPES  # noqa: E402
-from ngramspec.traces import read_requests  # noqa: E402
+import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
+from ngramspec import SpecEngine
+from ngramspec.registry import TYPES
+from ngramspec.traces import read_requests
+from suffix_report import FAMILIES, cell, replay_family
 
 # (spec type, option keyword): the option's value 0 is llama.cpp's behaviour
 OPTIONS = (
@@ -53,7 +47,7 @@ def cache_restart_cost(sizes=(1024, 8192, 32768), rounds=7):
     the first draft that learns the prompt (paid with or without the option on a new slot) and
     the slot's memory then. Prompts are cut from the agentic family's token stream. Rounds
     alternate the sizes; medians in µs (perf_counter around the engine call)."""
-    reqs = read_requests(os.path.join(traces_dir(), "agentic.jsonl.gz"))
+    reqs = read_requests(str(benchlib.TRACES / "agentic.jsonl.gz"))
     stream = np.concatenate([np.concatenate([r.prompt[-2000:], r.output]) for r in reqs[:400]])
     engine = SpecEngine("ngram-cache", n_slots=1, ngram_cache_restart=1)
     samples = {n: {"begin_free": [], "first_draft": [], "memory": 0} for n in sizes}
@@ -79,12 +73,13 @@ def cache_restart_cost(sizes=(1024, 8192, 32768), rounds=7):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = benchlib.argument_parser(__doc__)
     ap.add_argument("--limit", type=int, help="first N requests per family")
     ap.add_argument("--family", action="append", choices=FAMILIES)
     ap.add_argument("--type", action="append", choices=sorted({t for t, _ in OPTIONS}),
                     help="only this spec type's option (repeatable; default: all)")
-    ap.add_argument("--json", help="also write the measurements to this file")
+    ap.add_argument("--json", metavar="FILE", default=benchlib.result_path("options.json"),
+                    help="write the measurements here (default: %(default)s)")
     ap.add_argument("--cache-cost", action="store_true",
                     help="measure ngram-cache restart's begin cost and memory instead")
     args = ap.parse_args(argv)
@@ -109,7 +104,7 @@ def main(argv=None):
             rows[f"{spec_type}, {keyword}={value}"] = (spec_type, {keyword: value})
     measured = {name: {} for name in rows}
     for fam in families:
-        requests = read_requests(os.path.join(traces_dir(), f"{fam}.jsonl.gz"), args.limit)
+        requests = read_requests(str(benchlib.TRACES / f"{fam}.jsonl.gz"), args.limit)
         for name, (spec_type, params) in rows.items():
             r = replay_family(SpecEngine(spec_type, n_slots=1, **params), requests)
             measured[name][fam] = r
@@ -121,9 +116,8 @@ def main(argv=None):
     print("|---|" + "---|" * len(families))
     for name, per_fam in measured.items():
         print(f"| {name} | " + " | ".join(cell(per_fam[f]) for f in families) + " |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(measured, f, indent=1)
+    with open(args.json, "w") as f:
+        json.dump(measured, f, indent=1)
 
 
 if __name__ == "__main__":

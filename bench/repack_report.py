@@ -1,8 +1,8 @@
 """What llama.cpp's extra buffer types (weight repacking) are worth here, and the plug-in's cost.
 
-    python bench/repack_report.py [--rounds 3] [--plugin-rounds 3] [--n-predict 256]
-                                  [--plugin-n-predict 256]
-                                  [--json bench/results/repack.json] [--md bench/REPACK.md]
+    python bench repack [--rounds 3] [--plugin-rounds 3] [--n-predict 256]
+                        [--plugin-n-predict 256]
+                        [--json bench/results/repack.json] [--md bench/results/repack.md]
 
 Issue 14: on CPUs with AMX, llama.cpp's AMX extra buffer type crashes on multi-token batches, so
 ``repack="auto"`` loads models with ``use_extra_bufts = False`` there. This measures, on the host
@@ -21,35 +21,28 @@ it runs on, what turning the extra buffer types off costs where both work:
    ``draft_model=NgramspecDraftModel("ngram-mod,ngram-simple")`` (the README snippet), same
    prompt and token count, next to ngramspec's ``generate_speculative`` on the same model.
 
-Speed is ``(n_output - 1) / t`` from the first output token to the last (as bench/E2E.md), by
-wall clock and by CPU time of the decoding thread (with one thread llama.cpp computes on the
-calling thread, so other processes on a shared machine do not inflate it); CPU time is the main
-figure.
+Speed is ``(n_output - 1) / t`` from the first output token to the last (as
+bench/results/e2e.md), by wall clock and by CPU time of the decoding thread (with one thread
+llama.cpp computes on the calling thread, so other processes on a shared machine do not inflate
+it); CPU time is the main figure.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import statistics
-import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-if (ROOT / "ngramspec" / "__init__.py").is_file():
-    sys.path.insert(0, str(ROOT))
+import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
+import ngramspec
+from e2e_report import LCP_LOOKUP, LCP_PLAIN, machine, run_lcp
+from ngramspec import SpecEngine
+from ngramspec.generate_cli import GENERATE_DEFAULTS
+from ngramspec.live import generate_plain, generate_speculative, load_model, tokenize_prompt
+from ngramspec.model import default_model_path
+from ngramspec.repack import host_has_amx, load_llama
 
-import ngramspec  # noqa: E402
-from ngramspec import SpecEngine  # noqa: E402
-from ngramspec.generate_cli import GENERATE_DEFAULTS  # noqa: E402
-from ngramspec.live import (generate_plain, generate_speculative, load_model,  # noqa: E402
-                            tokenize_prompt)
-from ngramspec.model import default_model_path  # noqa: E402
-from ngramspec.repack import host_has_amx, load_llama  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "bench"))
-from e2e_report import LCP_LOOKUP, LCP_PLAIN, machine, run_lcp  # noqa: E402
-
+ROOT = benchlib.ROOT
 EXAMPLE = ROOT / "ngramspec" / "examples" / "code_edit_prompt.txt"
 N_CTX = 4096
 REPACK_CONFIGS = [("on", "plain"), ("on", "spec"), ("off", "plain"), ("off", "spec")]
@@ -203,7 +196,7 @@ def render(res):
     lines = [
         "# Weight repacking (extra buffer types) and the plug-in's loop",
         "",
-        f"`python bench/repack_report.py --rounds {res['rounds']} --plugin-rounds "
+        f"`python bench repack --rounds {res['rounds']} --plugin-rounds "
         f"{res['plugin_rounds']} --n-predict {res['n_predict']} --plugin-n-predict "
         f"{res['plugin_n_predict']}` on {m.get('cpu', '?')}, "
         f"AMX: {'yes' if res['amx'] else 'no'}; llama-cpp-python {m.get('llama_cpp_python')}, "
@@ -290,13 +283,15 @@ def render(res):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = benchlib.argument_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--plugin-rounds", type=int, default=3)
     ap.add_argument("--n-predict", type=int, default=256)
     ap.add_argument("--plugin-n-predict", type=int, default=256)
-    ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "repack.json"))
-    ap.add_argument("--md", default=str(ROOT / "bench" / "REPACK.md"))
+    ap.add_argument("--json", metavar="FILE", default=benchlib.result_path("repack.json"),
+                    help="write the runs as JSON here (default: %(default)s)")
+    ap.add_argument("--md", metavar="FILE", default=benchlib.result_path("repack.md"),
+                    help="write the Markdown report here (default: %(default)s)")
     ap.add_argument("--plugin-only", action="store_true",
                     help="measure section 2 again; section 1 is kept from --json")
     args = ap.parse_args(argv)

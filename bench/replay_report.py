@@ -1,8 +1,8 @@
 """Replay every trace family through every proposer and llama-cpp-python's prompt lookup.
 
-    python bench/replay_report.py [--repeat 3] [--families code-edit,agentic,...]
-                                  [--limit FAMILY=N ...] [--json FILE] [--md FILE]
-                                  [--no-cpp] [--no-prompt-lookup]
+    python bench replay [--repeat 3] [--families code-edit,agentic,...]
+                        [--limit FAMILY=N ...] [--json FILE] [--md FILE]
+                        [--no-cpp] [--no-prompt-lookup]
 
 The loop is ``ngramspec replay``'s (``ngramspec.replay.replay_request``: one server slot,
 shared state, greedy verification against the recorded output); llama-cpp-python's
@@ -17,7 +17,6 @@ these).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -154,7 +153,7 @@ def render(families, names, limits, table, repeat, pl_repeat, p=print):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = benchlib.argument_parser(__doc__)
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--limit", action="append", metavar="FAMILY=N",
                     help="replay the first N requests of FAMILY (N=all: every request); "
@@ -164,8 +163,10 @@ def main(argv=None):
     ap.add_argument("--no-prompt-lookup", action="store_true",
                     help="skip llama-cpp-python's LlamaPromptLookupDecoding")
     ap.add_argument("--no-cpp", action="store_true", help="skip the llama.cpp C++ baseline")
-    ap.add_argument("--json", metavar="FILE", help="also write the summaries as JSON")
-    ap.add_argument("--md", metavar="FILE", help="also write the tables as Markdown")
+    ap.add_argument("--json", metavar="FILE", default=benchlib.result_path("replay.json"),
+                    help="write the summaries as JSON here (default: %(default)s)")
+    ap.add_argument("--md", metavar="FILE", default=benchlib.result_path("replay.md"),
+                    help="write the tables as Markdown here (default: %(default)s)")
     args = ap.parse_args(argv)
     info = benchlib.machine(with_cpp=not args.no_cpp)
     families, names, limits, table = run(args)

@@ -16,13 +16,12 @@ configuration.
 
 Usage::
 
-    python bench/serve_load.py                      # code-edit prompts, 4 slots, 3 rounds
-    python bench/serve_load.py --family chat --rounds 2 --max-tokens 96
-    python bench/serve_load.py --out bench/results/serve_load.json --markdown bench/SERVE.md
+    python bench serve-load                      # code-edit prompts, 4 slots, 3 rounds
+    python bench serve-load --family chat --rounds 2 --max-tokens 96
+    python bench serve-load --json bench/results/serve-load.json --md table.md
 """
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
@@ -36,11 +35,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from ngramspec.server.process import ServerProcess  # noqa: E402
+import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
+from ngramspec.server.process import ServerProcess
 
-TRACES = ROOT.parent / "shared" / "traces"
+ROOT = benchlib.ROOT
+TRACES = benchlib.TRACES
 
 
 def load_prompts(family: str, n: int, max_len: int, min_len: int = 64) -> list:
@@ -81,7 +80,7 @@ def run_config(url, prompts, clients, max_tokens, speculative):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = benchlib.argument_parser(__doc__)
     ap.add_argument("--family", default="code-edit")
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--ctx-size", type=int, default=8192)
@@ -94,8 +93,12 @@ def main(argv=None):
     ap.add_argument("--max-prompt", type=int, default=768)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--spec-type", default="ngram-mod")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_load.json"))
-    ap.add_argument("--markdown", default=None, help="also write the table to this file")
+    ap.add_argument("--json", "--out", dest="out", metavar="FILE",
+                    default=benchlib.result_path("serve-load.json"),
+                    help="write the runs as JSON here (default: %(default)s)")
+    ap.add_argument("--md", "--markdown", dest="markdown", metavar="FILE",
+                    help="also write the table to this file (results/serve-load.md is the "
+                         "written-up reading: do not overwrite it)")
     args = ap.parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
     slot_ctx = args.ctx_size // args.slots
@@ -148,7 +151,7 @@ def main(argv=None):
                   if line.startswith("Model name")), platform.processor())
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                          cwd=ROOT).stdout.strip()
-    report = {"command": "python bench/serve_load.py " + " ".join(argv or sys.argv[1:]),
+    report = {"command": benchlib.command_line("serve-load", argv),
               "commit": rev, "cpu": model, "loadavg_before": load,
               "loadavg_after": os.getloadavg(), "settings": vars(args),
               "prompt_tokens": [len(p) for p in distinct], "summary": summary,

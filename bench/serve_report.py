@@ -1,8 +1,8 @@
 """Aggregate throughput of the batched scheduler: C concurrent clients, speculative against plain.
 
-    python bench/serve_report.py [--clients 1,2,4,8] [--rounds 3] [--requests 2] [--n-predict 128]
-                                 [--code 4] [--code-max 1800] [--chat 4]
-                                 [--warm-prompts] [--json FILE] [--md FILE]
+    python bench serve [--clients 1,2,4,8] [--rounds 3] [--requests 2] [--n-predict 128]
+                       [--code 4] [--code-max 1800] [--chat 4]
+                       [--warm-prompts] [--json FILE] [--md FILE]
 
 Each client sends its requests one after another (a closed loop, as a chat user or an agent
 does); C clients run at once against one `ngramspec.llama.Scheduler` with ``n_slots = max(C)``,
@@ -25,21 +25,15 @@ with the scheduler's joint cost-aware draft lengths, when available).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(HERE), HERE]
-
-from e2e_report import load_prompts, machine  # noqa: E402
-
-from ngramspec.live import load_model  # noqa: E402
-from ngramspec.llama import SamplingParams, Scheduler, SpeculationParams  # noqa: E402
+import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
+from e2e_report import load_prompts, machine
+from ngramspec.live import load_model
+from ngramspec.llama import SamplingParams, Scheduler, SpeculationParams
 
 MOD = dict(ngram_mod_n_min=8, ngram_mod_n_max=32)
 CONFIGS = {
@@ -166,7 +160,7 @@ def markdown(res, command):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = benchlib.argument_parser(__doc__)
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--configs", default="plain,ngram-mod,ngram-mod auto")
     ap.add_argument("--rounds", type=int, default=3)
@@ -179,12 +173,13 @@ def main(argv=None):
     ap.add_argument("--warm-prompts", action="store_true",
                     help="decode each client's first prompt before the clock starts (figures "
                          "of generation only)")
-    ap.add_argument("--json")
-    ap.add_argument("--md")
+    ap.add_argument("--json", metavar="FILE", default=benchlib.result_path("serve.json"),
+                    help="write the runs as JSON here (default: %(default)s)")
+    ap.add_argument("--md", metavar="FILE", default=benchlib.result_path("serve.md"),
+                    help="write the Markdown report here (default: %(default)s)")
     args = ap.parse_args(argv)
     res = measure(args)
-    command = "python bench/serve_report.py " + " ".join(argv if argv is not None
-                                                          else sys.argv[1:])
+    command = benchlib.command_line("serve", argv)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

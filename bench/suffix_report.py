@@ -6,9 +6,9 @@ from request to request (a running server), with the golden files' replay loop
 extended with ngramspec's rows: tokens per verification step (sum of n_output / sum of n_steps)
 and, in parentheses, the draft acceptance rate (accepted draft tokens / drafted tokens).
 
-    python bench/suffix_report.py                       # all families, + llama.cpp chain row
-    python bench/suffix_report.py --no-chain --family chat --param ngram_suffix_min_prob=0.01
-    python bench/suffix_report.py --cost                # draft-call cost at 1k / 8k / 32k context
+    python bench suffix                       # all families, + llama.cpp chain row
+    python bench suffix --no-chain --family chat --param ngram_suffix_min_prob=0.01
+    python bench suffix --cost                # draft-call cost at 1k / 8k / 32k context
 
 The SuffixDecoding and vLLM rows are issue 7's figures (measured with ArcticInference on the same
 files); the ngram-suffix row, and the llama.cpp chain row when the engine has those types, are
@@ -16,21 +16,17 @@ measured here.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from ngramspec import SpecEngine  # noqa: E402
-from ngramspec.registry import TYPES  # noqa: E402
-from ngramspec.replay import Timers, replay_request  # noqa: E402
-from ngramspec.traces import read_requests  # noqa: E402
+import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
+from ngramspec import SpecEngine
+from ngramspec.registry import TYPES
+from ngramspec.replay import Timers, replay_request
+from ngramspec.traces import read_requests
 
 SUFFIX_PARAMS = {p.name: p for p in TYPES["ngram-suffix"].params}
 
@@ -48,11 +44,6 @@ ISSUE_ROWS = {
 }
 TUNED = "tuned SuffixDecoding (depth 128, 64 tokens, spec factor 2)"
 CHAIN = "ngram-mod,ngram-map-k4v,ngram-simple"
-
-
-def traces_dir():
-    return os.environ.get("NGRAMSPEC_TRACES",
-                          os.path.join(os.path.dirname(ROOT), "shared", "traces"))
 
 
 def replay_family(engine, requests):
@@ -97,7 +88,7 @@ def report(families, params, with_chain, limit):
     if with_chain and chain_engine() is not None:
         measured["ngramspec llama.cpp chain (simple, map-k4v, mod), shared"] = {}
     for fam in families:
-        requests = read_requests(os.path.join(traces_dir(), f"{fam}.jsonl.gz"), limit)
+        requests = read_requests(str(benchlib.TRACES / f"{fam}.jsonl.gz"), limit)
         for name in measured:
             engine = suffix_engine(params) if "suffix" in name else chain_engine()
             r = replay_family(engine, requests)
@@ -133,7 +124,7 @@ def cost(params, sizes=(1024, 8192, 32768), n_out=2048, repeat=3):
     outputs, concatenated) is cut into prompt = `size` tokens and output = the next `n_out`
     tokens, after warm-up requests that fill the global store. A draft call's cost does not
     grow with the context (O(new tokens + draft length)); begin's is linear in the prompt."""
-    reqs = read_requests(os.path.join(traces_dir(), "agentic.jsonl.gz"))
+    reqs = read_requests(str(benchlib.TRACES / "agentic.jsonl.gz"))
     stream = np.concatenate([np.concatenate([r.prompt[-2000:], r.output]) for r in reqs[:400]])
     rows = []
     for size in sizes:
@@ -164,7 +155,7 @@ def cost(params, sizes=(1024, 8192, 32768), n_out=2048, repeat=3):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = benchlib.argument_parser(__doc__)
     ap.add_argument("--family", action="append", choices=FAMILIES,
                     help="a family to replay (repeatable; default: all)")
     ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
@@ -172,7 +163,9 @@ def main(argv=None):
     ap.add_argument("--limit", type=int, help="first N requests per family (for quick runs)")
     ap.add_argument("--no-chain", action="store_true", help="skip the llama.cpp chain row")
     ap.add_argument("--cost", action="store_true", help="measure the draft-call cost instead")
-    ap.add_argument("--json", help="also write the measurements to this file")
+    ap.add_argument("--json", metavar="FILE",
+                    help="write the measurements here (default: bench/results/suffix.json, "
+                         "with --cost suffix-cost.json)")
     args = ap.parse_args(argv)
     params = {}
     for kv in args.param:
@@ -197,9 +190,9 @@ def main(argv=None):
         for v in verdict:
             print("-", v)
         out = measured
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    with open(args.json or benchlib.result_path("suffix-cost.json" if args.cost
+                                                else "suffix.json"), "w") as f:
+        json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The C++ baseline is llama.cpp-faithful and drives like an engine (fast; runs in smoke mode).
 
-The full check over every golden file is ``python bench/cpp_baseline.py`` (~20 s); here a few
+The full check over every golden file is ``python bench cpp-baseline`` (~20 s); here a few
 requests of a few files, and the benchmark plans replayed through both ngramspec and C++.
 """
 import numpy as np

@@ -1,9 +1,9 @@
 """Smoke run of the end-to-end report (bench/e2e_report.py) on the embedded model.
 
-The full report takes minutes (bench/E2E.md); this runs its whole code path with tiny sizes (one
-short code-edit and one chat prompt, 8 output tokens, one round, batches up to 4 tokens), so CI
-sees that every configuration still generates plain greedy decoding's output and that the report
-renders. About 10-20 s on two cores.
+The full report takes minutes (bench/results/e2e.md); this runs its whole code path with tiny
+sizes (one short code-edit and one chat prompt, 8 output tokens, one round, batches up to 4
+tokens), so CI sees that every configuration still generates plain greedy decoding's output and
+that the report renders. About 10-20 s on two cores.
 """
 import json
 
@@ -34,7 +34,7 @@ def test_e2e_smoke(small_run):
         for name, cell in row["configs"].items():
             assert 1 <= cell["n_output"] <= 8 and cell["tps"] > 0, name
             # Equal to plain greedy decoding, or a first difference that is a top-2 tie within
-            # the float noise of the batched kernels (bench/E2E.md, tests/test_live.py).
+            # the float noise of the batched kernels (bench/results/e2e.md, tests/test_live.py).
             div = cell.get("divergence")
             assert cell["match"] or (div and div["within_float_noise"]), (name, div)
         assert set(row["replay"]) == set(e2e_report.CONFIGS)
@@ -48,7 +48,7 @@ def test_e2e_smoke(small_run):
 def test_e2e_report_renders_and_round_trips(small_run, tmp_path):
     path = tmp_path / "e2e.json"
     path.write_text(json.dumps(e2e_report._jsonable(small_run)))
-    md = tmp_path / "E2E.md"
+    md = tmp_path / "e2e.md"
     assert e2e_report.main(["--render", str(path), "--md", str(md)]) == 0
     text = md.read_text()
     for name in e2e_report.ALL_NAMES:

@@ -28,9 +28,17 @@ __all__ = ["AcceptanceEstimator", "expected_accepted", "lean_on_previous"]
 
 
 def expected_accepted(q: np.ndarray) -> np.ndarray:
-    """``E[A | k]`` for k = 0 .. len(q) from conditional acceptance probabilities ``q``.
+    """``E[A | k]`` for k = 0 .. len(q) from conditional acceptance probabilities.
 
-    Returns an array of len(q) + 1 floats, element k = S_1 + ... + S_k (element 0 is 0).
+    Parameters
+    ----------
+    q : numpy.ndarray
+        q_i = P(token i accepted | tokens 1 .. i-1 accepted).
+
+    Returns
+    -------
+    numpy.ndarray
+        len(q) + 1 floats, element k = S_1 + ... + S_k (element 0 is 0).
     """
     out = np.zeros(len(q) + 1)
     if len(q):
@@ -39,12 +47,25 @@ def expected_accepted(q: np.ndarray) -> np.ndarray:
 
 
 def lean_on_previous(p: np.ndarray, tried: np.ndarray, weight: float = 2.0) -> np.ndarray:
-    """Probabilities ``p`` backed by ``tried`` observations each, every one shrunk towards the
-    result for the position before it (``weight`` pseudo-observations); the first is kept.
+    """Probabilities backed by evidence counts, each shrunk towards the result before it.
 
     A proposer's own estimate for a late draft position may rest on almost nothing (a policy
-    that cuts drafts short never lets those positions be scored): there the position before
-    it is the better guess.
+    that cuts drafts short never lets those positions be scored): there the position before it is
+    the better guess.
+
+    Parameters
+    ----------
+    p : numpy.ndarray
+        Probabilities per position.
+    tried : numpy.ndarray
+        Observations behind each.
+    weight : float
+        Pseudo-observations of the previous position's result; the first position is kept.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, a new array.
     """
     q = np.array(p, dtype=np.float64)
     for j in range(1, len(q)):
@@ -67,6 +88,11 @@ class AcceptanceEstimator:
     decay : float
         Every observation multiplies the earlier counts by this (0 < decay <= 1): a horizon of
         about ``1 / (1 - decay)`` steps.
+
+    Raises
+    ------
+    ValueError
+        A parameter out of its range (the message names it).
 
     Notes
     -----
@@ -99,11 +125,23 @@ class AcceptanceEstimator:
         self.n_obs = 0
 
     def observe(self, n_draft: int, n_accepted: int) -> None:
-        """Learn from one verified draft of ``n_draft`` tokens with ``n_accepted`` accepted.
+        """Learn from one verified draft.
 
         Counts fade per observation, not per step: a slot that stopped drafting keeps what it
         learned until probes or drafts bring news (fading per step would pull a pessimistic
         slot back to the prior between probes faster than probes can teach it anything).
+
+        Parameters
+        ----------
+        n_draft : int
+            Draft tokens verified (0 is ignored).
+        n_accepted : int
+            Of them, accepted.
+
+        Raises
+        ------
+        ValueError
+            `n_accepted` outside 0 .. `n_draft`.
         """
         if not 0 <= n_accepted <= n_draft:
             raise ValueError(f"n_accepted = {n_accepted} must lie in 0 .. n_draft = {n_draft}")
@@ -125,7 +163,7 @@ class AcceptanceEstimator:
         self.n_obs += 1
 
     def conditional(self, n: int) -> np.ndarray:
-        """q_1 .. q_n (float64 array of n), each shrunk towards the one before."""
+        """q_1 .. q_n as a float64 array, each shrunk towards the one before (do not modify it)."""
         if self._q is None:
             q = np.empty(self.n_max)
             prev, w = self.prior, self.prior_weight
@@ -141,5 +179,5 @@ class AcceptanceEstimator:
         return np.concatenate([self._q, np.full(n - self.n_max, self._q[-1])])
 
     def expected(self, n: int) -> np.ndarray:
-        """``E[A | k]`` for k = 0 .. n (see :func:`expected_accepted`)."""
+        """``E[A | k]`` for k = 0 .. n, n + 1 floats (see :func:`expected_accepted`)."""
         return expected_accepted(self.conditional(n))

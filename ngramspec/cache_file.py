@@ -6,7 +6,9 @@ File format (``common_ngram_cache_save`` / ``_load``; little-endian), one record
     int32 N             number of distinct next tokens, > 0
     N x (int32 token, int32 count)    count > 0
 
-Records are loaded in file order, which fixes the tie order of the drafts (spec 6.4), and files
+Records are loaded in file order, which fixes the tie order of the drafts
+(``common_ngram_cache_draft`` breaks ties in the iteration order of libstdc++'s
+``unordered_map``, set by the insertion history), and files
 written by llama.cpp (``llama-lookup-create``, ``llama-lookup-merge``, ``llama-lookup``) load
 as they are. Saving writes llama.cpp's record order.
 
@@ -42,8 +44,25 @@ NGRAM_MIN, NGRAM_MAX, NGRAM_STATIC = 1, 4, 2
 
 
 def as_path(name: str, value, also: str = "") -> str:
-    """`value` (str or os.PathLike) as a str path; a TypeError naming the parameter `name`
-    otherwise (`also` names what else that parameter accepts)."""
+    """`value` as a str path.
+
+    Parameters
+    ----------
+    name : str
+        The parameter to name in the error.
+    value : str or os.PathLike
+    also : str
+        What else the parameter accepts, appended to the error (``" or an NgramCache"``).
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    TypeError
+        `value` is not a path.
+    """
     if isinstance(value, (str, os.PathLike)):
         return os.fsdecode(os.fspath(value))
     raise TypeError(f"{name} must be a file path (str or os.PathLike){also}, got "
@@ -51,14 +70,30 @@ def as_path(name: str, value, also: str = "") -> str:
 
 
 def load_cache(path: PathLike) -> NgramCache:
-    """Load an n-gram cache file.
+    """Load an n-gram cache file (``common_ngram_cache_load``).
 
-    Raises FileNotFoundError (or another OSError) if it cannot be read, `NotRegularFileError`
-    for a directory, FIFO, device or socket (which would block or never end), and `CacheFileError`
-    (a ValueError naming the file and the byte offset) if it is truncated or corrupt.
+    Parameters
+    ----------
+    path : str or os.PathLike
 
-    Memory: the file's bytes are held while parsing, on top of the cache itself (roughly 5x
-    the file size).
+    Returns
+    -------
+    NgramCache
+        A new cache, its records in file order.
+
+    Raises
+    ------
+    FileNotFoundError, OSError
+        The file cannot be read.
+    NotRegularFileError
+        A directory, FIFO, device or socket (which would block or never end).
+    CacheFileError
+        A truncated or corrupt file (a ValueError naming the file and the byte offset).
+
+    Notes
+    -----
+    Memory: the file's bytes are held while parsing, on top of the cache itself (roughly 5x the
+    file size).
 
     Thread-safety: parsing runs without the GIL; the returned cache is new and unshared.
     """
@@ -82,22 +117,43 @@ def load_cache(path: PathLike) -> NgramCache:
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
-    """Replace the file at ``path`` with ``data`` atomically: temp file in the same directory,
-    flush, fsync, rename, fsync the directory. On any failure the temp file is removed and the
-    old file, if any, is left untouched. A new file gets the usual 0666 & ~umask mode; an
-    existing file keeps its mode.
+    """Replace the file at `path` with `data` atomically.
 
-    Only regular files are written: a symbolic link is followed and its target replaced (the
-    link stays), and a directory, device, FIFO or socket at the path (or at the link's target)
-    raises `NotRegularFileError` without touching it. Temporary files of earlier saves to the
-    same file that a killed process left behind are removed (see `_remove_stale_temps`).
+    Temporary file in the same directory, flush, fsync, rename, fsync the directory. On any
+    failure the temporary file is removed and the old file, if any, is left untouched. A new file
+    gets the usual 0666 & ~umask mode; an existing file keeps its mode. A symbolic link is
+    followed and its target replaced (the link stays). Temporary files of earlier saves to the
+    same file that a killed process left behind are removed (`_remove_stale_temps`).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    data : bytes
+
+    Raises
+    ------
+    NotRegularFileError
+        A directory, device, FIFO or socket at the path (or at the link's target); it is not
+        touched.
+    OSError
+        The write, fsync or rename failed.
+
+    Notes
+    -----
+    Memory: none beyond `data`.
+
+    Thread-safety: concurrent writers to one path each leave a complete file (the last rename
+    wins); use `merge_into_dynamic` to combine counts.
     """
     _write_regular(_resolve_target(path), data)
 
 
 class NotRegularFileError(OSError):
-    """A cache file path names something other than a regular file (a directory, a device, a
-    FIFO or a socket), which a save must not replace."""
+    """A cache file path names something other than a regular file.
+
+    A directory, a device, a FIFO or a socket, which a load would block on and a save must not
+    replace. An `OSError` with the errno, message and path.
+    """
 
 
 def _resolve_target(path: PathLike) -> str:
@@ -239,12 +295,25 @@ def _fsync_dir(directory: str) -> None:
 
 
 def save_cache(cache: NgramCache, path: PathLike) -> None:
-    """Write ``cache`` to ``path`` in llama.cpp's format, atomically (see `atomic_write_bytes`).
+    """Write `cache` to `path` in llama.cpp's format (``common_ngram_cache_save``), atomically.
 
+    Parameters
+    ----------
+    cache : NgramCache
+    path : str or os.PathLike
+        Checked (`NotRegularFileError`) before the cache is serialized; written as
+        `atomic_write_bytes` does.
+
+    Raises
+    ------
+    NotRegularFileError, OSError
+        As `atomic_write_bytes`.
+
+    Notes
+    -----
     Memory: the serialized file (20 bytes per n-gram + 8 per entry) is built in memory first.
-    The path is checked (`NotRegularFileError`) before the cache is serialized.
 
-    Thread-safety: serialization runs without the GIL and only reads ``cache``.
+    Thread-safety: serialization runs without the GIL and only reads `cache`.
     """
     real = _resolve_target(path)
     _write_regular(real, cache.to_bytes())
@@ -270,18 +339,38 @@ def _locked(real: str) -> Iterator[None]:
 
 def merge_into_dynamic(path: PathLike, tokens: Union[Sequence[int], NgramCache],
                        ngram_min: int = NGRAM_MIN, ngram_max: int = NGRAM_MAX) -> NgramCache:
-    """Merge one generation's n-grams into the dynamic cache file ``path`` (created if absent).
+    """Merge one generation's n-grams into the dynamic cache file `path` (created if absent).
 
-    ``tokens`` is the generation's token stream (prompt + output): its n-grams of size
-    ngram_min..ngram_max are counted (``common_ngram_cache_update``) and added to the file's
-    counts (``common_ngram_cache_merge``), as llama.cpp's ``lookup`` example does at exit. An
-    `NgramCache` (e.g. `NgramCacheProposer.context_cache`) is merged as it is. Returns the
-    merged cache. The file is rewritten atomically under an exclusive lock, so a crash leaves
-    the previous version and concurrent merges do not lose counts. A symbolic link is followed
-    (its target is updated) and the lock is taken on the target, so merges through different
-    paths to one file exclude each other too; anything but a regular file raises
-    `NotRegularFileError`.
+    As llama.cpp's ``lookup`` example does at exit: the n-grams of `tokens` are counted
+    (``common_ngram_cache_update``) and added to the file's counts (``common_ngram_cache_merge``).
+    The file is rewritten atomically under an exclusive lock, so a crash leaves the previous
+    version and concurrent merges do not lose counts. A symbolic link is followed (its target is
+    updated) and the lock is taken on the target, so merges through different paths to one file
+    exclude each other too.
 
+    Parameters
+    ----------
+    path : str or os.PathLike
+    tokens : sequence of int or NgramCache
+        The generation's token stream (prompt + output), or a cache to merge as it is (e.g.
+        ``NgramCacheProposer.context_cache``).
+    ngram_min, ngram_max : int
+        n-gram sizes counted from `tokens` (llama.cpp's ``LLAMA_NGRAM_MIN`` / ``_MAX``: 1 and 4).
+
+    Returns
+    -------
+    NgramCache
+        The merged cache, as written.
+
+    Raises
+    ------
+    NotRegularFileError
+        Anything but a regular file at the path.
+    CacheFileError, OSError
+        The existing file is corrupt or cannot be read or written.
+
+    Notes
+    -----
     Memory: the whole dynamic cache is loaded, merged and re-serialized.
 
     Thread-safety: safe across threads and processes (file lock); the returned cache is new.
@@ -304,10 +393,24 @@ def merge_into_dynamic(path: PathLike, tokens: Union[Sequence[int], NgramCache],
 
 def build_static_cache(sequences: Iterable[Sequence[int]], ngram_size: int = NGRAM_STATIC,
                        progress=None) -> NgramCache:
-    """A static cache as ``llama-lookup-create`` builds it: the ``ngram_size``-grams (2) of
-    each sequence, none crossing from one sequence to the next. ``progress(i)`` is called
-    after the i-th sequence (1-based) if given.
+    """A static cache as ``llama-lookup-create`` builds it.
 
+    Parameters
+    ----------
+    sequences : iterable of sequence of int
+        Each sequence's `ngram_size`-grams are counted; none crosses from one sequence to the
+        next.
+    ngram_size : int
+        ``LLAMA_NGRAM_STATIC`` (2) by default.
+    progress : callable, optional
+        ``progress(i)`` is called after the i-th sequence (1-based).
+
+    Returns
+    -------
+    NgramCache
+
+    Notes
+    -----
     Memory: one cache; each sequence is converted to int32 once.
 
     Thread-safety: hashing runs without the GIL; the returned cache is new.

@@ -128,7 +128,27 @@ class CostModel:
         return out
 
     def seconds_many(self, n_tokens, n_past) -> np.ndarray:
-        """Vectorized `seconds`: arrays (or scalars) of batch sizes and KV lengths, broadcast."""
+        """Vectorized `seconds`: arrays (or scalars) of batch sizes and KV lengths, broadcast.
+
+        Parameters
+        ----------
+        n_tokens : int or array-like of int
+            Batch sizes, >= 1.
+        n_past : int or array-like of int
+            KV cache lengths, >= 0.
+
+        Returns
+        -------
+        numpy.ndarray
+            Seconds, the broadcast shape.
+
+        Raises
+        ------
+        TypeError
+            Not integers.
+        ValueError
+            A batch size < 1 or a KV length < 0.
+        """
         k, p = np.broadcast_arrays(np.asarray(n_tokens), np.asarray(n_past))
         if not (np.issubdtype(k.dtype, np.integer) and np.issubdtype(p.dtype, np.integer)):
             raise TypeError("n_tokens and n_past must be integers")
@@ -154,12 +174,35 @@ class CostModel:
         return out.reshape(shape)
 
     def cost_many(self, n_tokens, n_past) -> np.ndarray:
-        """Vectorized `cost`: c(n_tokens, n_past) for arrays, broadcast."""
+        """Vectorized `cost`: c(n_tokens, n_past) for arrays, broadcast.
+
+        Parameters
+        ----------
+        n_tokens, n_past : int or array-like of int
+            As `seconds_many`.
+
+        Returns
+        -------
+        numpy.ndarray
+        """
         k, p = np.broadcast_arrays(np.asarray(n_tokens), np.asarray(n_past))
         return self.seconds_many(k, p) / self.seconds_many(np.ones_like(k), p)
 
     def costs(self, n_max: int, n_past: int = 0) -> np.ndarray:
-        """c(1, n_past) .. c(n_max, n_past) as a float64 array (element i is c(i + 1))."""
+        """c(1, n_past) .. c(n_max, n_past).
+
+        Parameters
+        ----------
+        n_max : int
+            >= 1.
+        n_past : int
+            KV cache length.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64, element i is c(i + 1).
+        """
         n = _as_int("n_max", n_max)
         p = _as_int("n_past", n_past)
         if n < 1:
@@ -167,7 +210,7 @@ class CostModel:
         return self.cost_many(np.arange(1, n + 1), np.full(n, p))
 
     def seconds(self, n_tokens: int, n_past: int = 0) -> float:
-        """Absolute seconds of one decode of ``n_tokens`` tokens over ``n_past`` cached ones."""
+        """Absolute seconds of one decode of `n_tokens` tokens over `n_past` cached ones."""
         return float(self.seconds_many(_as_int("n_tokens", n_tokens), _as_int("n_past", n_past)))
 
     def cost(self, n_tokens: int, n_past: int = 0) -> float:
@@ -177,7 +220,18 @@ class CostModel:
         return self.seconds(n_tokens, n_past) / self.seconds(1, n_past)
 
     def curve(self, ks: Optional[Sequence[int]] = None, n_past: int = 0) -> Dict[int, float]:
-        """``{k: c(k, n_past)}`` for the given (default: the measured) batch sizes."""
+        """``{k: c(k, n_past)}`` for some batch sizes.
+
+        Parameters
+        ----------
+        ks : sequence of int, optional
+            Default: the measured ones.
+        n_past : int
+
+        Returns
+        -------
+        dict of int to float
+        """
         return {int(k): self.cost(int(k), n_past) for k in (ks or self.ks)}
 
     # -- serialization ---------------------------------------------------------------------
@@ -191,7 +245,22 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, d) -> "CostModel":
-        """Inverse of `to_dict`; a ValueError names the missing or bad field."""
+        """Inverse of `to_dict`.
+
+        Parameters
+        ----------
+        d : Mapping
+            A calibration file's JSON object.
+
+        Returns
+        -------
+        CostModel
+
+        Raises
+        ------
+        ValueError
+            A missing or bad field (named).
+        """
         if not isinstance(d, Mapping):
             raise ValueError(f"cost model: expected a JSON object, got {type(d).__name__}")
         if d.get("format") != FORMAT:
@@ -225,9 +294,20 @@ class CostModel:
 def step_costs(cost_model: CostModel, n_prompt: int, steps) -> np.ndarray:
     """Modeled cost of each verification step of one request, in single-token decodes.
 
-    ``steps`` are the loop's ``[n_draft, n_accepted, draft_called]`` records: step i decodes
-    n_draft + 1 tokens over a KV cache of ``n_prompt + sum(1 + n_accepted)`` of the steps
-    before it, so it costs c(n_draft + 1, L_i).
+    Step i decodes n_draft + 1 tokens over a KV cache of ``n_prompt + sum(1 + n_accepted)`` of the
+    steps before it, so it costs c(n_draft + 1, L_i).
+
+    Parameters
+    ----------
+    cost_model : CostModel
+    n_prompt : int
+    steps : sequence of [n_draft, n_accepted, draft_called]
+        The loop's step records.
+
+    Returns
+    -------
+    numpy.ndarray
+        One float per step.
     """
     st = np.asarray(steps, dtype=np.int64).reshape(-1, 3)
     if len(st) == 0:
@@ -240,9 +320,14 @@ def step_costs(cost_model: CostModel, n_prompt: int, steps) -> np.ndarray:
 def modeled_speedup(records, cost_model: CostModel) -> dict:
     """Speed-up over plain decoding that `cost_model` predicts for replayed requests.
 
-    ``records`` are golden-format request records (``n_prompt``, ``n_output``, ``steps``).
-    Plain decoding spends one single-token decode per output token after the first (which
-    comes from the prompt pass); speculation spends sum c(k_i + 1, L_i) over its steps.
+    Plain decoding spends one single-token decode per output token after the first (which comes
+    from the prompt pass); speculation spends sum c(k_i + 1, L_i) over its steps.
+
+    Parameters
+    ----------
+    records : iterable of dict
+        Golden-format request records (``n_prompt``, ``n_output``, ``steps``).
+    cost_model : CostModel
 
     Returns
     -------
@@ -263,16 +348,24 @@ def oracle_speedup(cost_model: CostModel, n_prompt: int, n_output: int,
                    k_max: int = 64) -> dict:
     """The most any drafter could gain on one request under `cost_model`.
 
-    The oracle drafts the true continuation, so every drafted token is accepted, and it picks
-    the draft length of every step to minimize the total cost (dynamic programming over the
-    output position): the first of the ``n_output`` tokens comes from the prompt pass, each
-    step verifies k <= ``k_max`` drafted tokens at c(k + 1, L) and emits k + 1.
+    The oracle drafts the true continuation, so every drafted token is accepted, and it picks the
+    draft length of every step to minimize the total cost (dynamic programming over the output
+    position): the first of the `n_output` tokens comes from the prompt pass, each step verifies
+    k <= `k_max` drafted tokens at c(k + 1, L) and emits k + 1.
+
+    Parameters
+    ----------
+    cost_model : CostModel
+    n_prompt : int
+    n_output : int
+    k_max : int
+        Longest draft.
 
     Returns
     -------
     dict
-        ``tokens`` (n_output - 1), ``cost`` (single-token decodes), ``speedup``, ``k_mean``
-        (mean drafted tokens per step of the best plan).
+        ``tokens`` (n_output - 1), ``cost`` (single-token decodes), ``speedup``, ``k_mean`` (mean
+        drafted tokens per step of the best plan).
     """
     n = int(n_output) - 1
     if n <= 0:
@@ -323,13 +416,13 @@ def _gpu_profile() -> CostModel:
 
 
 def _cpu_embedded_profile() -> CostModel:
-    # bench/E2E.md, "Cost of verifying k tokens versus one": the embedded SmolLM2-135M Q4_1,
+    # bench/results/e2e.md, "Cost of verifying k tokens versus one": the embedded SmolLM2-135M Q4_1,
     # one decode thread, this project's 2-core CPU, KV cache holding 1468 tokens, median of 5
     # interleaved rounds (bench/e2e_report.py batch_costs).
     ms = {1: 9.5, 2: 19.7, 4: 32.7, 8: 52.2, 16: 94.2, 32: 176.6, 64: 344.6}
     ks = sorted(ms)
     return _from_ms(ks, [[ms[k] for k in ks]], [1468], "cpu-embedded",
-                    "bench/E2E.md: SmolLM2-135M Q4_1, 1 thread, 2-core CPU, KV 1468 tokens "
+                    "bench/results/e2e.md: SmolLM2-135M Q4_1, 1 thread, 2-core CPU, KV 1468 tokens "
                     "(bench/e2e_report.py batch_costs)",
                     model="SmolLM2-135M-Instruct.Q4_1.gguf", threads=1, backend="CPU")
 
@@ -373,7 +466,16 @@ PROFILES = _Profiles()
 
 
 def load_cost_model(spec: str) -> CostModel:
-    """A cost model from a calibration JSON file path or a profile name (``--cost-model``).
+    """A cost model from a calibration JSON file or a profile name (``--cost-model``).
+
+    Parameters
+    ----------
+    spec : str
+        A file path or a name of `PROFILES` (``gpu``, ``cpu-embedded``, ``local``).
+
+    Returns
+    -------
+    CostModel
 
     Raises
     ------
@@ -408,8 +510,15 @@ def load_cost_model(spec: str) -> CostModel:
 # ------------------------------------------------------------------------------------------
 
 def cache_dir() -> Path:
-    """Folder of cached calibrations: ``$NGRAMSPEC_CACHE_DIR`` or the platform's user cache
-    dir (``platformdirs.user_cache_dir("ngramspec")``), subfolder ``cost``."""
+    """Folder of cached calibrations.
+
+    ``$NGRAMSPEC_CACHE_DIR`` or the platform's user cache folder
+    (``platformdirs.user_cache_dir("ngramspec")``), subfolder ``cost``.
+
+    Returns
+    -------
+    pathlib.Path
+    """
     root = os.environ.get(CACHE_DIR_ENV)
     if not root:
         import platformdirs
@@ -418,17 +527,44 @@ def cache_dir() -> Path:
 
 
 def model_identity(model_path: str) -> dict:
-    """What identifies a model file for the cache: resolved path, size and mtime (ns)."""
+    """What identifies a model file for the cache: resolved path, size and mtime (ns).
+
+    Parameters
+    ----------
+    model_path : str
+
+    Returns
+    -------
+    dict
+
+    Raises
+    ------
+    OSError
+        The file cannot be stat'ed.
+    """
     real = os.path.realpath(model_path)
     st = os.stat(real)
     return {"path": real, "size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns)}
 
 
 def calibration_key(model_path: str, n_threads: int, n_batch: int, backend: str) -> str:
-    """Cache key of one calibration: model file identity, threads, batch size, backend.
+    """Cache key of one calibration.
 
     A rewritten model file (new size or mtime), another thread count, batch size or llama.cpp
     build/backend gives another key, hence a fresh calibration.
+
+    Parameters
+    ----------
+    model_path : str
+    n_threads : int
+    n_batch : int
+    backend : str
+        The llama.cpp build and backend.
+
+    Returns
+    -------
+    str
+        24 hex digits.
     """
     ident = {"format": FORMAT, "model": model_identity(model_path), "n_threads": int(n_threads),
              "n_batch": int(n_batch), "backend": str(backend)}
@@ -437,7 +573,17 @@ def calibration_key(model_path: str, n_threads: int, n_batch: int, backend: str)
 
 
 def cache_path(key: str) -> Path:
-    """File of the calibration with cache key ``key``."""
+    """File of the calibration with cache key `key`.
+
+    Parameters
+    ----------
+    key : str
+        `calibration_key`'s result.
+
+    Returns
+    -------
+    pathlib.Path
+    """
     return cache_dir() / f"{key}.json"
 
 
@@ -452,11 +598,31 @@ def _write_atomic(path: Path, data: dict) -> None:
 
 def cached_calibration(key: str, measure: Callable[[], CostModel], *,
                        refresh: bool = False) -> CostModel:
-    """The cached cost model of ``key``, or ``measure()`` stored under it.
+    """The cached cost model of `key`, or ``measure()`` stored under it.
 
     A cache file that cannot be read or parsed is measured again, with a `RuntimeWarning` naming
-    the file; ``refresh=True`` always measures. A cache folder that cannot be written only warns:
-    the measured model is returned all the same.
+    the file. A cache folder that cannot be written only warns: the measured model is returned all
+    the same.
+
+    Parameters
+    ----------
+    key : str
+    measure : callable
+        Returns a new `CostModel`.
+    refresh : bool
+        Always measure.
+
+    Returns
+    -------
+    CostModel
+        Its ``meta["key"]`` is `key`.
+
+    Notes
+    -----
+    Memory: one small model.
+
+    Thread-safety: the cache file is replaced atomically, so concurrent callers read a whole file
+    or measure; two may measure at once (the last write wins).
     """
     path = cache_path(key)
     if not refresh and path.exists():

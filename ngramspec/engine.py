@@ -16,6 +16,12 @@ __all__ = ["SpecEngine"]
 class SpecEngine(Engine):
     """A chain of proposers driven as llama-server drives them.
 
+    Methods ``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max=None)`` and
+    ``accept(slot, n_accepted)`` follow llama-server: begin once per request with the full
+    prompt; draft with the tokens in the KV cache and the last sampled token; accept after every
+    non-empty draft (also with 0). Token arrays may be any 1-D integer array-like; ids must be
+    in 0 .. 2**31-1. `ngramspec.loop.SlotLoop` drives them for one request.
+
     Parameters
     ----------
     spec_type : str or list of str
@@ -33,11 +39,14 @@ class SpecEngine(Engine):
         ``ngram_map_k4v_min_hits``, ``ngram_mod_n_match``, ... (`ngramspec.registry`); a value
         out of range raises ValueError naming the keyword and the allowed range.
 
-    Methods ``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max=None)`` and
-    ``accept(slot, n_accepted)`` follow llama-server: begin once per request with the full
-    prompt; draft with the tokens in the KV cache and the last sampled token; accept after every
-    non-empty draft (also with 0). Token arrays may be any 1-D integer array-like; ids must be
-    in 0 .. 2**31-1. `ngramspec.loop.SlotLoop` drives them for one request.
+    Raises
+    ------
+    TypeError
+        Neither or both of `spec_type` and `proposers`, an unknown keyword, a value of the
+        wrong kind, `pool` not a ``ModPool``.
+    ValueError
+        An unknown or unsupported spec type, a value out of range (the message names the
+        keyword and the allowed range).
 
     Notes
     -----
@@ -64,7 +73,19 @@ class SpecEngine(Engine):
 
     @classmethod
     def from_proposers(cls, proposers, n_slots: int = 1) -> "SpecEngine":
-        """An engine over already-built proposers (their priority is the given order)."""
+        """An engine over already-built proposers.
+
+        Parameters
+        ----------
+        proposers : sequence of Proposer
+            Their priority is the given order (the first non-empty draft wins).
+        n_slots : int
+            Slots; every proposer must have at least as many.
+
+        Returns
+        -------
+        SpecEngine
+        """
         return cls(None, n_slots, proposers=proposers)
 
     def stats_lines(self) -> list[str]:

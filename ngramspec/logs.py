@@ -45,6 +45,13 @@ class Tokenizer:
     model_path : str, optional
         GGUF file; default the embedded SmolLM2-135M (`ngramspec.model.default_model_path`).
 
+    Raises
+    ------
+    ValueError
+        llama-cpp-python is missing, or the file is not a model llama.cpp can load.
+    FileNotFoundError
+        No file at `model_path` (``ModelNotFoundError`` for a missing embedded model).
+
     Notes
     -----
     Memory: the vocabulary and the GGUF metadata only (a few MiB), no weights.
@@ -75,10 +82,21 @@ class Tokenizer:
         return np.asarray(toks, dtype=np.int32)
 
     def text(self, ids: Sequence[int], special: bool = False) -> str:
-        """The text of token ids; `special` renders control tokens (``<|im_start|>``) too.
+        """The text of token ids.
 
-        Each piece gets a buffer as long as it needs: llama-cpp-python's own ``detokenize``
-        drops pieces longer than 32 bytes (such as a newline and 36 spaces, one token here).
+        Each piece gets a buffer as long as it needs: llama-cpp-python's own ``detokenize`` drops
+        pieces longer than 32 bytes (such as a newline and 36 spaces, one token here).
+
+        Parameters
+        ----------
+        ids : sequence of int
+        special : bool
+            Render control tokens (``<|im_start|>``) too.
+
+        Returns
+        -------
+        str
+            Invalid UTF-8 replaced.
         """
         import ctypes
         import llama_cpp
@@ -94,8 +112,23 @@ class Tokenizer:
         return out.decode("utf-8", errors="replace")
 
     def chat_prompt(self, messages: Sequence[dict]) -> np.ndarray:
-        """The prompt of a chat request: the chat template, generation prompt included.
-        ValueError when the model has no template or the template rejects the messages."""
+        """The prompt of a chat request: the model's chat template, generation prompt included.
+
+        Parameters
+        ----------
+        messages : sequence of dict
+            OpenAI-style messages (``role``, ``content``).
+
+        Returns
+        -------
+        numpy.ndarray
+            int32 token ids.
+
+        Raises
+        ------
+        ValueError
+            The model has no chat template, or the template rejects the messages.
+        """
         import jinja2
         from ngramspec.live import tokenize_chat
         if not self.llm.metadata.get("tokenizer.chat_template"):
@@ -107,16 +140,33 @@ class Tokenizer:
             raise ValueError(f"the chat template rejects the messages ({exc})") from None
 
     def text_prompt(self, text: str) -> np.ndarray:
-        """A raw completion prompt, as llama-server's ``/completion`` tokenizes it."""
+        """A raw completion prompt as int32 ids, tokenized as llama-server's ``/completion`` does.
+
+        Special tokens are parsed, BOS added where the model wants it.
+        """
         return self._ids(text, bool(self.llm._model.add_bos_token()), True)
 
     def reply(self, text: str) -> np.ndarray:
-        """What the model produced: plain text, no BOS, special-token text kept as text."""
+        """What the model produced, as int32 ids: plain text, no BOS, special tokens as text."""
         return self._ids(text, False, False)
 
 
 def detect_format(path: str) -> str:
-    """'trace', 'chat' or 'text', from the file's first JSON object; TraceError otherwise."""
+    """The format of a log file, from its first JSON object.
+
+    Parameters
+    ----------
+    path : str
+
+    Returns
+    -------
+    {"trace", "chat", "text"}
+
+    Raises
+    ------
+    TraceError
+        An empty file, a malformed line, or an object of no known format.
+    """
     for lineno, obj in iter_json_lines(path):
         return _format_of(obj, path, lineno)
     raise TraceError(f"{path}: no requests (the file is empty)")
@@ -207,7 +257,23 @@ def _reply_message(reply, where: str):
 
 
 def parse_chat_record(obj: dict) -> tuple[list[dict], str]:
-    """(prompt messages, reply text) of one chat-log object; ValueError says what is wrong."""
+    """The prompt messages and the reply text of one chat-log object.
+
+    Parameters
+    ----------
+    obj : dict
+        One line of a chat log (see the module docstring).
+
+    Returns
+    -------
+    tuple of (list of dict, str)
+        The prompt messages (``role`` and text ``content``) and the assistant's reply.
+
+    Raises
+    ------
+    ValueError
+        What is wrong with the object (no messages, no reply, a malformed message).
+    """
     req = obj["request"] if isinstance(obj.get("request"), dict) else obj
     messages = req.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -258,10 +324,16 @@ def read_log(path: str, fmt: str = "auto", limit: Optional[int] = None,
         Returns the `Tokenizer` for chat logs and text pairs; called only when one is needed
         (default: ``Tokenizer()``, the embedded model).
 
+    Returns
+    -------
+    list of Request
+
     Raises
     ------
     TraceError
         ``FILE:LINE: what is wrong`` for a malformed line; ``FILE: ...`` for the file.
+    ValueError
+        An unknown `fmt`.
     """
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r}: allowed {', '.join(FORMATS)}")
@@ -297,8 +369,29 @@ def read_log(path: str, fmt: str = "auto", limit: Optional[int] = None,
 
 def read_logs(paths: Sequence[str], fmt: str = "auto", limit: Optional[int] = None,
               model_path: Optional[str] = None) -> tuple[list[Request], Optional[Tokenizer]]:
-    """Every file's first `limit` requests, in order, and the tokenizer if one was loaded
-    (one for all files, loaded at the first text line)."""
+    """Every file's first `limit` requests, in order.
+
+    Parameters
+    ----------
+    paths : sequence of str
+    fmt : {"auto", "trace", "chat", "text"}
+        As `read_log`, for every file.
+    limit : int, optional
+        Per file.
+    model_path : str, optional
+        The tokenizer's model (default: the embedded one); one tokenizer serves all files, loaded
+        at the first line that needs it.
+
+    Returns
+    -------
+    tuple of (list of Request, Tokenizer or None)
+        The requests and the tokenizer if one was loaded.
+
+    Raises
+    ------
+    TraceError, ValueError
+        As `read_log`.
+    """
     loaded: list[Tokenizer] = []
 
     def tokenizer() -> Tokenizer:

@@ -102,13 +102,15 @@ class FixedPolicy:
     """
 
     def before_draft(self, loop: "SlotLoop"):
+        """No bound beyond the server's: None."""
         return None
 
     def after_draft(self, loop: "SlotLoop", draft: np.ndarray) -> int:
+        """The whole draft is verified: ``len(draft)``."""
         return len(draft)
 
     def observe(self, loop: "SlotLoop", n_draft: int, n_accepted: int) -> None:
-        pass
+        """Nothing to learn."""
 
 
 class SlotLoop:
@@ -230,8 +232,10 @@ class SlotLoop:
 
     @property
     def context(self) -> np.ndarray:
-        """The tokens in the target's KV cache (prompt + verified output, without `sampled`):
-        a read-only view of the loop's buffer, valid until the next `verify`."""
+        """The tokens in the target's KV cache: prompt + verified output, without `sampled`.
+
+        A read-only view of the loop's buffer, valid until the next `verify`.
+        """
         view = self._buf[:self._len]
         view.flags.writeable = False
         return view
@@ -247,7 +251,12 @@ class SlotLoop:
         return _EMPTY if self._draft is None else self._draft
 
     def propose(self) -> np.ndarray:
-        """Steps 1-2: bound, then draft (timed). Returns the int32 draft to verify (maybe empty).
+        """Steps 1-2: bound the draft, then draft (timed).
+
+        Returns
+        -------
+        numpy.ndarray
+            The int32 draft to verify (maybe empty), after the policy's ``after_draft`` cut.
 
         Raises
         ------
@@ -311,6 +320,13 @@ class SlotLoop:
         -------
         int
             Accepted draft tokens (``engine.accept`` got the same, after a non-empty draft).
+
+        Raises
+        ------
+        RuntimeError
+            No `propose` since the last `verify`.
+        ValueError
+            `n_verified` out of 0 .. len(draft); the step stays open.
         """
         draft = self._draft
         if draft is None:
@@ -358,7 +374,13 @@ class SlotLoop:
         return n_acc
 
     def record(self) -> dict:
-        """The request's record in the golden files' format (``drafts`` with record_drafts)."""
+        """The request's record in the golden files' format.
+
+        Returns
+        -------
+        dict
+            Counts, rates and ``steps``; ``drafts`` too with `record_drafts`.
+        """
         n_steps = len(self.steps)
         rec = {
             "slot": self.slot, "n_prompt": self.n_prompt, "n_output": self.n_output,

@@ -75,6 +75,14 @@ class AutoPolicy:
         Steps seen, steps with a draft, steps that verified a draft, drafts shortened, drafts
         dropped (a plain step), probes, draft calls skipped.
 
+    Raises
+    ------
+    TypeError
+        `cost_model` is not a `CostModel`.
+    ValueError
+        `probe_len`, `probe_min` < 1, `probe_max` < `probe_min`, or an estimator parameter
+        out of range.
+
     Notes
     -----
     Memory: per slot and proposer one estimator (4 KiB).
@@ -122,7 +130,20 @@ class AutoPolicy:
         return est
 
     def costs(self, n: int, n_past: int) -> np.ndarray:
-        """c(1 .. n, n_past), memoized per 64 tokens of KV length (c varies slowly with it)."""
+        """c(1 .. n, n_past), memoized per 64 tokens of KV length (c varies slowly with it).
+
+        Parameters
+        ----------
+        n : int
+            Batch sizes 1 .. n (at least 65 are computed).
+        n_past : int
+            KV cache length.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64, ``[c(1), c(2), ...]``, at least `n` entries.
+        """
         bucket = n_past >> 6
         c = self._costs.get(bucket)
         if c is None or len(c) < n:
@@ -134,10 +155,18 @@ class AutoPolicy:
 
     @staticmethod
     def best_k(expected: np.ndarray, costs: np.ndarray) -> int:
-        """argmax over k of (expected[k] + 1) / costs[k] (the smallest k on ties).
+        """The k maximizing (expected[k] + 1) / costs[k]; the smallest k on ties.
 
-        ``expected[k]`` is E[accepted | k], ``costs[k]`` the cost of verifying k drafted tokens
-        (c(k + 1) plus any proposer time).
+        Parameters
+        ----------
+        expected : numpy.ndarray
+            ``expected[k]`` = E[accepted | k drafted tokens verified], k = 0 .. n.
+        costs : numpy.ndarray
+            ``costs[k]``: the cost of verifying k drafted tokens (c(k + 1) plus any proposer time).
+
+        Returns
+        -------
+        int
         """
         return int(np.argmax((expected + 1.0) / costs))
 
@@ -159,7 +188,17 @@ class AutoPolicy:
     # -- the loop's hooks ------------------------------------------------------------------
 
     def before_draft(self, loop) -> Optional[int]:
-        """Skip the draft call (0) when the proposer is expensive and no draft would pay."""
+        """Skip the draft call (0) when the proposer is expensive and no draft would pay.
+
+        Parameters
+        ----------
+        loop : SlotLoop
+
+        Returns
+        -------
+        int or None
+            0 to skip the call, None to keep the server's bound.
+        """
         if not self.proposer_time or loop.engine is None:
             return None
         st = self._state(loop.slot)
@@ -184,7 +223,20 @@ class AutoPolicy:
         return k
 
     def after_draft(self, loop, draft: np.ndarray) -> int:
-        """How many of the draft's tokens to verify."""
+        """How many of the draft's tokens to verify.
+
+        Parameters
+        ----------
+        loop : SlotLoop
+        draft : numpy.ndarray
+            The draft the engine returned.
+
+        Returns
+        -------
+        int
+            0 .. len(draft): the best k under the cost model, or `probe_len` tokens when that
+            is 0 and a probe is due; 0 makes the step a plain decode.
+        """
         self.n_steps += 1
         n = len(draft)
         st = self._state(loop.slot)
@@ -219,7 +271,16 @@ class AutoPolicy:
         return k
 
     def observe(self, loop, n_draft: int, n_accepted: int) -> None:
-        """Learn from the verified step."""
+        """Learn from the verified step.
+
+        Parameters
+        ----------
+        loop : SlotLoop
+        n_draft : int
+            Draft tokens verified (0: a plain step).
+        n_accepted : int
+            Of them, accepted.
+        """
         st = self._state(loop.slot)
         if n_draft == 0:
             st.since_verified += 1
@@ -239,7 +300,7 @@ class AutoPolicy:
             st.probe_interval = self.probe_min
 
     def summary(self) -> dict:
-        """The counters as a dict."""
+        """The counters (see Attributes) and the cost model's name, as a dict."""
         return {"policy": "auto", "cost_model": self.cost_model.name, "steps": self.n_steps,
                 "drafts": self.n_drafts_seen, "verified": self.n_verified,
                 "truncated": self.n_truncated, "plain": self.n_plain, "probes": self.n_probes,
@@ -254,7 +315,25 @@ def _proposer(engine, index: int):
 
 
 def make_policy(name: str, cost_model: Optional[CostModel] = None, **kwargs):
-    """The policy ``name`` (``--spec-policy``): ``fixed`` or ``auto`` (needs ``cost_model``)."""
+    """The policy `name` of ``--spec-policy``.
+
+    Parameters
+    ----------
+    name : {"fixed", "auto"}
+    cost_model : CostModel, optional
+        Required by ``auto``.
+    **kwargs
+        `AutoPolicy`'s keywords.
+
+    Returns
+    -------
+    FixedPolicy or AutoPolicy
+
+    Raises
+    ------
+    ValueError
+        An unknown name, or ``auto`` without a cost model.
+    """
     if name == "fixed":
         return FixedPolicy()
     if name == "auto":

@@ -25,11 +25,37 @@ UNSUPPORTED = ("draft-eagle3", "draft-mtp", "draft-dflash")
 
 
 class CacheFile:
-    """Param kind of an n-gram cache file: a path (str or os.PathLike) or an already loaded
-    ``ngramspec.NgramCache`` (so that one loaded file can serve many engines)."""
+    """`Param` kind of an n-gram cache file: a path or an already loaded ``NgramCache``.
+
+    A loaded cache lets one file serve many engines.
+
+    Notes
+    -----
+    Memory: none (never instantiated; `check` is the kind's validator).
+
+    Thread-safety: stateless.
+    """
 
     @staticmethod
     def check(label: str, value):
+        """`value` as a cache parameter.
+
+        Parameters
+        ----------
+        label : str
+            The flag or keyword to name in an error.
+        value : str, os.PathLike or NgramCache
+
+        Returns
+        -------
+        NgramCache or str
+            The cache as given, or the path as a string.
+
+        Raises
+        ------
+        TypeError
+            Neither a path nor an ``NgramCache``.
+        """
         from ngramspec.cache_file import NgramCache, as_path
         if isinstance(value, NgramCache):
             return value
@@ -54,7 +80,9 @@ class Param:
 
     Notes
     -----
-    Memory: a few fields. Thread-safety: immutable.
+    Memory: a few fields.
+
+    Thread-safety: immutable.
     """
     name: str
     default: Any
@@ -85,6 +113,12 @@ class Param:
         value : object
         label : str, optional
             The name to report (a flag, a constructor keyword); default `name`.
+
+        Returns
+        -------
+        object
+            The value as `kind` (an int, a float, a str, a path or cache), unchanged for
+            ``kind=object``.
 
         Raises
         ------
@@ -117,7 +151,25 @@ class Param:
 class SpecType:
     """One ``--spec-type`` name: its parameters and how to build its proposer.
 
-    ``builder(n_slots, pool, values)`` gets every known keyword, checked (defaults filled in).
+    Attributes
+    ----------
+    name : str
+        The ``--spec-type`` name (``ngram-mod``).
+    params : tuple of Param
+        Its engine keywords.
+    builder : callable
+        ``builder(n_slots, pool, values)`` returns the proposer; `values` holds every known
+        keyword, checked, with defaults filled in.
+    uses_pool : bool
+        Drafts from the shared ngram-mod ``ModPool``.
+    live : bool
+        Needs a live model (its flags exist on ``generate`` only).
+
+    Notes
+    -----
+    Memory: a few fields.
+
+    Thread-safety: immutable.
     """
     name: str
     params: tuple = ()
@@ -274,6 +326,17 @@ def all_params() -> dict[str, Param]:
 def parse_types(spec_type) -> list[str]:
     """The type names of a ``--spec-type`` list, in llama.cpp's priority order.
 
+    Parameters
+    ----------
+    spec_type : str or list of str
+        A comma-separated string (``"ngram-mod,ngram-simple"``) or a list of names; ``none``
+        is allowed and drops out.
+
+    Returns
+    -------
+    list of str
+        The names in `TYPES` order (the order ``common_speculative_init`` builds them in).
+
     Raises
     ------
     TypeError
@@ -324,7 +387,7 @@ def check_values(spec_type, params: dict, *, by_flag: bool = False) -> dict:
     TypeError, ValueError
         An unknown keyword, a value of the wrong kind or out of range, an unordered pair.
     """
-    types = parse_types(spec_type)
+    parse_types(spec_type)          # the chain's names are checked too
     known = all_params()
     for name in params:
         if name not in known:
@@ -351,7 +414,9 @@ def build_proposers(spec_type, n_slots: int, pool, params: dict) -> list:
     Parameters
     ----------
     spec_type : str or list of str
+        The chain (`parse_types`).
     n_slots : int
+        Slots of every proposer.
     pool : ModPool or None
         ngram-mod's table; a new one when the chain needs it and none is given.
     params : dict
@@ -360,6 +425,12 @@ def build_proposers(spec_type, n_slots: int, pool, params: dict) -> list:
     Returns
     -------
     list of Proposer
+        One per type, in priority order.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As `check_values`.
     """
     types = parse_types(spec_type)
     values = check_values(types, params)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ngramspec._core import ModPool
 from ngramspec.engine import SpecEngine
-from ngramspec.loop import Timers, common_prefix, run_recorded  # noqa: F401 (re-exported)
+from ngramspec.loop import Timers, run_recorded  # noqa: F401 (Timers re-exported)
 from ngramspec.registry import TYPES, parse_types
 
 COUNTERS = ("calls_b", "calls_g", "calls_a", "gen_drafts", "acc_drafts", "gen_tokens",
@@ -54,6 +54,22 @@ def replay_request(engine: SpecEngine, slot: int, prompt: np.ndarray, output: np
 
 @dataclass
 class ReplayResult:
+    """What `replay` returns.
+
+    Attributes
+    ----------
+    summary : dict
+        Totals, llama.cpp's counters per proposer (``llama_stats``), µs per call, the policy's
+        summary.
+    requests : list of dict
+        One golden-format record per request.
+
+    Notes
+    -----
+    Memory: the records (with every draft when recorded).
+
+    Thread-safety: plain data; share read-only.
+    """
     summary: dict
     requests: list = field(default_factory=list)
 
@@ -79,7 +95,7 @@ def _run_once(requests, spec_type, params, state, n_slots, record_drafts, n_ctx,
               policy_factory=None):
     timers = Timers()
     policy = policy_factory() if policy_factory is not None else None
-    records, total, engines = [], None, []
+    records, total = [], None
     pool = ModPool() if any(TYPES[t].uses_pool for t in parse_types(spec_type)) else None
     engine = None
     for t, req in enumerate(requests):
@@ -142,6 +158,13 @@ def replay(requests, spec_type: str, params: dict | None = None, *, state: str =
     ReplayResult
         ``summary`` (totals, llama.cpp's counters per proposer, µs per call) and ``requests``.
 
+    Raises
+    ------
+    ValueError
+        `state`, `n_slots` or `repeat` out of range, or an engine parameter (as `SpecEngine`).
+    RuntimeError
+        Runs of one `repeat` gave different counters.
+
     Notes
     -----
     Memory: the engine's, plus the records (with every draft when record_drafts).
@@ -190,7 +213,23 @@ def replay(requests, spec_type: str, params: dict | None = None, *, state: str =
 
 
 class ProgressBar:
-    """A one-line progress bar on stderr (only drawn when stderr is a terminal)."""
+    """A one-line progress bar on stderr, drawn only when the stream is a terminal.
+
+    Parameters
+    ----------
+    label : str
+        Printed before the bar.
+    stream : file, optional
+        Default ``sys.stderr``.
+    min_total : int
+        Runs of fewer items draw nothing.
+
+    Notes
+    -----
+    Memory: none.
+
+    Thread-safety: one thread at a time (it writes to the stream).
+    """
 
     def __init__(self, label: str, stream=None, min_total: int = 20):
         self.label = label
@@ -199,6 +238,7 @@ class ProgressBar:
         self.min_total = min_total
 
     def __call__(self, done: int, total: int) -> None:
+        """Draw ``done`` of ``total`` (a newline once done); the `replay` progress hook."""
         if not self.enabled or total < self.min_total:
             return
         width = 30

@@ -4,7 +4,23 @@ from __future__ import annotations
 
 
 def statistics_line(s: dict) -> str:
-    """``statistics <type>: #calls(b,g,a) = ...`` exactly as llama.cpp prints it."""
+    """``statistics <type>: #calls(b,g,a) = ...`` exactly as llama.cpp prints it.
+
+    The line ``common_speculative_print_stats`` logs once per implementation (at TRACE level);
+    the optional ``#mean acc len`` / ``#acc rate/pos`` part appears once there were accept
+    calls.
+
+    Parameters
+    ----------
+    s : dict
+        One entry of ``SpecEngine.stats()``: ``type``, the counters ``calls_b``, ``calls_g``,
+        ``calls_a``, ``gen_drafts``, ``acc_drafts``, ``gen_tokens``, ``acc_tokens``,
+        ``acc_per_pos`` and the times ``t_begin_us``, ``t_draft_us``, ``t_accept_us``.
+
+    Returns
+    -------
+    str
+    """
     line = (f"statistics {s['type']:>16}: #calls(b,g,a) = {s['calls_b']:4d} {s['calls_g']:6d} "
             f"{s['calls_a']:6d}, #gen drafts = {s['gen_drafts']:6d}, #acc drafts = "
             f"{s['acc_drafts']:5d}, #gen tokens = {s['gen_tokens']:6d}, #acc tokens = "
@@ -19,10 +35,21 @@ def statistics_line(s: dict) -> str:
 
 
 def acceptance_line(accepted: int, generated: int, n_drafts: int) -> str:
-    """The per-request server line ``draft acceptance = R (A accepted / G generated), mean len = M``.
+    """llama-server's per-request ``draft acceptance`` line.
 
-    ``mean len`` is the mean number of tokens a verified draft contributed (1 + accepted per
-    draft), like ``#mean acc len`` of the statistics line.
+    ``draft acceptance = R (A accepted / G generated), mean len = M``.
+
+    Parameters
+    ----------
+    accepted, generated : int
+        Draft tokens accepted and drafted in the request.
+    n_drafts : int
+        Drafts verified; ``mean len`` is 1 + accepted per draft, the mean number of tokens a
+        verified draft contributed (as ``#mean acc len`` of `statistics_line`).
+
+    Returns
+    -------
+    str
     """
     rate = accepted / generated if generated else 0.0
     mean_len = 1 + accepted / n_drafts if n_drafts else 0.0

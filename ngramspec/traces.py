@@ -26,7 +26,23 @@ class TraceError(ValueError):
 
 @dataclass
 class Request:
-    """One recorded request: the prompt and what the model produced."""
+    """One recorded request: the prompt and what the model produced.
+
+    Attributes
+    ----------
+    id : str
+        The line's ``id``, or ``FILE#INDEX``.
+    prompt, output : numpy.ndarray
+        int32 token ids.
+    extra : dict
+        The line's other fields.
+
+    Notes
+    -----
+    Memory: the two token arrays (4 bytes per token) and the extra fields.
+
+    Thread-safety: plain data; share read-only.
+    """
     id: str
     prompt: np.ndarray   # int32
     output: np.ndarray   # int32
@@ -65,10 +81,26 @@ def _lines(f, path, max_line_bytes):
 
 def iter_json_lines(path: str,
                     max_line_bytes: int | None = None) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-empty line; TraceError on any problem.
+    """Each non-empty line of a JSONL file (``.gz`` too) as a JSON object.
 
-    A UTF-8 byte-order mark at the start of the file is accepted; a line longer than
-    ``max_line_bytes`` (default `MAX_LINE_BYTES`) is an error naming its line.
+    A UTF-8 byte-order mark at the start of the file is accepted.
+
+    Parameters
+    ----------
+    path : str
+    max_line_bytes : int, optional
+        Longest line read (default `MAX_LINE_BYTES`); a longer one is an error naming its line.
+
+    Yields
+    ------
+    tuple of (int, dict)
+        The line number (from 1) and the object.
+
+    Raises
+    ------
+    TraceError
+        A missing or unreadable file, corrupt gzip data, a line that is not UTF-8, not JSON or not
+        an object, or too long.
     """
     if max_line_bytes is None:
         max_line_bytes = MAX_LINE_BYTES
@@ -107,7 +139,26 @@ def iter_json_lines(path: str,
 
 def read_requests(path: str, limit: int | None = None,
                   max_line_bytes: int | None = None) -> list[Request]:
-    """The first `limit` requests of a trace file (all when None), in file order."""
+    """The first `limit` requests of a trace file, in file order.
+
+    Parameters
+    ----------
+    path : str
+        ``.jsonl`` or ``.jsonl.gz`` with ``prompt`` and ``output`` lists of token ids per line.
+    limit : int, optional
+        All when None.
+    max_line_bytes : int, optional
+        As `iter_json_lines`.
+
+    Returns
+    -------
+    list of Request
+
+    Raises
+    ------
+    TraceError
+        As `iter_json_lines`, or a missing field or a token id outside 0 .. ``TOKEN_MAX``.
+    """
     requests = []
     for lineno, obj in iter_json_lines(path, max_line_bytes):
         if limit is not None and len(requests) >= limit:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import shlex
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -41,9 +40,9 @@ from ngramspec.replay import replay
 from ngramspec.registry import TYPES as _TYPES, all_params, parse_types
 from ngramspec.traces import Request
 
-__all__ = ["type_param_names", "GRIDS", "NGRAMSPEC_GRIDS", "LLAMA_TYPES", "NGRAMSPEC_OPTIONS", "Config", "Entry",
-           "TuneReport", "split_requests", "sweep_configs", "chain_configs", "auto_configs",
-           "evaluate", "tune", "STATIC"]
+__all__ = ["type_param_names", "GRIDS", "NGRAMSPEC_GRIDS", "LLAMA_TYPES", "NGRAMSPEC_OPTIONS",
+           "Config", "Entry", "TuneReport", "split_requests", "sweep_configs", "chain_configs",
+           "auto_configs", "evaluate", "tune", "STATIC"]
 
 #: The types llama-server has (``--spec-type``); a configuration of these alone, with none of
 #: `NGRAMSPEC_OPTIONS` switched on, runs on llama-server as it is.
@@ -56,10 +55,12 @@ NGRAMSPEC_OPTIONS = ("ngram_map_k_reindex", "ngram_map_k4v_reindex", "ngram_cach
 STATIC = "<static>"
 
 #: The llama.cpp grid: for each type, the values of each parameter; configurations are the
-#: cross product. ngram-simple's and ngram-map-k's ``min_hits`` are unused by llama.cpp (spec
-#: section 2), so they are not swept. ngram-mod's ``n_min`` is given as fractions of ``n_max``
-#: (`MOD_N_MIN_FRACTIONS`); llama.cpp's default 24/48/64 is on the grid. ngram-cache has no
-#: parameter but its files; it runs without and with the static cache (``-lcs``).
+#: cross product. ngram-simple's and ngram-map-k's ``min_hits`` are unused by llama.cpp
+#: (``common_ngram_simple_draft`` never reads it, ``common_ngram_map_draft`` returns a key-only
+#: draft before checking it), so they are not swept. ngram-mod's ``n_min`` is given as
+#: fractions of ``n_max`` (`MOD_N_MIN_FRACTIONS`); llama.cpp's default 24/48/64 is on the grid.
+#: ngram-cache has no parameter but its files; it runs without and with the static cache
+#: (``-lcs``).
 GRIDS: dict = {
     "ngram-simple": {"ngram_simple_size_n": (2, 3, 4, 6, 8, 12, 16),
                      "ngram_simple_size_m": (4, 8, 16, 32, 48, 64)},
@@ -113,6 +114,26 @@ class Config:
 
     @classmethod
     def make(cls, types, params: dict, n_slots: int = 1, policy: str = "fixed") -> "Config":
+        """A Config from spec types and keywords (None values dropped, the types in priority order).
+
+        Parameters
+        ----------
+        types : str or list of str
+            ``--spec-type`` names.
+        params : dict
+            Engine keywords.
+        n_slots : int
+        policy : {"fixed", "auto"}
+
+        Returns
+        -------
+        Config
+
+        Raises
+        ------
+        ValueError
+            An unknown policy or spec type.
+        """
         if policy not in POLICIES:
             raise ValueError(f"policy {policy!r}: allowed {', '.join(POLICIES)}")
         return cls(",".join(parse_types(types)),
@@ -121,10 +142,12 @@ class Config:
 
     @property
     def types(self) -> list:
+        """The spec types, in priority order."""
         return self.spec_type.split(",")
 
     @property
     def params_dict(self) -> dict:
+        """`params` as a new dict."""
         return dict(self.params)
 
     @property
@@ -136,8 +159,10 @@ class Config:
 
     @property
     def family(self) -> str:
-        """The plot series: the type, with ngramspec options and the static cache named (the
-        policy is not part of it)."""
+        """The plot series: the type, with ngramspec options and the static cache named.
+
+        The policy is not part of it.
+        """
         p = self.params_dict
         extra = [name.rsplit("_", 1)[-1] for name in NGRAMSPEC_OPTIONS if p.get(name)]
         if p.get("lookup_cache_static"):
@@ -161,8 +186,10 @@ class Config:
         return sorted(self.params, key=lambda p: order[p[0]])
 
     def label(self) -> str:
-        """The spec types and the parameters, short: ``ngram-mod n_match=24 n_min=48 ...``
-        (a chain keeps the type in each name: ``mod_n_match=24``)."""
+        """The spec types and the parameters, short: ``ngram-mod n_match=24 n_min=48 ...``.
+
+        A chain keeps the type in each name: ``mod_n_match=24``.
+        """
         parts = [self.spec_type]
         for name, value in self.ordered_params():
             if name == "lookup_cache_static":
@@ -176,7 +203,17 @@ class Config:
         return " ".join(parts)
 
     def engine_params(self, caches: Optional[dict] = None) -> dict:
-        """Keywords for `SpecEngine`: file paths replaced by loaded caches from `caches`."""
+        """Keywords for `SpecEngine`.
+
+        Parameters
+        ----------
+        caches : dict, optional
+            Path -> loaded ``NgramCache``: a static cache path found here is replaced by the cache.
+
+        Returns
+        -------
+        dict
+        """
         p = self.params_dict
         path = p.get("lookup_cache_static")
         if path is not None and caches is not None and path in caches:
@@ -184,8 +221,18 @@ class Config:
         return p
 
     def flags(self, cost_model: str = "") -> list:
-        """Command-line flags: ``--spec-type``, one flag per parameter, and for the auto policy
-        ``--spec-policy auto --cost-model NAME`` (`cost_model`: the name or file to print)."""
+        """The command-line flags of this configuration.
+
+        Parameters
+        ----------
+        cost_model : str
+            For the auto policy, the ``--cost-model`` name or file to print ("" prints none).
+
+        Returns
+        -------
+        list of str
+            ``--spec-type``, one flag per parameter, and ``--spec-policy auto [--cost-model NAME]``.
+        """
         known = all_params()
         argv = ["--spec-type", self.spec_type]
         for name, value in self.ordered_params():
@@ -197,7 +244,19 @@ class Config:
         return argv
 
     def policy_factory(self, cost_model) -> Optional[Callable]:
-        """What `replay` takes for this policy (None: llama.cpp's fixed policy)."""
+        """What `replay` takes for this policy.
+
+        Parameters
+        ----------
+        cost_model : CostModel
+            The auto policy's cost model.
+
+        Returns
+        -------
+        callable or None
+            A factory of `AutoPolicy` (proposer time not counted); None for llama.cpp's fixed
+            policy.
+        """
         if self.policy == "fixed":
             return None
         from ngramspec.policy import AutoPolicy
@@ -207,7 +266,16 @@ class Config:
 
 
 def type_param_names(spec_type: str) -> set:
-    """The engine keywords of one spec type (from the registry)."""
+    """The engine keywords of one spec type (from the registry).
+
+    Parameters
+    ----------
+    spec_type : str
+
+    Returns
+    -------
+    set of str
+    """
     return {p.name for p in _TYPES[spec_type].params}
 
 
@@ -227,9 +295,23 @@ def _type_grid(spec_type: str, grid: dict) -> list:
 def sweep_configs(slots: Sequence[int] = (1,), types: Optional[Iterable[str]] = None,
                   ngramspec_options: bool = True, grids: Optional[dict] = None,
                   ngramspec_grids: Optional[dict] = None) -> list:
-    """The single-type configurations of the sweep, at each slot count of `slots`.
+    """The single-type configurations of the sweep, at each slot count.
 
-    `types` restricts the sweep to some types (default every llama.cpp type and ngram-suffix).
+    Parameters
+    ----------
+    slots : sequence of int
+        Slot counts.
+    types : iterable of str, optional
+        Restrict the sweep to these types (default: every llama.cpp type and ngram-suffix).
+    ngramspec_options : bool
+        Add ngramspec's own options (`NGRAMSPEC_GRIDS`) and ngram-suffix.
+    grids, ngramspec_grids : dict, optional
+        Replace `GRIDS` / `NGRAMSPEC_GRIDS`.
+
+    Returns
+    -------
+    list of Config
+        Without duplicates, in a fixed order.
     """
     grids = GRIDS if grids is None else grids
     extra = NGRAMSPEC_GRIDS if ngramspec_grids is None else ngramspec_grids
@@ -251,8 +333,18 @@ def sweep_configs(slots: Sequence[int] = (1,), types: Optional[Iterable[str]] = 
 
 
 def chain_configs(best: Sequence[Config], max_len: int = 3) -> list:
-    """Chains of the given single-type configurations (one per type, best first): every pair,
-    and the first `max_len` together. Same slot count for all."""
+    """Chains of single-type configurations: every pair, and the first `max_len` together.
+
+    Parameters
+    ----------
+    best : sequence of Config
+        One per type, best first (chains keep their slot count).
+    max_len : int
+
+    Returns
+    -------
+    list of Config
+    """
     best = [c for c in best if len(c.types) == 1]
     chains = []
     for combo in itertools.combinations(best, 2):
@@ -269,8 +361,20 @@ def chain_configs(best: Sequence[Config], max_len: int = 3) -> list:
 
 
 def auto_configs(entries: Sequence, slots: Sequence[int]) -> list:
-    """The `auto` policy (`ngramspec.policy.AutoPolicy`) on the best fixed-policy configuration
-    of each type and on the best chain, at each slot count (`entries` ranked best first)."""
+    """The auto policy (`ngramspec.policy.AutoPolicy`) on the best fixed-policy configurations.
+
+    Parameters
+    ----------
+    entries : sequence of Entry
+        Ranked, best first.
+    slots : sequence of int
+
+    Returns
+    -------
+    list of Config
+        At each slot count, the best configuration of each type and the best chain, with
+        ``policy="auto"``.
+    """
     out = []
     for k in slots:
         best: dict = {}
@@ -283,7 +387,24 @@ def auto_configs(entries: Sequence, slots: Sequence[int]) -> list:
 
 
 def split_requests(requests: Sequence[Request], holdout: float) -> tuple:
-    """(train, held-out): the last ``ceil(holdout * n)`` requests are held out, in order."""
+    """Split requests into training and held-out parts, in order.
+
+    Parameters
+    ----------
+    requests : sequence of Request
+    holdout : float
+        Fraction held out, 0 < holdout < 1: the last ``ceil(holdout * n)`` requests.
+
+    Returns
+    -------
+    tuple of (list of Request, list of Request)
+        (train, held-out).
+
+    Raises
+    ------
+    ValueError
+        `holdout` out of range, or a split that would be empty.
+    """
     if not 0.0 < holdout < 1.0:
         raise ValueError(f"--holdout {holdout}: allowed 0 < holdout < 1")
     n = len(requests)
@@ -300,9 +421,24 @@ FIGURES = ("n_traces", "n_output", "n_steps", "n_drafts", "n_draft_tokens", "n_a
 
 def evaluate(config: Config, requests: Sequence[Request], cost_model, *, n_ctx: int = 0,
              caches: Optional[dict] = None) -> dict:
-    """Replay `requests` with `config` and return its figures: replay's summary fields
-    (`FIGURES`, unchanged) plus `ngramspec.cost.modeled_speedup`'s ``tokens`` / ``cost`` (as
-    ``modeled_tokens`` / ``modeled_cost``) and ``speedup``."""
+    """Replay `requests` with `config` (shared server state) and return its figures.
+
+    Parameters
+    ----------
+    config : Config
+    requests : sequence of Request
+    cost_model : CostModel
+    n_ctx : int
+        Context size bounding drafts (0: none).
+    caches : dict, optional
+        Loaded static caches by path (`Config.engine_params`).
+
+    Returns
+    -------
+    dict
+        replay's summary fields (`FIGURES`, unchanged) plus `ngramspec.cost.modeled_speedup`'s
+        ``tokens`` / ``cost`` (as ``modeled_tokens`` / ``modeled_cost``) and ``speedup``.
+    """
     result = replay(requests, config.spec_type, config.engine_params(caches), state="shared",
                     n_slots=config.n_slots, n_ctx=n_ctx,
                     policy_factory=config.policy_factory(cost_model))
@@ -343,17 +479,21 @@ class Entry:
     figures: dict
 
     def key(self):
-        """Ranking key: speed-up, then tokens per step, then acceptance (all descending); equal
-        figures put the simpler configuration first (fewer types, fewer parameters), then
-        order by label and slot count, so the ranking is the same every run."""
+        """Ranking key: speed-up, then tokens per step, then acceptance (all descending).
+
+        Equal figures put the simpler configuration first (fewer types, fewer parameters), then
+        order by label and slot count, so the ranking is the same every run.
+        """
         f = self.figures
         return (-f["speedup"], -f["tokens_per_step"], -f["acc_rate"], len(self.config.types),
                 len(self.config.params), self.config.label(), self.config.n_slots)
 
     def to_dict(self) -> dict:
+        """The configuration's fields and label, and the figures, JSON-ready."""
         c = self.config
         return {"spec_type": c.spec_type, "params": c.params_dict, "slots": c.n_slots,
-                "policy": c.policy, "label": c.label(), "llama_compatible": c.llama_compatible, **self.figures}
+                "policy": c.policy, "label": c.label(), "llama_compatible": c.llama_compatible,
+                **self.figures}
 
 
 @dataclass
@@ -376,7 +516,18 @@ class TuneReport:
     extra: dict = field(default_factory=dict)
 
     def best(self, n_slots: int, llama_compatible: bool) -> Optional[Entry]:
-        """The best entry at `n_slots`: llama.cpp-compatible ones only, or any."""
+        """The best entry at `n_slots`.
+
+        Parameters
+        ----------
+        n_slots : int
+        llama_compatible : bool
+            Only entries llama-server runs as they are.
+
+        Returns
+        -------
+        Entry or None
+        """
         for e in self.entries:
             if e.config.n_slots == n_slots and (e.config.llama_compatible or
                                                 not llama_compatible):
@@ -384,7 +535,23 @@ class TuneReport:
         return None
 
     def server_command(self, entry: Entry, model: str = "MODEL.gguf") -> str:
-        """The llama-server command line of a llama.cpp-compatible entry."""
+        """The llama-server command line of a llama.cpp-compatible entry.
+
+        Parameters
+        ----------
+        entry : Entry
+        model : str
+            The model path to print.
+
+        Returns
+        -------
+        str
+
+        Raises
+        ------
+        ValueError
+            The entry uses ngramspec options llama-server does not have.
+        """
         if not entry.config.llama_compatible:
             raise ValueError(f"{entry.config.label()} uses ngramspec options llama-server "
                              f"does not have")
@@ -395,7 +562,18 @@ class TuneReport:
         return shlex.join(argv)
 
     def replay_command(self, entry: Entry, heldout: str) -> str:
-        """The ``ngramspec replay`` command that reproduces an entry's figures."""
+        """The ``ngramspec replay`` command that reproduces an entry's figures.
+
+        Parameters
+        ----------
+        entry : Entry
+        heldout : str
+            The held-out trace file to print.
+
+        Returns
+        -------
+        str
+        """
         argv = ["ngramspec", "replay", heldout, *entry.config.flags(self.cost_model),
                 "--slots", str(entry.config.n_slots)]
         if self.n_ctx:
@@ -403,6 +581,7 @@ class TuneReport:
         return shlex.join(argv)
 
     def to_dict(self) -> dict:
+        """The report as JSON-ready data: settings and the ranking (rank from 1)."""
         return {"n_train": self.n_train, "n_heldout": self.n_heldout, "slots": list(self.slots),
                 "cost_model": self.cost_model, "static_cache": self.static_cache,
                 "n_ctx": self.n_ctx, **self.extra,
@@ -441,13 +620,26 @@ def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
     cost_model
         An object with ``cost(n_tokens, n_past)`` (`ngramspec.cost`); must pickle when
         ``jobs > 1``.
-    slots : server slot counts to sweep.
-    types : restrict the sweep to these types (default all).
-    ngramspec_options, chains, auto : sweep ngramspec's own options too; try chains of the best
-        setting of each type; try the ``auto`` draft-length policy on the best of each type
-        and the best chain (an ngramspec option: left out without `ngramspec_options`).
-    jobs : worker processes (1: in this process).
-    progress : called as ``progress(done, total)`` after each configuration.
+    slots : sequence of int
+        Server slot counts to sweep.
+    types : iterable of str, optional
+        Restrict the sweep to these types (default all).
+    ngramspec_options, chains, auto : bool
+        Sweep ngramspec's own options too; try chains of the best setting of each type; try
+        the ``auto`` draft-length policy on the best of each type and the best chain (an
+        ngramspec option: left out without `ngramspec_options`).
+    static_path : str, optional
+        Where the static cache built from `train` is written.
+    n_ctx : int
+        Context size bounding drafts (0: none).
+    jobs : int
+        Worker processes (1: in this process).
+    progress : callable, optional
+        Called as ``progress(done, total)`` after each configuration.
+    grids, ngramspec_grids : dict, optional
+        Replace `GRIDS` / `NGRAMSPEC_GRIDS`.
+    cost_name : str
+        The cost model's name or file, as the printed commands give it.
 
     Returns
     -------

@@ -21,7 +21,13 @@ PLOT_FILES = ("speedup_vs_n_max.png", "acceptance_vs_tokens_per_step.png")
 
 
 def require_matplotlib() -> None:
-    """ValueError with the install command when matplotlib is missing (check before a sweep)."""
+    """Check that matplotlib is importable (before a sweep, not after it).
+
+    Raises
+    ------
+    ValueError
+        matplotlib is missing; the message gives the install command.
+    """
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -38,9 +44,28 @@ def _figure(width=8.0, height=5.0):
 
 
 def speedup_figure(entries: Sequence, title: str = ""):
-    """Modeled speed-up against n_max, one line per (type family, slot count): at each n_max
-    the best speed-up over the family's other parameters. Settings with the auto policy are
-    stars in their type's colour (line label ``"<family> +auto (K slots)"``)."""
+    """Modeled speed-up against n_max, one line per (type family, slot count).
+
+    At each n_max the line shows the best speed-up over the family's other parameters. Settings
+    with the auto policy are stars in their type's colour (label ``"<family> +auto (K slots)"``).
+
+    Parameters
+    ----------
+    entries : sequence of Entry
+        A `TuneReport`'s entries; chains (no single n_max) are left out.
+    title : str
+        Default: a title naming the held-out split.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        On its own Agg canvas.
+
+    Raises
+    ------
+    ValueError
+        matplotlib is missing.
+    """
     best: dict = {}
     for e in entries:
         c = e.config
@@ -89,8 +114,17 @@ def speedup_figure(entries: Sequence, title: str = ""):
 
 
 def pareto_front(points: Sequence[tuple]) -> list:
-    """Indices of the points (x, y) that no other point beats on both (ties kept once), in
-    increasing x."""
+    """The points (x, y) that no other point beats on both coordinates.
+
+    Parameters
+    ----------
+    points : sequence of (float, float)
+
+    Returns
+    -------
+    list of int
+        Their indices, in increasing x (ties kept once).
+    """
     order = sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1], i))
     front, best_y = [], float("-inf")
     for i in order:
@@ -101,7 +135,19 @@ def pareto_front(points: Sequence[tuple]) -> list:
 
 
 def pareto_figure(entries: Sequence, title: str = ""):
-    """Acceptance rate against tokens per step, every configuration, Pareto front drawn."""
+    """Acceptance rate against tokens per step, every configuration, Pareto front drawn.
+
+    Parameters
+    ----------
+    entries : sequence of Entry
+    title : str
+        Default: a title naming the held-out split.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        As `speedup_figure`'s.
+    """
     fig = _figure()
     ax = fig.add_subplot()
     points = [(e.figures["tokens_per_step"], e.figures["acc_rate"]) for e in entries]
@@ -125,8 +171,21 @@ def pareto_figure(entries: Sequence, title: str = ""):
 
 
 def save_plots(entries: Sequence, directory: str, cost_model: str = "") -> list:
-    """Write both figures as PNG files into `directory` (titles name `cost_model` when
-    given); returns their paths."""
+    """Write both figures as PNG files (`PLOT_FILES`) into `directory`.
+
+    Parameters
+    ----------
+    entries : sequence of Entry
+    directory : str
+        An existing folder.
+    cost_model : str
+        Named in the titles when given.
+
+    Returns
+    -------
+    list of str
+        The files' paths.
+    """
     where = f"held-out split, cost model {cost_model}" if cost_model else "held-out split"
     titles = (f"Best modeled speed-up per n_max ({where})",
               f"Acceptance against tokens per step ({where})")

@@ -40,6 +40,7 @@ class SchedulerBridge:
     Notes
     -----
     Memory: one thread per request in flight (at most ``max_pending``), idle threads exit.
+
     Thread-safety: the coroutines may run concurrently on one event loop; the scheduler's
     ``submit`` and ``RequestHandle.cancel`` are thread-safe.
     """
@@ -50,15 +51,44 @@ class SchedulerBridge:
                                         thread_name_prefix="ngramspec-request")
 
     def close(self) -> None:
+        """Stop the pool without waiting; queued calls are cancelled."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, fn, *args):
-        """``fn(*args)`` on the bridge's pool."""
+        """``fn(*args)`` on the bridge's pool.
+
+        Parameters
+        ----------
+        fn : callable
+        *args
+            Its arguments.
+
+        Returns
+        -------
+        object
+            What `fn` returns (its exception propagates).
+        """
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def submit(self, prompt_tokens, sampling, speculation):
-        """Submit a request; a full queue or a stopped scheduler is a 503 (parameter errors
-        propagate as the scheduler raises them)."""
+        """Submit a request to the scheduler.
+
+        Parameters
+        ----------
+        prompt_tokens : sequence of int
+        sampling : SamplingParams
+        speculation : SpeculationParams
+
+        Returns
+        -------
+        RequestHandle
+
+        Raises
+        ------
+        APIError
+            503 when the queue is full or the scheduler is stopped. Parameter errors propagate as
+            the scheduler raises them.
+        """
         from ngramspec.llama import QueueFull
         try:
             return await self.run(lambda: self.scheduler.submit(
@@ -71,7 +101,18 @@ class SchedulerBridge:
                            code="unavailable") from None
 
     async def result(self, handle, request: Optional[Request] = None):
-        """The request's `Completion`; cancels it if the client disconnects first."""
+        """The request's `Completion`; cancels it if the client disconnects first.
+
+        Parameters
+        ----------
+        handle : RequestHandle
+        request : starlette.requests.Request, optional
+            The HTTP request whose disconnect cancels the generation.
+
+        Returns
+        -------
+        Completion
+        """
         fut = asyncio.ensure_future(self.run(handle.result))
         try:
             while True:
@@ -89,6 +130,14 @@ class SchedulerBridge:
         """The handle's chunks as they are emitted; ``None`` items are keep-alive ticks.
 
         Cancelling the consumer (a client disconnect) cancels the request.
+
+        Parameters
+        ----------
+        handle : RequestHandle
+
+        Yields
+        ------
+        chunk or None
         """
         it = iter(handle)
         try:

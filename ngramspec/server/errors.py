@@ -31,7 +31,25 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "none", "dict", "list"}
 
 
 class APIError(Exception):
-    """An error answered with an OpenAI-style body and the given HTTP status."""
+    """An error answered with an OpenAI-style body and the given HTTP status.
+
+    Parameters
+    ----------
+    status : int
+        HTTP status.
+    message : str
+    param : str, optional
+        The offending request field (``"messages[0].content"``).
+    code : str, optional
+    type : str, optional
+        Default: OpenAI's (or llama-server's) type for `status`.
+
+    Notes
+    -----
+    Memory: the message and a few fields.
+
+    Thread-safety: immutable once raised.
+    """
 
     def __init__(self, status: int, message: str, *, param: Optional[str] = None,
                  code: Optional[str] = None, type: Optional[str] = None):
@@ -40,12 +58,22 @@ class APIError(Exception):
         self.type = type or _TYPES.get(status, "invalid_request_error")
 
     def response(self) -> JSONResponse:
+        """The error as a `JSONResponse` with its status."""
         return error_response(self.status, self.message, param=self.param, code=self.code,
                               type=self.type)
 
 
 class FieldError(APIError):
-    """A 400 about one request field; the message starts with the field's name."""
+    """A 400 about one request field; the message starts with the field's name.
+
+    Parameters
+    ----------
+    param : str
+        The field, as `loc_to_param` writes it.
+    message : str
+        Prefixed with ``"<param>: "`` unless it starts with the field's name.
+    code : str, optional
+    """
 
     def __init__(self, param: str, message: str, *, code: Optional[str] = None):
         if not message.startswith(param):
@@ -55,19 +83,60 @@ class FieldError(APIError):
 
 def error_body(message: str, *, type: str, param: Optional[str] = None,
                code: Any = None) -> dict:
+    """The JSON body ``{"error": {"message", "type", "param", "code"}}``.
+
+    Parameters
+    ----------
+    message : str
+    type : str
+    param : str, optional
+    code : object, optional
+
+    Returns
+    -------
+    dict
+    """
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 def error_response(status: int, message: str, *, param: Optional[str] = None,
                    code: Any = None, type: Optional[str] = None,
                    headers: Optional[dict] = None) -> JSONResponse:
+    """An OpenAI-style error response.
+
+    Parameters
+    ----------
+    status : int
+    message : str
+    param : str, optional
+    code : object, optional
+    type : str, optional
+        Default: OpenAI's (or llama-server's) type for `status`.
+    headers : dict, optional
+
+    Returns
+    -------
+    fastapi.responses.JSONResponse
+    """
     body = error_body(message, type=type or _TYPES.get(status, "invalid_request_error"),
                       param=param, code=code)
     return JSONResponse(body, status_code=status, headers=headers)
 
 
 def loc_to_param(loc) -> Optional[str]:
-    """``("body", "messages", 0, "content", "str")`` -> ``"messages[0].content"``."""
+    """A pydantic error location as the request field's name.
+
+    ``("body", "messages", 0, "content", "str")`` -> ``"messages[0].content"``.
+
+    Parameters
+    ----------
+    loc : sequence of str or int
+
+    Returns
+    -------
+    str or None
+        None when the location names no field (the body itself).
+    """
     parts = []
     for item in loc:
         if item == "body" and not parts:

@@ -147,11 +147,21 @@ class _SchedulerCollector:
 
 
 class ServerMetrics:
-    """The app's Prometheus registry: the scheduler's counters, the finished requests' times
-    and the HTTP request counts.
+    """The app's Prometheus registry.
+
+    The scheduler's counters (read at each scrape), the finished requests' times and the HTTP
+    request counts.
+
+    Parameters
+    ----------
+    scheduler : ngramspec.llama.Scheduler
+    model_name : str
+        The ``model`` label of the scheduler's metrics.
 
     Notes
     -----
+    Memory: the registry and the running time sums, a few KiB.
+
     Thread-safety: every method may be called from any thread.
     """
 
@@ -165,18 +175,45 @@ class ServerMetrics:
                             ["endpoint", "status"], registry=self.registry)
 
     def observe_completion(self, done) -> None:
-        """Count a finished request's prompt and generation times."""
+        """Count a finished request's prompt and generation times.
+
+        Parameters
+        ----------
+        done : Completion
+            The finished request (its ``timings``).
+        """
         self.timing.add(done)
 
     def observe_http(self, path: str, status: int) -> None:
+        """Count one HTTP response.
+
+        Parameters
+        ----------
+        path : str
+            The request path; paths outside `ENDPOINTS` count as ``other``.
+        status : int
+        """
         self.http.labels(path if path in ENDPOINTS else "other", str(status)).inc()
 
     def render(self) -> bytes:
+        """The metrics in Prometheus' text format (`content_type`)."""
         return generate_latest(self.registry)
 
 
 class HTTPCountMiddleware:
-    """Pure ASGI middleware counting responses by endpoint and status (streams untouched)."""
+    """Pure ASGI middleware counting responses by endpoint and status (streams untouched).
+
+    Parameters
+    ----------
+    app : ASGI application
+    metrics : ServerMetrics
+
+    Notes
+    -----
+    Memory: none per request beyond the status cell.
+
+    Thread-safety: runs on the event loop; `ServerMetrics` counts from any thread.
+    """
 
     def __init__(self, app, metrics: ServerMetrics):
         self.app, self.metrics = app, metrics

@@ -42,6 +42,8 @@ class ServerProcess:
     Notes
     -----
     Memory: the child holds the model; its output goes to a temporary file (``output()``).
+
+    Thread-safety: one thread drives it; ``stop`` may be called from any thread once.
     """
 
     def __init__(self, *args: str, timeout: float = 120.0, cwd: Optional[str] = None):
@@ -77,7 +79,17 @@ class ServerProcess:
             return fh.read()
 
     def stop(self, timeout: float = 30.0) -> Optional[int]:
-        """SIGTERM (graceful shutdown), SIGKILL after ``timeout`` s; returns the exit code."""
+        """Stop the server: SIGTERM (graceful shutdown), SIGKILL after `timeout` seconds.
+
+        Parameters
+        ----------
+        timeout : float
+
+        Returns
+        -------
+        int or None
+            The exit code.
+        """
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

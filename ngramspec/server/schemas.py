@@ -13,6 +13,9 @@ place for each range.
 
 Notes
 -----
+Memory: one request's or response's fields; a prompt of token ids is a Python list until the
+scheduler converts it.
+
 Thread-safety: the models are plain immutable-by-convention data, built per request.
 """
 from __future__ import annotations
@@ -26,11 +29,6 @@ from ngramspec.server.errors import FieldError
 
 # Strict float: accepts JSON integers, refuses strings and booleans.
 Number = StrictFloat
-
-# llama-server's flat per-request keys, and the ``speculative`` fields they stand for.
-FLAT_SPECULATIVE_KEYS = {"speculative.n_max": "n_max", "speculative.n_min": "n_min",
-                         "speculative.p_min": "p_min"}
-
 
 def _only_neutral(*fields, neutral: tuple, why: str):
     """A validator refusing anything but the neutral values of fields ngramspec does not
@@ -140,14 +138,17 @@ class GenerationRequest(BaseModel):
         return spec.model_copy(update=given)
 
     def output_limit(self) -> Optional[int]:
+        """The request's ``max_tokens`` (None: the server's ``n_predict``)."""
         return self.max_tokens
 
     def stop_strings(self) -> tuple:
+        """``stop`` as a tuple of strings (empty: none)."""
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
         return bool(self.stream_options and self.stream_options.get("include_usage"))
 
 
@@ -175,18 +176,21 @@ class CompletionRequest(GenerationRequest):
 
 
 class TextPart(BaseModel):
+    """A ``{"type": "text", "text": ...}`` part of a message's content."""
     model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["text"]
     text: StrictStr
 
 
 class ChatMessage(BaseModel):
+    """One message of a chat request; its content is a string or text parts."""
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[StrictStr, List[TextPart]]] = None
     name: Optional[StrictStr] = None
 
     def text(self) -> str:
+        """The content as one string (parts joined, ``""`` for none)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
@@ -220,6 +224,7 @@ class ChatCompletionRequest(GenerationRequest):
         return self.max_completion_tokens
 
     def template_messages(self) -> List[Dict[str, str]]:
+        """The messages as the chat template takes them (``role``, text ``content``, ``name``)."""
         return [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
                 for m in self.messages]
 
@@ -228,6 +233,7 @@ class ChatCompletionRequest(GenerationRequest):
 # Responses (OpenAI's shapes; ``timings`` is llama-server's)
 
 class Usage(BaseModel):
+    """OpenAI's ``usage`` object: prompt, completion and total tokens."""
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
@@ -263,6 +269,7 @@ class _Envelope(BaseModel):
 
 
 class CompletionChoice(BaseModel):
+    """One choice of a ``/v1/completions`` response or stream chunk."""
     index: int = 0
     text: str
     logprobs: None = None
@@ -280,11 +287,13 @@ class CompletionResponse(_Envelope):
 
 
 class AssistantMessage(BaseModel):
+    """The assistant's reply in a chat response."""
     role: Literal["assistant"] = "assistant"
     content: str
 
 
 class ChatChoice(BaseModel):
+    """One choice of a ``/v1/chat/completions`` response."""
     index: int = 0
     message: AssistantMessage
     logprobs: None = None
@@ -292,6 +301,7 @@ class ChatChoice(BaseModel):
 
 
 class ChatCompletionResponse(_Envelope):
+    """A ``/v1/chat/completions`` response (not streamed)."""
     object: Literal["chat.completion"] = "chat.completion"
     choices: List[ChatChoice]
     usage: Usage
@@ -299,11 +309,13 @@ class ChatCompletionResponse(_Envelope):
 
 
 class ChatDelta(BaseModel):
+    """The new text of a chat stream chunk (the first chunk carries the role)."""
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
 
 
 class ChatChunkChoice(BaseModel):
+    """One choice of a chat stream chunk."""
     index: int = 0
     delta: ChatDelta
     logprobs: None = None
@@ -311,6 +323,7 @@ class ChatChunkChoice(BaseModel):
 
 
 class ChatCompletionChunk(_Envelope):
+    """One ``chat.completion.chunk`` of a streamed chat response."""
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: List[ChatChunkChoice]
     usage: Optional[Usage] = None
@@ -318,6 +331,7 @@ class ChatCompletionChunk(_Envelope):
 
 
 class ModelCard(BaseModel):
+    """One entry of ``/v1/models``."""
     id: str
     object: Literal["model"] = "model"
     created: int
@@ -326,5 +340,6 @@ class ModelCard(BaseModel):
 
 
 class ModelList(BaseModel):
+    """The ``/v1/models`` response."""
     object: Literal["list"] = "list"
     data: List[ModelCard]
