@@ -38,7 +38,7 @@ sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 from e2e_report import load_prompts, machine  # noqa: E402
 
-from ngramspec.live import load_model  # noqa: E402
+from ngramspec.llama import load_model  # noqa: E402
 from ngramspec.llama import SamplingParams, Scheduler, SpeculationParams  # noqa: E402
 
 MOD = dict(ngram_mod_n_min=8, ngram_mod_n_max=32)

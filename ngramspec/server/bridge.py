@@ -18,6 +18,7 @@ from typing import AsyncIterator, Optional
 
 from starlette.requests import Request
 
+from ngramspec.llama.request import QueueFull
 from ngramspec.server.errors import APIError
 
 # How often a waiting request checks that its client is still there, and how long a stream
@@ -59,7 +60,6 @@ class SchedulerBridge:
     async def submit(self, prompt_tokens, sampling, speculation):
         """Submit a request; a full queue or a stopped scheduler is a 503 (parameter errors
         propagate as the scheduler raises them)."""
-        from ngramspec.llama import QueueFull
         try:
             return await self.run(lambda: self.scheduler.submit(
                 prompt_tokens, sampling=sampling, speculation=speculation))
