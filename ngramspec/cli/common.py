@@ -134,6 +134,14 @@ def add_spec_flags(parser: argparse.ArgumentParser, include_live: bool = False) 
                                help=f"{spec.name}: {p.help} (default {p.default}{rng})")
 
 
+def add_draft_bound_flag(parser: argparse.ArgumentParser) -> None:
+    """``--ctx-size`` of the offline drivers (replay, tune): llama-server's draft bound
+    ``n_ctx - L - 2`` without a model (0: unbounded)."""
+    parser.add_argument("--ctx-size", type=int_arg(0), default=0, metavar="N",
+                        help="bound drafts by llama-server's n_ctx - L - 2 (default: 0 = "
+                             "unbounded)")
+
+
 def add_repack_flag(parser: argparse.ArgumentParser) -> None:
     """``--repack {auto,on,off}`` and llama-server's ``--no-repack`` (= ``--repack off``)."""
     g = parser.add_mutually_exclusive_group()

@@ -5,9 +5,9 @@ import json
 import os
 
 from ngramspec.cache_file import atomic_write_bytes
-from ngramspec.cli.common import (INT32_MAX, Progress, add_policy_flags, add_spec_flags,
-                                  check_spec_flags, check_writable, engine_params, int_arg,
-                                  load_cache_files)
+from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_policy_flags,
+                                  add_spec_flags, check_spec_flags, check_writable,
+                                  engine_params, int_arg, load_cache_files)
 from ngramspec.cost import load_cost_model, modeled_speedup, oracle_speedup
 from ngramspec.policy import AutoPolicy
 from ngramspec.replay import replay
@@ -37,8 +37,7 @@ def add_parser(subparsers):
                    help="replay only the first N requests of each file (default: all)")
     p.add_argument("--repeat", type=int_arg(1), default=1, metavar="R",
                    help="replay R times and report the fastest timings (default: 1)")
-    p.add_argument("--ctx-size", type=int_arg(0, INT32_MAX), default=0, metavar="N",
-                   help="bound drafts by llama-server's n_ctx - L - 2 (default: 0 = unbounded)")
+    add_draft_bound_flag(p)
     p.add_argument("--drafts", action="store_true",
                    help="record every draft (with --output; default: off)")
     p.add_argument("--output", metavar="FILE",

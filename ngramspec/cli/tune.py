@@ -20,8 +20,8 @@ import shlex
 import sys
 import tempfile
 
-from ngramspec.cli.common import (Progress, add_model_flags, add_progress_flags, int_arg,
-                                  positive_int)
+from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_model_flags,
+                                  add_progress_flags, positive_int)
 from ngramspec.cost import load_cost_model
 from ngramspec.llama.tokenizer import Tokenizer
 from ngramspec.logs import FORMATS, read_logs
@@ -94,8 +94,7 @@ def add_parser(subparsers):
     p.add_argument("--cost-model", default=DEFAULT_COST_MODEL, metavar="FILE|NAME",
                    help="verification cost model: a calibration JSON file (ngramspec "
                         "calibrate) or a named profile (default %(default)s)")
-    p.add_argument("--ctx-size", type=int_arg(0), default=0, metavar="N",
-                   help="bound drafts by llama-server's n_ctx - L - 2 (0: unbounded)")
+    add_draft_bound_flag(p)
     p.add_argument("--jobs", "-j", type=positive_int, default=None, metavar="N",
                    help="worker processes (default: the cores this process may use)")
     p.add_argument("--top", type=positive_int, default=20, metavar="N",
