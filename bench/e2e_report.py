@@ -47,11 +47,13 @@ ROOT = benchlib.ROOT
 
 import ngramspec  # noqa: E402
 from ngramspec import SpecEngine  # noqa: E402
-from ngramspec.calibration import calibration_for  # noqa: E402
+from ngramspec.llama.calibration import calibration_for  # noqa: E402
 from ngramspec.cost import oracle_speedup  # noqa: E402
-from ngramspec.live import (_prompt_pass, _target_decoder, detokenize,  # noqa: E402
-                            divergence_report, generate_plain, generate_speculative, load_model)
-from ngramspec.model import default_model_path  # noqa: E402
+from ngramspec.llama import (detokenize, divergence_report, generate_plain,  # noqa: E402
+                             generate_speculative, load_model)
+from ngramspec.llama.decoder import prompt_pass as _prompt_pass  # noqa: E402
+from ngramspec.llama.decoder import target_decoder as _target_decoder  # noqa: E402
+from ngramspec.llama.model import default_model_path  # noqa: E402
 from ngramspec.policy import AutoPolicy  # noqa: E402
 from ngramspec.replay import replay  # noqa: E402
 from ngramspec.traces import Request, read_requests  # noqa: E402
@@ -130,7 +132,7 @@ class Models:
     def __init__(self, n_ctx, threads, model_path=None, cost_model=None):
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        from ngramspec.repack import load_llama
+        from ngramspec.llama.repack import load_llama
         path = model_path or default_model_path()
         self.ours = load_model(path, n_ctx=n_ctx, n_threads=threads)
         # the auto policy's c(k): this machine's cached calibration (measured at first use)
@@ -534,7 +536,7 @@ def _prompt_row(name, c, replayed):
 def generate_config():
     """The name in CONFIGS of `ngramspec generate`'s default configuration (its policy is
     auto)."""
-    from ngramspec.generate_cli import GENERATE_DEFAULTS
+    from ngramspec.cli.generate import GENERATE_DEFAULTS
     return next(name for name, (types, params) in CONFIGS.items()
                 if types == "ngram-mod" and params == GENERATE_DEFAULTS and name in AUTO)
 
@@ -608,7 +610,7 @@ def _oracle_section(p, res):
 
 
 def _limits_section(p, res):
-    from ngramspec.generate_cli import GENERATE_DEFAULTS
+    from ngramspec.cli.generate import GENERATE_DEFAULTS
     p("## What limits the speed-up")
     p("")
     p("On the code-edit prompts, per configuration: output tokens per target decode live and "

@@ -37,10 +37,10 @@ import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
 import ngramspec
 from e2e_report import LCP_LOOKUP, LCP_PLAIN, machine, run_lcp
 from ngramspec import SpecEngine
-from ngramspec.generate_cli import GENERATE_DEFAULTS
-from ngramspec.live import generate_plain, generate_speculative, load_model, tokenize_prompt
-from ngramspec.model import default_model_path
-from ngramspec.repack import host_has_amx, load_llama
+from ngramspec.cli.generate import GENERATE_DEFAULTS
+from ngramspec.llama import generate_plain, generate_speculative, load_model, tokenize_prompt
+from ngramspec.llama.model import default_model_path
+from ngramspec.llama.repack import host_has_amx, load_llama
 
 ROOT = benchlib.ROOT
 EXAMPLE = ROOT / "ngramspec" / "examples" / "code_edit_prompt.txt"
@@ -100,7 +100,7 @@ def measure_repack(prompt_text, rounds, n_predict, folder, log=print):
 
 
 def measure_plugin(prompt, rounds, n_predict, log=print):
-    from ngramspec.plugin import NgramspecDraftModel
+    from ngramspec.llama.plugin import NgramspecDraftModel
 
     class Counting(NgramspecDraftModel):
         calls = drafted = 0
@@ -256,7 +256,7 @@ def render(res):
         f"{pl[LCP_PLAIN]['tps']:.1f} |",
         f"| the same with `draft_model=NgramspecDraftModel(\"ngram-mod,ngram-simple\")` | "
         f"{pl[LCP_LOOKUP]['cpu_tps']:.1f} | {pl[LCP_LOOKUP]['tps']:.1f} |",
-        f"| `ngramspec.live.generate_speculative` (generate defaults) | "
+        f"| `ngramspec.llama.live.generate_speculative` (generate defaults) | "
         f"{pl['ngramspec']['cpu_tps']:.1f} | {pl['ngramspec']['tps']:.1f} |",
         "",
         f"Generation phase (first to last token): plug-in / plain llama-cpp-python "

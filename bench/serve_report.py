@@ -32,8 +32,7 @@ import time
 
 import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
 from e2e_report import load_prompts, machine
-from ngramspec.live import load_model
-from ngramspec.llama import SamplingParams, Scheduler, SpeculationParams
+from ngramspec.llama import SamplingParams, Scheduler, SpeculationParams, load_model
 
 MOD = dict(ngram_mod_n_min=8, ngram_mod_n_max=32)
 CONFIGS = {

@@ -3,8 +3,10 @@
 llama.cpp's n-gram proposers (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache),
 bit-exact, in Cython kernels; ngramspec's own ngram-suffix proposer; an engine that chains them
 as llama-server does; the one draft -> verify -> accept loop (`ngramspec.loop`) with its replay
-and live (llama-cpp-python) targets.
+and live targets (everything that talks to llama-cpp-python is in `ngramspec.llama`).
 """
+import importlib as _importlib
+
 __version__ = "0.1.0"
 
 try:
@@ -31,14 +33,13 @@ from ngramspec.replay import replay
 from ngramspec.stats import acceptance_line, statistics_line
 
 # Live generation needs llama-cpp-python (the ``live`` extra): imported on first use.
-_LAZY = {"generate_speculative": "ngramspec.live", "generate_plain": "ngramspec.live",
-         "load_model": "ngramspec.live"}
+_LAZY = {"generate_speculative": "ngramspec.llama.live",
+         "generate_plain": "ngramspec.llama.live", "load_model": "ngramspec.llama.model"}
 
 
 def __getattr__(name):
     if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(_importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'ngramspec' has no attribute {name!r}")
 
 

@@ -9,13 +9,13 @@ c(16) = 9.9); on a GPU a batch of 16-32 tokens costs little more than one token.
 A `CostModel` holds a table of measured seconds per decode at a few batch sizes k and KV lengths
 n_past, and interpolates between them. It comes from
 
-- `ngramspec.calibration.calibrate`: a few seconds of decodes on the loaded llama model,
+- `ngramspec.llama.calibration.calibrate`: a few seconds of decodes on the loaded llama model,
   cached on disk by :func:`cached_calibration` per model file, thread count, batch size and
   backend (a platform cache dir, `platformdirs`), measured at first use,
 - :data:`PROFILES`: named curves (``gpu``, ``cpu-embedded``, ``local``),
 - :func:`load_cost_model`: a calibration JSON file or a profile name (``--cost-model``).
 
-This module imports no llama_cpp (the measuring is `ngramspec.calibration`'s).
+This module imports no llama_cpp (the measuring is `ngramspec.llama.calibration`'s).
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional, Sequence
 
 import numpy as np
+import platformdirs
 
 __all__ = ["CostModel", "PROFILES", "FORMAT", "load_cost_model", "cached_calibration",
            "calibration_key", "cache_dir", "cache_path", "model_identity", "step_costs",
@@ -521,7 +522,6 @@ def cache_dir() -> Path:
     """
     root = os.environ.get(CACHE_DIR_ENV)
     if not root:
-        import platformdirs
         root = platformdirs.user_cache_dir("ngramspec", appauthor=False)
     return Path(root) / "cost"
 
@@ -648,7 +648,9 @@ def cached_calibration(key: str, measure: Callable[[], CostModel], *,
 def _local_calibration() -> Optional[CostModel]:
     """The most recent cached calibration of the embedded model (any thread count)."""
     try:
-        from .model import default_model_path
+        # The embedded model belongs to the llama layer (the live extra): asked for only here,
+        # when the "local" profile is looked up.
+        from ngramspec.llama.model import default_model_path
         embedded = os.path.realpath(default_model_path())
     except FileNotFoundError:
         return None

@@ -18,137 +18,37 @@ Text is tokenized with the target model's tokenizer, loaded vocabulary-only (no 
 chat prompt is the model's own chat template with the generation prompt, tokenized with special
 tokens parsed (as llama-server tokenizes a templated chat request); a text prompt is tokenized as
 llama-server's ``/completion`` does (special tokens parsed, BOS where the model wants it); the
-reply is plain text (no BOS, no special tokens), what the model produced. Every problem is a
-`TraceError` naming the file and the line.
+reply is plain text (no BOS, no special tokens), what the model produced. The tokenizer is
+the caller's (`ngramspec.llama.tokenizer.Tokenizer` on the command line): this module only
+parses. Every problem is a `TraceError` naming the file and the line.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
 from ngramspec.traces import Request, TraceError, iter_json_lines, read_requests
 
-__all__ = ["FORMATS", "Tokenizer", "detect_format", "read_log", "read_logs"]
+__all__ = ["FORMATS", "LogTokenizer", "detect_format", "read_log", "read_logs"]
 
 FORMATS = ("auto", "trace", "chat", "text")
 _REPLY_KEYS = ("response", "completion", "output")
 
 
-class Tokenizer:
-    """The target model's tokenizer (``llama_cpp.Llama(model_path, vocab_only=True)``).
-
-    Parameters
-    ----------
-    model_path : str, optional
-        GGUF file; default the embedded SmolLM2-135M (`ngramspec.model.default_model_path`).
-
-    Raises
-    ------
-    ValueError
-        llama-cpp-python is missing, or the file is not a model llama.cpp can load.
-    FileNotFoundError
-        No file at `model_path` (``ModelNotFoundError`` for a missing embedded model).
-
-    Notes
-    -----
-    Memory: the vocabulary and the GGUF metadata only (a few MiB), no weights.
-
-    Thread-safety: one thread at a time (llama.cpp's tokenizer is not documented as
-    reentrant); make one per thread or process.
-    """
-
-    def __init__(self, model_path: Optional[str] = None):
-        try:
-            import llama_cpp
-        except ImportError:
-            raise ValueError("chat logs and text pairs are tokenized with llama-cpp-python: "
-                             "pip install 'ngramspec[live]'") from None
-        if model_path is None:
-            from ngramspec.model import default_model_path
-            model_path = default_model_path()      # ModelNotFoundError names --model
-        if not os.path.isfile(model_path):
-            raise FileNotFoundError(2, "--model: no such file", model_path)
-        try:
-            self.llm = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
-        except Exception as exc:    # llama_cpp raises ValueError/RuntimeError for bad files
-            raise ValueError(f"--model {model_path}: cannot load the tokenizer ({exc})") from None
-        self.model_path = model_path
-
-    def _ids(self, text: str, add_bos: bool, special: bool) -> np.ndarray:
-        toks = self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
-        return np.asarray(toks, dtype=np.int32)
-
-    def text(self, ids: Sequence[int], special: bool = False) -> str:
-        """The text of token ids.
-
-        Each piece gets a buffer as long as it needs: llama-cpp-python's own ``detokenize`` drops
-        pieces longer than 32 bytes (such as a newline and 36 spaces, one token here).
-
-        Parameters
-        ----------
-        ids : sequence of int
-        special : bool
-            Render control tokens (``<|im_start|>``) too.
-
-        Returns
-        -------
-        str
-            Invalid UTF-8 replaced.
-        """
-        import ctypes
-        import llama_cpp
-        vocab = self.llm._model.vocab
-        buf = ctypes.create_string_buffer(64)
-        out = bytearray()
-        for t in ids:
-            n = llama_cpp.llama_token_to_piece(vocab, int(t), buf, len(buf), 0, special)
-            if n < 0:            # -n is the size the piece needs
-                buf = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(vocab, int(t), buf, len(buf), 0, special)
-            out += buf.raw[:n]
-        return out.decode("utf-8", errors="replace")
+class LogTokenizer(Protocol):
+    """What the readers need of a tokenizer (`ngramspec.llama.tokenizer.Tokenizer` has it)."""
 
     def chat_prompt(self, messages: Sequence[dict]) -> np.ndarray:
-        """The prompt of a chat request: the model's chat template, generation prompt included.
-
-        Parameters
-        ----------
-        messages : sequence of dict
-            OpenAI-style messages (``role``, ``content``).
-
-        Returns
-        -------
-        numpy.ndarray
-            int32 token ids.
-
-        Raises
-        ------
-        ValueError
-            The model has no chat template, or the template rejects the messages.
-        """
-        import jinja2
-        from ngramspec.live import tokenize_chat
-        if not self.llm.metadata.get("tokenizer.chat_template"):
-            raise ValueError(f"{self.model_path}: the model has no chat template "
-                             f"(tokenizer.chat_template)")
-        try:
-            return tokenize_chat(self.llm, messages)
-        except (jinja2.TemplateError, ValueError) as exc:   # raise_exception() raises ValueError
-            raise ValueError(f"the chat template rejects the messages ({exc})") from None
+        """The prompt of a chat request (ValueError when the template rejects it)."""
 
     def text_prompt(self, text: str) -> np.ndarray:
-        """A raw completion prompt as int32 ids, tokenized as llama-server's ``/completion`` does.
-
-        Special tokens are parsed, BOS added where the model wants it.
-        """
-        return self._ids(text, bool(self.llm._model.add_bos_token()), True)
+        """A raw completion prompt."""
 
     def reply(self, text: str) -> np.ndarray:
-        """What the model produced, as int32 ids: plain text, no BOS, special tokens as text."""
-        return self._ids(text, False, False)
+        """What the model produced."""
 
 
 def detect_format(path: str) -> str:
@@ -310,7 +210,7 @@ def _text_pair(obj: dict) -> tuple[str, str]:
 
 
 def read_log(path: str, fmt: str = "auto", limit: Optional[int] = None,
-             tokenizer: Optional[Callable[[], Tokenizer]] = None) -> list[Request]:
+             tokenizer: Optional[Callable[[], LogTokenizer]] = None) -> list[Request]:
     """The first `limit` requests (all when None) of one log file.
 
     Parameters
@@ -321,8 +221,9 @@ def read_log(path: str, fmt: str = "auto", limit: Optional[int] = None,
         'auto' decides from the first line.
     limit : int, optional
     tokenizer : callable, optional
-        Returns the `Tokenizer` for chat logs and text pairs; called only when one is needed
-        (default: ``Tokenizer()``, the embedded model).
+        Returns the tokenizer for chat logs and text pairs; called only when one is needed
+        (e.g. ``lambda: ngramspec.llama.tokenizer.Tokenizer(model_path)``). Without one, a
+        chat or text log is refused with a ValueError.
 
     Returns
     -------
@@ -354,7 +255,10 @@ def read_log(path: str, fmt: str = "auto", limit: Optional[int] = None,
         except ValueError as exc:
             raise TraceError(f"{path}:{lineno}: {exc}") from None
         if tok is None:
-            tok = (tokenizer or Tokenizer)()
+            if tokenizer is None:
+                raise ValueError(f"{path}: a {fmt} log is tokenized with the target model's "
+                                 f"tokenizer, and none was given")
+            tok = tokenizer()
         try:
             prompt = tok.chat_prompt(messages) if fmt == "chat" else tok.text_prompt(prompt_text)
         except ValueError as exc:
@@ -368,7 +272,8 @@ def read_log(path: str, fmt: str = "auto", limit: Optional[int] = None,
 
 
 def read_logs(paths: Sequence[str], fmt: str = "auto", limit: Optional[int] = None,
-              model_path: Optional[str] = None) -> tuple[list[Request], Optional[Tokenizer]]:
+              tokenizer: Optional[Callable[[], LogTokenizer]] = None
+              ) -> tuple[list[Request], Optional[LogTokenizer]]:
     """Every file's first `limit` requests, in order.
 
     Parameters
@@ -378,28 +283,27 @@ def read_logs(paths: Sequence[str], fmt: str = "auto", limit: Optional[int] = No
         As `read_log`, for every file.
     limit : int, optional
         Per file.
-    model_path : str, optional
-        The tokenizer's model (default: the embedded one); one tokenizer serves all files, loaded
-        at the first line that needs it.
+    tokenizer : callable, optional
+        As `read_log`; called once for all files, at the first line that needs it.
 
     Returns
     -------
-    tuple of (list of Request, Tokenizer or None)
-        The requests and the tokenizer if one was loaded.
+    tuple of (list of Request, LogTokenizer or None)
+        The requests and the tokenizer if one was made.
 
     Raises
     ------
     TraceError, ValueError
         As `read_log`.
     """
-    loaded: list[Tokenizer] = []
+    loaded: list[LogTokenizer] = []
 
-    def tokenizer() -> Tokenizer:
+    def once() -> LogTokenizer:
         if not loaded:
-            loaded.append(Tokenizer(model_path))
+            loaded.append(tokenizer())
         return loaded[0]
 
     requests: list[Request] = []
     for path in paths:
-        requests.extend(read_log(path, fmt, limit, tokenizer))
+        requests.extend(read_log(path, fmt, limit, once if tokenizer is not None else None))
     return requests, (loaded[0] if loaded else None)

@@ -14,9 +14,9 @@ the full prompt, emit the first token from the prompt pass, then per step
 
 `SlotLoop` holds one request's side of that: :meth:`SlotLoop.propose` is steps 1-2 and
 :meth:`SlotLoop.verify` is step 4 given the target's tokens of step 3, so any target sits between
-them: a recorded output (:func:`run_recorded`, the replay driver and the golden files), one live
-llama context (``ngramspec.live``), the llama-cpp-python plug-in, a batched scheduler that decodes
-many slots' drafts at once. A draft-length policy (:class:`FixedPolicy`: llama.cpp's behaviour)
+them: a recorded output (:func:`run_recorded`, the replay driver and the golden files), one
+live llama context (``ngramspec.llama.live``), the llama-cpp-python plug-in, a batched
+scheduler that decodes many slots' drafts at once. A draft-length policy (:class:`FixedPolicy`: llama.cpp's behaviour)
 hooks into every step.
 
 This module imports neither llama_cpp nor the compiled kernels: an engine is anything with

@@ -17,6 +17,11 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ngramspec._cache import NgramCacheProposer
+from ngramspec._core import MapProposer, ModPool, ModProposer, SimpleProposer
+from ngramspec._suffix import SuffixProposer
+from ngramspec.cache_file import NgramCache, as_path, load_cache
+
 __all__ = ["CacheFile", "Param", "SpecType", "TYPES", "UNSUPPORTED", "all_params",
            "build_proposers", "check_values", "parse_types"]
 
@@ -56,7 +61,6 @@ class CacheFile:
         TypeError
             Neither a path nor an ``NgramCache``.
         """
-        from ngramspec.cache_file import NgramCache, as_path
         if isinstance(value, NgramCache):
             return value
         return as_path(label, value, also=" or an NgramCache")
@@ -185,21 +189,18 @@ def _lazy(module: str, func: str) -> Callable:
 
 
 def _simple(n_slots, pool, v):
-    from ngramspec._core import SimpleProposer
     return SimpleProposer(v["ngram_simple_size_n"], v["ngram_simple_size_m"],
                           v["ngram_simple_min_hits"], n_slots=n_slots)
 
 
 def _map(prefix, key_only):
     def build(n_slots, pool, v):
-        from ngramspec._core import MapProposer
         return MapProposer(v[prefix + "size_n"], v[prefix + "size_m"], v[prefix + "min_hits"],
                            key_only=key_only, n_slots=n_slots, reindex=bool(v[prefix + "reindex"]))
     return build
 
 
 def _mod(n_slots, pool, v):
-    from ngramspec._core import ModProposer
     return ModProposer(v["ngram_mod_n_match"], v["ngram_mod_n_min"], v["ngram_mod_n_max"],
                        pool=pool, n_slots=n_slots)
 
@@ -208,7 +209,6 @@ SUFFIX = "ngram_suffix_"
 
 
 def _suffix(n_slots, pool, v):
-    from ngramspec._suffix import SuffixProposer
     return SuffixProposer(n_slots, **{k[len(SUFFIX):]: x for k, x in v.items()
                                       if k.startswith(SUFFIX)})
 
@@ -221,7 +221,6 @@ _loaded_caches = weakref.WeakValueDictionary()
 
 
 def _cache_file(value, missing_ok: bool):
-    from ngramspec.cache_file import NgramCache, load_cache
     if value is None or isinstance(value, NgramCache):
         return value
     path = os.fspath(value)
@@ -241,7 +240,6 @@ def _cache_file(value, missing_ok: bool):
 def _ngram_cache(n_slots, pool, v):
     # A static file must exist (llama-server aborts otherwise); a dynamic one that does not
     # exist yet is empty, so a first run can start the cache that later runs read.
-    from ngramspec._cache import NgramCacheProposer
     return NgramCacheProposer(n_slots, _cache_file(v["lookup_cache_static"], False),
                               _cache_file(v["lookup_cache_dynamic"], True),
                               restart=bool(v["ngram_cache_restart"]))
@@ -310,8 +308,8 @@ TYPES: dict[str, SpecType] = _types(
         Param("threads_draft", None, 1, None, cli=False, help="draft model threads"),
         Param("batch_size_draft", 512, 1, None, cli=False, help="largest draft decode"),
         Param("repack_draft", "auto", kind=object, cli=False,
-              help="draft model weight repacking: auto|on|off (ngramspec.repack)"),
-    ), _lazy("ngramspec.draft_model", "build_draft_simple"), live=True),
+              help="draft model weight repacking: auto|on|off (ngramspec.llama.repack)"),
+    ), _lazy("ngramspec.llama.draft_model", "build_draft_simple"), live=True),
 )
 
 # (lower, upper) pairs that must be ordered when both are given; both names are reported.
@@ -435,6 +433,5 @@ def build_proposers(spec_type, n_slots: int, pool, params: dict) -> list:
     types = parse_types(spec_type)
     values = check_values(types, params)
     if pool is None and any(TYPES[t].uses_pool for t in types):
-        from ngramspec._core import ModPool
         pool = ModPool()
     return [TYPES[t].builder(n_slots, pool, values) for t in types]

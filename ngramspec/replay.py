@@ -7,7 +7,6 @@ recording. Results come out in the golden files' format.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -210,40 +209,3 @@ def replay(requests, spec_type: str, params: dict | None = None, *, state: str =
     if policy is not None and hasattr(policy, "summary"):
         summary["policy"] = policy.summary()
     return ReplayResult(summary, records)
-
-
-class ProgressBar:
-    """A one-line progress bar on stderr, drawn only when the stream is a terminal.
-
-    Parameters
-    ----------
-    label : str
-        Printed before the bar.
-    stream : file, optional
-        Default ``sys.stderr``.
-    min_total : int
-        Runs of fewer items draw nothing.
-
-    Notes
-    -----
-    Memory: none.
-
-    Thread-safety: one thread at a time (it writes to the stream).
-    """
-
-    def __init__(self, label: str, stream=None, min_total: int = 20):
-        self.label = label
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty()
-        self.min_total = min_total
-
-    def __call__(self, done: int, total: int) -> None:
-        """Draw ``done`` of ``total`` (a newline once done); the `replay` progress hook."""
-        if not self.enabled or total < self.min_total:
-            return
-        width = 30
-        fill = width * done // total
-        self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] {done}/{total}")
-        if done == total:
-            self.stream.write("\n")
-        self.stream.flush()

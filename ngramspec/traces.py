@@ -13,7 +13,8 @@ from typing import Iterator
 
 import numpy as np
 
-from ngramspec._core import TOKEN_MAX
+from ngramspec.tokens import token_array
+
 #: Longest line read (bytes): about 35M token ids; a longer one is refused with its file:line
 #: instead of being read into memory whole.
 MAX_LINE_BYTES = 1 << 28
@@ -50,12 +51,12 @@ class Request:
 
 
 def _tokens(value, path, lineno, field):
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                              for t in value):
+    if not isinstance(value, list):
         raise TraceError(f"{path}:{lineno}: field {field!r} must be a list of integer token ids")
-    if value and (min(value) < 0 or max(value) > TOKEN_MAX):
-        raise TraceError(f"{path}:{lineno}: field {field!r} holds an id outside 0 .. {TOKEN_MAX}")
-    return np.asarray(value, dtype=np.int32) if value else np.empty(0, dtype=np.int32)
+    try:
+        return token_array(value, f"{path}:{lineno}: field {field!r}")
+    except (TypeError, ValueError) as exc:
+        raise TraceError(str(exc)) from None
 
 
 def _open(path):

@@ -34,8 +34,9 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from ngramspec.cache_file import build_static_cache, load_cache, save_cache
 from ngramspec.cost import modeled_speedup
-from ngramspec.policy import POLICIES
+from ngramspec.policy import POLICIES, AutoPolicy
 from ngramspec.replay import replay
 from ngramspec.registry import TYPES as _TYPES, all_params, parse_types
 from ngramspec.traces import Request
@@ -259,7 +260,6 @@ class Config:
         """
         if self.policy == "fixed":
             return None
-        from ngramspec.policy import AutoPolicy
         # proposer time measured here says nothing about the machine the cost model describes
         # (as `ngramspec replay --spec-policy auto` does)
         return lambda: AutoPolicy(cost_model, proposer_time=False)
@@ -454,7 +454,6 @@ _WORKER: dict = {}
 
 
 def _init_worker(requests, cost_model, static_paths, n_ctx):
-    from ngramspec.cache_file import load_cache
     _WORKER.update(requests=requests, cost_model=cost_model, n_ctx=n_ctx,
                    caches={p: load_cache(p) for p in static_paths})
 
@@ -659,7 +658,6 @@ def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
         raise ValueError(f"--jobs {jobs}: allowed >= 1")
     static_paths = []
     if static_path is not None:
-        from ngramspec.cache_file import build_static_cache, save_cache
         save_cache(build_static_cache(np.concatenate([r.prompt, r.output]) for r in train),
                    static_path)
         static_paths = [static_path]

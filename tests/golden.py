@@ -6,7 +6,7 @@ import json
 import pathlib
 
 from ngramspec.cli import build_parser
-from ngramspec.cli_common import engine_params
+from ngramspec.cli.common import engine_params
 
 
 def read_golden(path: pathlib.Path):

@@ -1,7 +1,7 @@
 """Issue 14: llama.cpp's AMX weight repacking crashes on multi-token batches.
 
-The decision (``ngramspec.repack``) is tested over injected CPU-flags sources; the live tests check
-that the decided ``use_extra_bufts`` reaches ``llama_model_params`` of every model ngramspec loads,
+The decision (``ngramspec.llama.repack``) is tested over injected CPU-flags sources; the live
+tests check that the decided ``use_extra_bufts`` reaches ``llama_model_params`` of every model ngramspec loads,
 at the C call (``llama_model_load_from_file``), not just on the Python side. A host without AMX
 cannot show the crash itself.
 """
@@ -9,8 +9,8 @@ import warnings
 
 import pytest
 
-from ngramspec import repack
-from ngramspec.repack import (REPACK_CHOICES, cpu_flags, extra_buffer_types, host_has_amx,
+from ngramspec.llama import repack
+from ngramspec.llama.repack import (REPACK_CHOICES, cpu_flags, extra_buffer_types, host_has_amx,
                               use_extra_bufts)
 
 AMX_CPUINFO = """processor\t: 0
@@ -112,13 +112,13 @@ def llama_loads(monkeypatch):
 @pytest.fixture
 def model_path():
     pytest.importorskip("llama_cpp")
-    from ngramspec.model import default_model_path
+    from ngramspec.llama.model import default_model_path
     return default_model_path()
 
 
 @pytest.mark.parametrize("amx", [True, False], ids=["amx-host", "no-amx-host"])
 def test_load_model_auto(monkeypatch, llama_loads, model_path, amx, amx_file, plain_file):
-    from ngramspec.live import load_model
+    from ngramspec.llama import load_model
     monkeypatch.setattr(repack, "CPUINFO_PATH", str(amx_file if amx else plain_file))
     llm = load_model(model_path, n_ctx=256, n_threads=1)
     assert llama_loads == [(not amx, False)]
@@ -127,14 +127,14 @@ def test_load_model_auto(monkeypatch, llama_loads, model_path, amx, amx_file, pl
 
 @pytest.mark.parametrize("choice", ["on", "off"])
 def test_load_model_override(monkeypatch, llama_loads, model_path, choice, amx_file):
-    from ngramspec.live import load_model
+    from ngramspec.llama import load_model
     monkeypatch.setattr(repack, "CPUINFO_PATH", str(amx_file))  # the override wins over auto
     load_model(model_path, n_ctx=256, n_threads=1, repack=choice)
     assert llama_loads == [(choice == "on", False)]
 
 
 def test_load_model_bad_repack_fails_before_loading(llama_loads, model_path):
-    from ngramspec.live import load_model
+    from ngramspec.llama import load_model
     with pytest.raises(ValueError, match="--repack"):
         load_model(model_path, repack="maybe")
     assert llama_loads == []
@@ -154,7 +154,7 @@ def test_override_is_scoped(llama_loads, model_path):
 @pytest.mark.parametrize("choice", ["on", "off"])
 def test_draft_model_from_path(monkeypatch, llama_loads, model_path, choice, amx_file,
                                plain_file):
-    from ngramspec.draft_model import DraftModelProposer
+    from ngramspec.llama.draft_model import DraftModelProposer
     DraftModelProposer(model_path, 1, n_ctx=64, n_threads=1, repack=choice)
     assert llama_loads == [(choice == "on", False)]
     llama_loads.clear()
@@ -203,8 +203,8 @@ def test_cache_create_text_loads_vocab_with_the_decision(monkeypatch, llama_load
 # ---------------------------------------------------------------------------------------------
 
 def _plugin_run(model_path, choice, flags_file, monkeypatch):
-    from ngramspec.plugin import NgramspecDraftModel
-    from ngramspec.repack import load_llama
+    from ngramspec.llama.plugin import NgramspecDraftModel
+    from ngramspec.llama.repack import load_llama
     monkeypatch.setattr(repack, "_warned", False)
     draft = NgramspecDraftModel("ngram-simple", n_ctx=256)
     llm = load_llama(model_path, repack=choice, n_ctx=256, n_threads=1, n_threads_batch=1,
@@ -234,8 +234,8 @@ def test_plugin_silent_otherwise(model_path, monkeypatch, amx_file, plain_file, 
 
 
 def test_draft_model_from_llama_warns(model_path, monkeypatch, amx_file):
-    from ngramspec.draft_model import DraftModelProposer
-    from ngramspec.repack import load_llama
+    from ngramspec.llama.draft_model import DraftModelProposer
+    from ngramspec.llama.repack import load_llama
     llm = load_llama(model_path, repack="on", n_ctx=256, verbose=False)
     monkeypatch.setattr(repack, "_warned", False)
     monkeypatch.setattr(repack, "CPUINFO_PATH", str(amx_file))

@@ -687,7 +687,7 @@ def test_cli_text_needs_llama_cpp_or_tokenizes(tmp_path, capsys, monkeypatch):
         pytest.skip("no GGUF model available")
     out = tmp_path / "x.bin"
     # small slices, so that the overlap between them is exercised
-    monkeypatch.setattr("ngramspec.cache_cli._TEXT_CHUNK", 7)
+    monkeypatch.setattr("ngramspec.cli.cache._TEXT_CHUNK", 7)
     r = cli(capsys, "cache", "create", "--text", text, "-o", out)   # the embedded model
     assert r.returncode == 0, r.stderr
     import llama_cpp
@@ -701,7 +701,7 @@ def test_cli_text_needs_llama_cpp_or_tokenizes(tmp_path, capsys, monkeypatch):
 
 def _find_gguf():
     try:
-        from ngramspec.model import default_model_path
+        from ngramspec.llama.model import default_model_path
     except ImportError:
         return None
     try:

@@ -17,9 +17,9 @@ from ngramspec import SpecEngine  # noqa: E402
 from ngramspec._cache import NgramCache  # noqa: E402
 from ngramspec.cache_file import load_cache  # noqa: E402
 from ngramspec.cli import main as cli_main  # noqa: E402
-from ngramspec.live import (divergence_report, generate_plain,  # noqa: E402
+from ngramspec.llama import (divergence_report, generate_plain,  # noqa: E402
                             generate_speculative, load_model, tokenize_prompt)
-from ngramspec.model import default_model_path  # noqa: E402
+from ngramspec.llama.model import default_model_path  # noqa: E402
 
 N_CTX = 512
 N_PREDICT = 24

@@ -103,8 +103,8 @@ def test_engine_bound_applies_to_its_drafts():
 @pytest.fixture(scope="module")
 def llm():
     pytest.importorskip("llama_cpp")
-    from ngramspec.live import load_model
-    from ngramspec.model import default_model_path
+    from ngramspec.llama import load_model
+    from ngramspec.llama.model import default_model_path
     return load_model(default_model_path(), n_ctx=256, n_threads=1)
 
 
@@ -116,7 +116,7 @@ def foreign_static_cache(path, prompt):
 
 
 def test_live_generation_refuses_a_foreign_cache(llm, tmp_path):
-    from ngramspec.live import generate_plain, generate_speculative, tokenize_prompt
+    from ngramspec.llama import generate_plain, generate_speculative, tokenize_prompt
     prompt = tokenize_prompt(llm, "def add(a, b):\n    return a + b\n\ndef add(a, b):\n")
     path = foreign_static_cache(tmp_path / "foreign.bin", prompt)
     eng = SpecEngine("ngram-cache", lookup_cache_static=path)
@@ -138,7 +138,7 @@ def test_live_generation_refuses_a_foreign_cache(llm, tmp_path):
 
 def test_cli_generate_with_a_foreign_cache_is_one_line_exit_2(llm, tmp_path, capsys):
     from ngramspec.cli import main
-    from ngramspec.live import tokenize_prompt
+    from ngramspec.llama import tokenize_prompt
     prompt = tokenize_prompt(llm, "x = 1\ny = 2\nx = 1\n")
     toks = tmp_path / "prompt.json"
     toks.write_text(json.dumps([int(t) for t in prompt]))
@@ -153,7 +153,7 @@ def test_cli_generate_with_a_foreign_cache_is_one_line_exit_2(llm, tmp_path, cap
 def test_the_batched_scheduler_refuses_a_foreign_cache(llm, tmp_path):
     """The serving engine checks its chain against its model as the single-request driver
     does: a foreign cache stops the scheduler at construction, naming file and token."""
-    from ngramspec.live import tokenize_prompt
+    from ngramspec.llama import tokenize_prompt
     from ngramspec.llama import Scheduler
     prompt = tokenize_prompt(llm, "def add(a, b):\n    return a + b\n\ndef add(a, b):\n")
     path = foreign_static_cache(tmp_path / "foreign.bin", prompt)

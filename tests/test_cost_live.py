@@ -6,8 +6,9 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from clitools import cli  # noqa: E402
-from ngramspec import calibration, cost  # noqa: E402
-from ngramspec.live import generate_plain, load_model  # noqa: E402
+from ngramspec import cost  # noqa: E402
+from ngramspec.llama import calibration  # noqa: E402
+from ngramspec.llama import generate_plain, load_model  # noqa: E402
 
 KS = (1, 2, 4, 8)
 

@@ -1,7 +1,9 @@
-"""The package's layers point one way: kernels <- registry/engine <- loop <- drivers.
+"""The package's layers point one way: kernels <- registry/engine <- loop/policy/cost <- drivers
+(replay, tune, `ngramspec.llama`: live, scheduler, plug-in) <- `ngramspec.server` <- `ngramspec.cli`.
 
-Read from the sources (every import statement, function-local ones included), so a cycle or an
-upward import fails here before it can fail at import time in some order."""
+Read from the sources (every import statement, function-local ones included, subpackages too),
+so a cycle or an upward import fails here before it can fail at import time in some order."""
+import ast
 import pathlib
 import re
 import subprocess
@@ -14,64 +16,180 @@ from conftest import ROOT
 PKG = ROOT / "ngramspec"
 # _core (the engine), one module per proposer, and the header-only .pxd helpers (_types, _hash, ...)
 KERNELS = tuple(sorted({p.stem for p in PKG.glob("*.pyx")} | {p.stem for p in PKG.glob("*.pxd")}))
-IMPORT = re.compile(r"^\s*(?:from\s+(\.+\w*|ngramspec(?:\.\w+)?)\s+c?import\s+([\w, ()]+)"
-                    r"|import\s+(ngramspec(?:\.\w+)?))", re.M)
+CIMPORT = re.compile(r"^\s*(?:from\s+(\.+\w*|ngramspec(?:\.\w+)?)\s+c?import\s+([\w, ()]+)"
+                     r"|c?import\s+(ngramspec(?:\.\w+)?))", re.M)
+SUBPACKAGES = ("llama", "server", "cli")
+# Rank of each layer: a module imports only modules of its own rank or below.
+RANK = {"kernel": 0, "core": 1, "llama": 2, "server": 3, "cli": 4}
+# Function-local imports are for optional dependencies only (imported when a feature is used):
+# llama-cpp-python and its jinja2 (the live extra), fastapi/uvicorn (serve), matplotlib (tune's
+# plots), fcntl (POSIX), and the embedded model of the live extra (cost's "local" profile).
+OPTIONAL = ("llama_cpp", "jinja2", "matplotlib", "uvicorn", "fastapi", "starlette", "fcntl",
+            "ngramspec.server", "ngramspec.llama.model")
 
 
-def _imports(path: pathlib.Path) -> set:
-    deps = set()
-    for frm, names, plain in IMPORT.findall(path.read_text(encoding="utf-8")):
-        mod = plain or frm
-        if mod.startswith("."):
-            mod = "ngramspec" + (mod if mod != "." else "")
-        if mod == "ngramspec" and names:          # from ngramspec import registry, SpecEngine
-            subs = {n.strip() for n in names.strip("()").split(",")}
-            deps |= {n for n in subs if (PKG / f"{n}.py").exists()} or {"__init__"}
-        elif mod.startswith("ngramspec."):
-            deps.add(mod.split(".")[1])
-    return deps - {path.stem}
+def _name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _graph() -> dict:
-    files = [p for p in PKG.iterdir() if p.suffix in (".py", ".pyx")]
-    return {p.stem: _imports(p) for p in files}
+def _py_files():
+    return sorted(p for p in PKG.rglob("*.py") if "examples" not in p.parts)
 
 
-def test_no_import_cycle():
-    graph = _graph()
+MODULES = {_name(p): p for p in _py_files()}
+
+
+def _layer(module: str) -> str:
+    if module == "ngramspec.__main__":    # python -m ngramspec: the command line
+        return "cli"
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in SUBPACKAGES:
+        return parts[1]
+    return "kernel" if len(parts) > 1 and parts[1] in KERNELS else "core"
+
+
+def _imports(path: pathlib.Path):
+    """``(module, line, function_local)`` for each import of a Python source; names imported from
+    a package resolve to its submodules where they are modules (``from ngramspec import cost``)."""
+    this = _name(path)
+    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
+    found = []
+
+    def visit(node, local):
+        for child in ast.iter_child_nodes(node):
+            inner = local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, local) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.rsplit(".", child.level - 1)[0] if child.level > 1 else package
+                    base = f"{anchor}.{base}" if base else anchor
+                if base == "__future__":
+                    continue
+                subs = [f"{base}.{a.name}" for a in child.names if f"{base}.{a.name}" in MODULES
+                        or f"{base}.{a.name}".split(".")[-1] in KERNELS]
+                names = [a.name for a in child.names]
+                found.extend((m, child.lineno, local) for m in subs)
+                if len(subs) < len(names):
+                    found.append((base, child.lineno, local))
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    return found
+
+
+def _graph(local: bool = True) -> dict:
+    """module -> the ngramspec modules it imports (function-local ones too with ``local``)."""
+    graph = {}
+    for name, path in MODULES.items():
+        graph[name] = {m for m, _, is_local in _imports(path)
+                       if m.startswith("ngramspec") and m != name and (local or not is_local)}
+    return graph
+
+
+def _find_cycle(graph):
     state = {}
 
     def visit(node, stack):
         state[node] = "open"
         for dep in sorted(graph.get(node, ())):
-            if dep == "__init__":
-                continue
             if state.get(dep) == "open":
-                pytest.fail("import cycle: " + " -> ".join(stack[stack.index(dep):] + [dep]))
+                return stack[stack.index(dep):] + [dep]
             if dep not in state:
-                visit(dep, stack + [dep])
+                cycle = visit(dep, stack + [dep])
+                if cycle:
+                    return cycle
         state[node] = "done"
+        return None
 
     for node in sorted(graph):
         if node not in state:
-            visit(node, [node])
+            cycle = visit(node, [node])
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_sources_are_all_read():
+    # the subpackages are part of the graph, so a cycle through one of them is seen
+    assert {"ngramspec.llama.live", "ngramspec.llama.decoder", "ngramspec.cli",
+            "ngramspec.cli.common", "ngramspec.server.app", "ngramspec.registry"} <= set(MODULES)
+    assert not (PKG / "live.py").exists() and not (PKG / "cli.py").exists()
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycle():
+    """No cycle among ngramspec's modules, subpackages included, function-local imports too."""
+    cycle = _find_cycle(_graph(local=True))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_layers_point_down():
+    """kernels <- core (registry, engine, loop, policy, cost, replay, ...) <- llama <- server <-
+    cli: no module imports a layer above its own, except an optional dependency imported in
+    the function that needs it."""
+    bad = []
+    for name, path in MODULES.items():
+        for module, line, local in _imports(path):
+            if not module.startswith("ngramspec") or module == "ngramspec":
+                continue
+            if RANK[_layer(module)] > RANK[_layer(name)] and not (
+                    local and module.startswith(OPTIONAL)):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not bad, bad
+
+
+def test_function_local_imports_are_optional_dependencies():
+    """A function-local import is there only to keep an optional dependency optional."""
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {module} inside a function"
+           for path in MODULES.values() for module, line, local in _imports(path)
+           if local and not module.startswith(OPTIONAL)]
+    assert not bad, bad
+
+
+def test_llama_cpp_is_imported_in_the_llama_subpackage_only():
+    for name, path in MODULES.items():
+        uses = [(m, line, local) for m, line, local in _imports(path)
+                if m.split(".")[0] == "llama_cpp"]
+        if _layer(name) == "llama":
+            # even there on first use, so the package and the command line import without it
+            assert all(local for _, _, local in uses) or name == "ngramspec.llama.plugin", uses
+        else:
+            assert not uses, f"{path.relative_to(ROOT)} imports llama_cpp: {uses}"
+    for path in sorted(PKG.glob("*.pyx")) + sorted(PKG.glob("*.pxd")):
+        assert "llama_cpp" not in path.read_text(encoding="utf-8"), path.name
 
 
 def test_kernels_import_no_python_layer():
     assert {"_core", "_proposer", "_simple", "_map", "_mod", "_suffix", "_cache"} <= set(KERNELS)
     for path in sorted(PKG.glob("*.pyx")) + sorted(PKG.glob("*.pxd")):
-        deps = _imports(path)
+        deps = set()
+        for frm, names, plain in CIMPORT.findall(path.read_text(encoding="utf-8")):
+            mod = plain or frm
+            if mod.startswith("."):
+                mod = "ngramspec" + (mod if mod != "." else "")
+            if mod == "ngramspec" and names:
+                deps |= {n.strip() for n in names.strip("()").split(",")}
+            elif mod.startswith("ngramspec."):
+                deps.add(mod.split(".")[1])
+        deps -= {path.stem}
         assert deps <= set(KERNELS), f"{path.name} imports {sorted(deps - set(KERNELS))}"
 
 
 def test_the_loop_needs_neither_llama_cpp_nor_kernels():
     text = (PKG / "loop.py").read_text(encoding="utf-8")
-    assert _imports(PKG / "loop.py") == set()
+    assert {m for m, _, _ in _imports(PKG / "loop.py") if m.startswith("ngramspec")} == set()
     assert "llama_cpp" not in re.sub(r'""".*?"""', "", text, flags=re.S)
 
 
 def test_importing_the_package_loads_no_llama_cpp():
-    code = ("import sys, ngramspec, ngramspec.replay, ngramspec.loop; "
+    """Neither the package, nor the llama layer's modules, nor the whole command line (every
+    subcommand's parser built) import llama_cpp: it is loaded on first use."""
+    code = ("import sys, ngramspec, ngramspec.replay, ngramspec.loop, ngramspec.cli; "
+            "import ngramspec.llama.live, ngramspec.llama.scheduler, ngramspec.llama.draft_model; "
+            "ngramspec.cli.build_parser(); "
             "print('llama_cpp' in sys.modules); "
             "print(callable(ngramspec.replay), callable(ngramspec.generate_speculative))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

@@ -24,11 +24,11 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import ngramspec  # noqa: E402
 from ngramspec import SpecEngine  # noqa: E402
 from ngramspec.cli import main as cli_main  # noqa: E402
-from ngramspec.draft_model import (DraftModelProposer, VocabMismatchError,  # noqa: E402
+from ngramspec.llama.draft_model import (DraftModelProposer, VocabMismatchError,  # noqa: E402
                                    check_vocab_compatible)
-from ngramspec.live import (divergence_report, generate_plain,  # noqa: E402
+from ngramspec.llama import (divergence_report, generate_plain,  # noqa: E402
                             generate_speculative, load_model, tokenize_prompt)
-from ngramspec.model import default_model_path  # noqa: E402
+from ngramspec.llama.model import default_model_path  # noqa: E402
 
 N_CTX = 768
 N_PREDICT = 96
@@ -235,8 +235,8 @@ def test_cli_refuses_other_vocab(other_vocab_gguf, capsys):
 
 
 def test_plugin_in_create_completion(model_path, prompt):
-    from ngramspec.plugin import NgramspecDraftModel
-    from ngramspec.repack import load_llama
+    from ngramspec.llama.plugin import NgramspecDraftModel
+    from ngramspec.llama.repack import load_llama
 
     draft = NgramspecDraftModel("ngram-simple,ngram-mod", n_ctx=N_CTX)
     kw = dict(n_ctx=N_CTX, n_threads=1, n_threads_batch=1, verbose=False)
@@ -267,7 +267,7 @@ def test_plugin_in_create_completion(model_path, prompt):
 
 def test_plugin_infers_acceptance_from_calls():
     """The call pattern of Llama.generate, replayed on a periodic stream the drafts predict."""
-    from ngramspec.plugin import NgramspecDraftModel
+    from ngramspec.llama.plugin import NgramspecDraftModel
 
     period = list(range(100, 117))
     stream = (period * 20)[:300]
@@ -374,11 +374,11 @@ def test_generate_defaults_apply_to_generate_only(tmp_path, prompt, monkeypatch,
     import argparse
 
     import ngramspec.registry as registry
-    from ngramspec import generate_cli
+    from ngramspec.cli import generate as generate_cli
     from ngramspec.cli import build_parser
-    from ngramspec.cli_common import engine_params
-    from ngramspec.generate_cli import GENERATE_DEFAULTS, generate_params
-    from ngramspec.plugin import NgramspecDraftModel
+    from ngramspec.cli.common import engine_params
+    from ngramspec.cli.generate import GENERATE_DEFAULTS, generate_params
+    from ngramspec.llama.plugin import NgramspecDraftModel
 
     parser = build_parser()
     assert generate_params(parser.parse_args(["generate", "-p", "x"])) == GENERATE_DEFAULTS

@@ -11,7 +11,8 @@ import re
 import numpy as np
 import pytest
 
-from ngramspec.logs import Tokenizer, detect_format, parse_chat_record, read_log, read_logs
+from ngramspec.llama.tokenizer import Tokenizer
+from ngramspec.logs import detect_format, parse_chat_record, read_log, read_logs
 from ngramspec.traces import TraceError, read_requests
 
 from conftest import TRACES

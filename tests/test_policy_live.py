@@ -8,8 +8,8 @@ pytest.importorskip("llama_cpp")
 from ngramspec import SpecEngine  # noqa: E402
 from ngramspec.cli import main as cli_main  # noqa: E402
 from ngramspec.cost import PROFILES  # noqa: E402
-from ngramspec.live import generate_plain, generate_speculative, load_model  # noqa: E402
-from ngramspec.live import tokenize_prompt  # noqa: E402
+from ngramspec.llama import generate_plain, generate_speculative, load_model  # noqa: E402
+from ngramspec.llama import tokenize_prompt  # noqa: E402
 from ngramspec.policy import AutoPolicy  # noqa: E402
 from test_live import EXAMPLE, assert_same_greedy  # noqa: E402
 

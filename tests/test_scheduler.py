@@ -18,11 +18,11 @@ llama_cpp = pytest.importorskip("llama_cpp")
 scipy_stats = pytest.importorskip("scipy.stats")
 
 import ngramspec  # noqa: E402
-from ngramspec.live import (divergence_report, generate_plain, load_model,  # noqa: E402
+from ngramspec.llama import (divergence_report, generate_plain, load_model,  # noqa: E402
                             tokenize_prompt)
 from ngramspec.llama import (QueueFull, SamplingParams, Scheduler,  # noqa: E402
                              SpeculationParams)
-from ngramspec.model import default_model_path  # noqa: E402
+from ngramspec.llama.model import default_model_path  # noqa: E402
 
 EXAMPLE = pathlib.Path(ngramspec.__file__).parent / "examples" / "code_edit_prompt.txt"
 N_CTX_SLOT = 1024

@@ -68,7 +68,7 @@ def http(server):
 
 @pytest.fixture(scope="module")
 def vocab():
-    from ngramspec.model import default_model_path
+    from ngramspec.llama.model import default_model_path
     return llama_cpp.Llama(default_model_path(), vocab_only=True, verbose=False)
 
 
@@ -127,7 +127,7 @@ def test_completion_with_the_openai_client(client, http):
 
 
 def test_chat_uses_the_gguf_template(client, http, vocab):
-    from ngramspec.live import render_chat
+    from ngramspec.llama import render_chat
     res = client.chat.completions.create(model="m", messages=CHAT_REPEAT, max_tokens=12,
                                          temperature=0)
     msg = res.choices[0].message

@@ -160,7 +160,7 @@ def test_chat_logs_through_the_cli(tmp_path, capsys):
               "--llama-only", "--jobs", 1, "--no-progress", "--cost-model", "gpu")
     assert res.returncode == 0, res.stderr
     assert "on 2 held-out requests (2 for training)" in res.stdout
-    from ngramspec.model import default_model_path
+    from ngramspec.llama.model import default_model_path
     assert f"llama-server -m {shlex.quote(default_model_path())} --spec-type ngram-" \
         in res.stdout
     assert "best ngramspec configuration" in res.stdout   # the llama one: --llama-only

@@ -732,9 +732,11 @@ def test_trace_errors_name_file_and_line(tmp_path):
                         "field 'prompt' must be a list of integer token ids"),
         "missing.jsonl": (GOOD_LINE + "\n\n" + '{"output": [1]}\n', 3, "missing field 'prompt'"),
         "negative.jsonl": (GOOD_LINE + "\n" + '{"prompt": [1, -1], "output": [1]}\n', 2,
-                           "field 'prompt' holds an id outside 0 .. 2147483647"),
+                           "field 'prompt'[1] = -1 is not a token id: ids must be in "
+                           "0 .. 2147483647"),
         "huge.jsonl": ('{"prompt": [1], "output": [1, 100000000000000000000000]}\n', 1,
-                       "field 'output' holds an id outside 0 .. 2147483647"),
+                       "field 'output'[1] = 100000000000000000000000 is not a token id: "
+                       "ids must be in 0 .. 2147483647"),
         "notobject.jsonl": ("[1, 2]\n", 1, "expected a JSON object per line"),
         "deep.jsonl": (GOOD_LINE + "\n" + '{"prompt": ' + "[" * 100_000 + "]" * 100_000
                        + ', "output": [1]}\n', 2, ""),

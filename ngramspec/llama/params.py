@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
+from ngramspec.tokens import TOKEN_MAX
+
 __all__ = ["SamplingParams", "SpeculationParams", "POLICIES"]
 
 #: Draft-length policies a request may ask for.
@@ -104,7 +106,7 @@ class SamplingParams:
                             f"{type(self.logit_bias).__name__}")
         bias = {}
         for tok, b in self.logit_bias.items():
-            tok = _integer("logit_bias token id", tok, 0, 2**31 - 1)
+            tok = _integer("logit_bias token id", tok, 0, TOKEN_MAX)
             if isinstance(b, bool) or not isinstance(b, (int, float)) or math.isnan(b) \
                     or b == math.inf:
                 raise ValueError(f"logit_bias[{tok}] = {b!r}: allowed a finite number or -inf")

@@ -26,7 +26,7 @@ class Sampler:
     """The token picker of one request.
 
     Greedy requests without logit changes (``SamplingParams.plain_argmax``) take the argmax of the
-    raw logits, as plain greedy decoding does (``ngramspec.live.generate_plain``); every other
+    raw logits, as plain greedy decoding does (``ngramspec.llama.live.generate_plain``); every other
     request gets a llama.cpp sampler chain: logit_bias (with EOG tokens banned for
     ``ignore_eos``), penalties, top_k, top_p, min_p, temperature, dist(seed) — or greedy at the end
     instead of the four last ones when ``temperature == 0``.

@@ -31,14 +31,17 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from .batch import MultiSeqBatch
+from .decoder import check_engine_models
 from .joint import CALIBRATION_SIZES, AcceptanceCounts, StepCost, choose_lengths
-from .params import SamplingParams, SpeculationParams
+from .model import default_threads, load_model
+from .params import SamplingParams, SpeculationParams, _integer
 from .request import Chunk, Completion, QueueFull, RequestHandle
 from .sampling import Sampler, sample_run
 from .text import TextStream, token_piece_fn
 
-from ngramspec.live import check_engine_models
+from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop
+from ngramspec.registry import parse_types
 
 __all__ = ["Scheduler", "RequestHandle", "Completion", "Chunk", "QueueFull"]
 
@@ -130,7 +133,7 @@ class Scheduler:
     n_batch : int
         Tokens per ``llama_decode`` (all slots together; drafts are bounded to fit).
     n_threads : int, optional
-        Decode threads (default: half the cores, see ``ngramspec.live.default_threads``).
+        Decode threads (default: half the cores, see ``ngramspec.llama.model.default_threads``).
     spec_type : str or sequence of str
         The proposer chain (``SpecEngine``'s ``spec_type``); ``"none"`` = no speculation.
     spec_params : dict, optional
@@ -162,8 +165,6 @@ class Scheduler:
                  spec_params: Optional[dict] = None, draft_model=None, queue_size: int = 64,
                  policy: str = "fixed"):
         import llama_cpp as lc
-        from ngramspec.live import default_threads, load_model
-        from .params import _integer
         self._lc = lc
         self.n_slots = _integer("n_slots", n_slots, 1, MAX_SLOTS)
         n_ctx = _integer("n_ctx", n_ctx, 8 * self.n_slots)
@@ -227,8 +228,6 @@ class Scheduler:
     # -- construction helpers ------------------------------------------------------------------
 
     def _build_engine(self, spec_type, spec_params, draft_model):
-        from ngramspec import SpecEngine
-        from ngramspec.registry import parse_types
         types = [t for t in parse_types(spec_type) if t != "none"]
         params = dict(spec_params or {})
         if draft_model is not None:
@@ -253,7 +252,6 @@ class Scheduler:
         key = tuple(t for t in self.spec_types if t in types)
         eng = self._engines.get(key)
         if eng is None:
-            from ngramspec import SpecEngine
             props = [p for p in self._engine.proposers if p.name in key]
             eng = SpecEngine.from_proposers(props, n_slots=self.n_slots)
             with self._cond:  # stats() reads the dict from other threads

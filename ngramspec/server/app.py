@@ -19,6 +19,8 @@ from typing import Optional, Sequence
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
+from ngramspec.llama.params import SamplingParams, SpeculationParams
+from ngramspec.llama.tokenizer import tokenize_chat, tokenize_prompt
 from ngramspec.server import schemas
 from ngramspec.server.bridge import SchedulerBridge
 from ngramspec.server.errors import (APIError, FieldError, error_body, error_response,
@@ -199,7 +201,6 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
     async def completions(body: schemas.CompletionRequest, request: Request):
         prompt = body.prompt
         if isinstance(prompt, str):
-            from ngramspec.live import tokenize_prompt
             tokens = await bridge.run(tokenize_prompt, scheduler.llm, prompt)
         else:
             tokens = prompt
@@ -239,7 +240,6 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
             usage=usage, timings=timings)
 
     def _request_params(body, tokens, prompt_field):
-        from ngramspec.llama import SamplingParams, SpeculationParams
         max_field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) \
             is not None else "max_tokens"
         max_tokens = body.output_limit()
@@ -328,9 +328,8 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
 
 
 def _chat_tokens(llm, messages):
-    from jinja2 import TemplateError
+    from jinja2 import TemplateError   # llama-cpp-python's dependency (the live extra)
 
-    from ngramspec.live import tokenize_chat
     try:
         return tokenize_chat(llm, messages)
     except TemplateError as exc:

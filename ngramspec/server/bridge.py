@@ -18,6 +18,7 @@ from typing import AsyncIterator, Optional
 
 from starlette.requests import Request
 
+from ngramspec.llama.request import QueueFull
 from ngramspec.server.errors import APIError
 
 # How often a waiting request checks that its client is still there, and how long a stream
@@ -89,7 +90,6 @@ class SchedulerBridge:
             503 when the queue is full or the scheduler is stopped. Parameter errors propagate as
             the scheduler raises them.
         """
-        from ngramspec.llama import QueueFull
         try:
             return await self.run(lambda: self.scheduler.submit(
                 prompt_tokens, sampling=sampling, speculation=speculation))

@@ -2,11 +2,11 @@
 
 ::
 
-    from ngramspec.plugin import NgramspecDraftModel
-    from ngramspec.repack import load_llama
+    from ngramspec.llama.plugin import NgramspecDraftModel
+    from ngramspec.llama.repack import load_llama
 
     # load_llama = llama_cpp.Llama(...) that turns llama.cpp's weight repacking off on CPUs
-    # with AMX, whose repacked kernel crashes on multi-token batches (ngramspec.repack).
+    # with AMX, whose repacked kernel crashes on multi-token batches (ngramspec.llama.repack).
     llm = load_llama("model.gguf", n_ctx=4096, logits_all=True, verbose=False,
                      draft_model=NgramspecDraftModel("ngram-mod,ngram-simple", n_ctx=4096))
     llm.create_completion(prompt, max_tokens=256, temperature=0.0)
@@ -14,7 +14,7 @@
 This is for keeping llama-cpp-python's own loop, which copies the logits of every position into
 numpy (``logits_all``): measured 0.90x plain llama-cpp-python's speed for a whole 256-token call
 on this project's CPU, 0.44x on an AMX Xeon (bench/REPACK.md, issue 14). For speed use
-``ngramspec.live.generate_speculative`` (1.18x in the same runs).
+``ngramspec.llama.live.generate_speculative`` (1.18x in the same runs).
 
 Pass ``logits_all=True``: llama-cpp-python (0.3.x) switches to all-position logits when a draft
 model is set, but sizes its score buffer from the ``logits_all`` argument, so without it any
@@ -38,7 +38,10 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
-from .loop import SlotLoop
+from ngramspec.engine import SpecEngine
+from ngramspec.loop import SlotLoop
+
+from .repack import warn_if_amx_repack
 
 __all__ = ["NgramspecDraftModel"]
 
@@ -73,8 +76,8 @@ class NgramspecDraftModel(LlamaDraftModel):
     Memory: the engine's (the ngram-mod pool is 16 MiB), plus a copy of the last input and draft.
 
     On its first call it warns once (``RuntimeWarning``) when the ``Llama`` calling it was
-    loaded with llama.cpp's extra buffer types on a CPU with AMX (:mod:`ngramspec.repack`;
-    build the ``Llama`` with :func:`ngramspec.repack.load_llama` instead).
+    loaded with llama.cpp's extra buffer types on a CPU with AMX (:mod:`ngramspec.llama.repack`;
+    build the ``Llama`` with :func:`ngramspec.llama.repack.load_llama` instead).
 
     Thread-safety: not thread-safe; like the ``Llama`` it is attached to, one generation at a time.
     """
@@ -82,7 +85,6 @@ class NgramspecDraftModel(LlamaDraftModel):
     def __init__(self, spec_type: str = "ngram-mod", *, engine=None, slot: int = 0,
                  n_ctx: Optional[int] = None, **params: Any):
         if engine is None:
-            from . import SpecEngine
             engine = SpecEngine(spec_type, n_slots=max(1, int(slot) + 1), pool=None, **params)
         self.engine = engine
         self.slot = int(slot)
@@ -109,7 +111,6 @@ class NgramspecDraftModel(LlamaDraftModel):
     def _check_attached(self) -> None:
         # llama-cpp-python gives the draft model no reference to its Llama: the caller's `self`
         # (Llama.generate calls self.draft_model(...)) is the one it is attached to.
-        from .repack import warn_if_amx_repack
         frame = sys._getframe(2)
         llm = frame.f_locals.get("self") if frame is not None else None
         if llm is not None and getattr(llm, "draft_model", None) is self:

@@ -11,16 +11,18 @@ import signal
 import socket
 import sys
 
-from ngramspec.cli_common import (add_context_flags, add_model_flags, add_spec_flags, bounded,
-                                  int_arg,
-                                  load_cache_files, positive_int, run_one_line_errors)
+from ngramspec.cli.common import (add_context_flags, add_model_flags, add_spec_flags, bounded,
+                                  int_arg, load_cache_files, positive_int)
+from ngramspec.cli.generate import (GENERATE_DEFAULTS, generate_params, spec_types,
+                                    state_generate_defaults)
+from ngramspec.llama.model import default_model_path
+from ngramspec.llama.scheduler import Scheduler
 
 # Seconds uvicorn lets running requests finish after SIGTERM/SIGINT before cancelling them.
 GRACEFUL_S = 5.0
 
 
 def add_parser(subparsers):
-    from ngramspec.generate_cli import GENERATE_DEFAULTS, state_generate_defaults
     p = subparsers.add_parser(
         "serve", help="OpenAI-compatible HTTP server with per-request speculative decoding",
         description="Serve /v1/completions and /v1/chat/completions (streaming with SSE), "
@@ -84,8 +86,6 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def build_scheduler(args):
     """The scheduler of the parsed flags (model loaded, not started)."""
-    from ngramspec.generate_cli import generate_params, spec_types
-    from ngramspec.llama.scheduler import Scheduler
     args.spec_type, params = load_cache_files(args.spec_type, generate_params(args))
     types = spec_types(args)
     for flag, path in (("--model", args.model), ("--model-draft", args.model_draft)):
@@ -93,7 +93,6 @@ def build_scheduler(args):
             raise ValueError(f"{flag}: model file not found: {path}")
     model = args.model
     if model is None:
-        from ngramspec.model import default_model_path
         model = default_model_path()
     return model, Scheduler(model, n_slots=args.slots, n_ctx=args.ctx_size,
                             n_batch=args.batch_size, n_threads=args.threads,
@@ -102,7 +101,7 @@ def build_scheduler(args):
                             queue_size=args.queue_size, policy=args.policy)
 
 
-def _execute(args) -> int:
+def run(args) -> int:
     try:
         import uvicorn
 
@@ -136,6 +135,3 @@ def _execute(args) -> int:
         sock.close()
     return 0
 
-
-def run(args) -> int:
-    return run_one_line_errors("serve", _execute, args)

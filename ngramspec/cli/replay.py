@@ -5,11 +5,12 @@ import json
 import os
 
 from ngramspec.cache_file import atomic_write_bytes
-from ngramspec.cli_common import (INT32_MAX, add_policy_flags, add_spec_flags, check_spec_flags,
-                                  check_writable,
+from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_policy_flags,
+                                  add_spec_flags, check_spec_flags, check_writable,
                                   engine_params, int_arg, load_cache_files)
-from ngramspec.cost import modeled_speedup
-from ngramspec.replay import ProgressBar, replay
+from ngramspec.cost import load_cost_model, modeled_speedup, oracle_speedup
+from ngramspec.policy import AutoPolicy
+from ngramspec.replay import replay
 from ngramspec.stats import acceptance_line, statistics_line
 from ngramspec.traces import read_requests
 
@@ -36,8 +37,7 @@ def add_parser(subparsers):
                    help="replay only the first N requests of each file (default: all)")
     p.add_argument("--repeat", type=int_arg(1), default=1, metavar="R",
                    help="replay R times and report the fastest timings (default: 1)")
-    p.add_argument("--ctx-size", type=int_arg(0, INT32_MAX), default=0, metavar="N",
-                   help="bound drafts by llama-server's n_ctx - L - 2 (default: 0 = unbounded)")
+    add_draft_bound_flag(p)
     p.add_argument("--drafts", action="store_true",
                    help="record every draft (with --output; default: off)")
     p.add_argument("--output", metavar="FILE",
@@ -55,8 +55,6 @@ def _policies(args):
             raise ValueError("--spec-policy auto in replay needs --cost-model FILE|NAME "
                              "(the verify-cost curve it weighs drafts against)")
         return None, [("fixed", None)]
-    from ngramspec.cost import load_cost_model
-    from ngramspec.policy import AutoPolicy
     cost_model = load_cost_model(args.cost_model)
 
     def auto():
@@ -68,7 +66,6 @@ def _policies(args):
 
 def _oracle(records, cost_model):
     """The oracle's modeled speed-up over the requests (drafts = the recorded output)."""
-    from ngramspec.cost import oracle_speedup
     plans = [oracle_speedup(cost_model, r["n_prompt"], r["n_output"]) for r in records]
     tokens = sum(p["tokens"] for p in plans)
     cost = sum(p["cost"] for p in plans)
@@ -90,10 +87,11 @@ def run(args) -> int:
         requests = read_requests(path, args.limit)
         result = None
         for name, factory in runs:
-            res = replay(requests, args.spec_type, params, state=args.state,
-                         n_slots=args.slots, record_drafts=args.drafts, repeat=args.repeat,
-                         n_ctx=args.ctx_size, policy_factory=factory,
-                         progress=ProgressBar(f"replay {os.path.basename(path)} ({name})"))
+            with Progress(f"replay {os.path.basename(path)} ({name})", len(requests),
+                          unit="request") as progress:
+                res = replay(requests, args.spec_type, params, state=args.state,
+                             n_slots=args.slots, record_drafts=args.drafts, repeat=args.repeat,
+                             n_ctx=args.ctx_size, policy_factory=factory, progress=progress)
             if result is None:
                 result = res
                 result.summary["spec_policy"] = name

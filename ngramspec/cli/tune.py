@@ -20,8 +20,14 @@ import shlex
 import sys
 import tempfile
 
-from ngramspec.cli_common import add_progress_flags, int_arg, positive_int
+from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_model_flags,
+                                  add_progress_flags, positive_int)
+from ngramspec.cost import load_cost_model
+from ngramspec.llama.tokenizer import Tokenizer
 from ngramspec.logs import FORMATS, read_logs
+from ngramspec.tune import (GRIDS, MOD_N_MIN_FRACTIONS, NGRAMSPEC_GRIDS, Config, parse_types,
+                            split_requests, tune)
+from ngramspec.tune_plot import require_matplotlib, save_plots
 
 DEFAULT_COST_MODEL = "gpu"
 REPORT_FILE = "report.json"
@@ -67,9 +73,8 @@ def add_parser(subparsers):
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="log format: trace (token ids), chat (OpenAI messages + reply), text "
                         "(prompt/response strings); auto decides from the first line")
-    p.add_argument("--model", metavar="GGUF",
-                   help="target model whose tokenizer reads chat logs and text pairs (loaded "
-                        "vocabulary-only; default: the embedded SmolLM2-135M)")
+    add_model_flags(p, draft=False, help="target model whose tokenizer reads chat logs and "
+                                         "text pairs (loaded vocabulary-only)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N",
                    help="use the first N requests of each file")
     p.add_argument("--holdout", type=_fraction, default=0.5, metavar="F",
@@ -89,8 +94,7 @@ def add_parser(subparsers):
     p.add_argument("--cost-model", default=DEFAULT_COST_MODEL, metavar="FILE|NAME",
                    help="verification cost model: a calibration JSON file (ngramspec "
                         "calibrate) or a named profile (default %(default)s)")
-    p.add_argument("--ctx-size", type=int_arg(0), default=0, metavar="N",
-                   help="bound drafts by llama-server's n_ctx - L - 2 (0: unbounded)")
+    add_draft_bound_flag(p)
     p.add_argument("--jobs", "-j", type=positive_int, default=None, metavar="N",
                    help="worker processes (default: the cores this process may use)")
     p.add_argument("--top", type=positive_int, default=20, metavar="N",
@@ -102,21 +106,6 @@ def add_parser(subparsers):
     return p
 
 
-def _progress_bar(enabled):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        raise ValueError("ngramspec tune needs tqdm and matplotlib: "
-                         "pip install 'ngramspec[tune]'") from None
-    bar = tqdm(desc="tune", unit="config", file=sys.stderr,
-               disable=(not sys.stderr.isatty()) if enabled is None else not enabled)
-
-    def update(done, total):
-        bar.total = total
-        bar.update(done - bar.n)
-    return bar, update
-
-
 def write_traces(path: str, requests) -> None:
     """Requests as a gzip trace file that ``ngramspec replay`` reads."""
     with gzip.open(path, "wt", encoding="utf-8") as f:
@@ -126,33 +115,28 @@ def write_traces(path: str, requests) -> None:
 
 
 def run(args) -> int:
-    from ngramspec.cost import load_cost_model
-    from ngramspec.tune import parse_types, split_requests, tune
     types = None
     if args.types is not None:
         types = parse_types(args.types)
         if not types:
             raise ValueError(f"--types {args.types!r}: name at least one spec type")
     cost_model = load_cost_model(args.cost_model)
-    requests, tokenizer = read_logs(args.logs, args.format, args.limit, args.model)
+    requests, tokenizer = read_logs(args.logs, args.format, args.limit,
+                                    lambda: Tokenizer(args.model))
     train, heldout = split_requests(requests, args.holdout)
     out_dir = args.output
     if out_dir is not None:
-        from ngramspec.tune_plot import require_matplotlib
         require_matplotlib()
         os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ngramspec-tune-") as tmp:
         static_path = os.path.join(out_dir or tmp, STATIC_FILE)
-        bar, progress = _progress_bar(args.progress)
-        try:
+        with Progress("tune", enabled=args.progress, unit="config") as progress:
             report = tune(train, heldout, cost_model, slots=args.slots, types=types,
                           ngramspec_options=not args.llama_only, chains=not args.no_chains,
                           auto=not args.no_auto,
                           static_path=static_path, n_ctx=args.ctx_size,
                           jobs=args.jobs or _default_jobs(), progress=progress,
                           cost_name=args.cost_model)
-        finally:
-            bar.close()
         if out_dir is None:   # the cache file goes away with the temporary folder
             report.static_cache = STATIC_FILE
             _relabel_static(report, static_path, STATIC_FILE)
@@ -165,7 +149,6 @@ def run(args) -> int:
 
 
 def _relabel_static(report, old, new):
-    from ngramspec.tune import Config
     for e in report.entries:
         p = e.config.params_dict
         if p.get("lookup_cache_static") == old:
@@ -237,8 +220,6 @@ def _engine_call(config, cost_model: str) -> str:
 
 
 def _write_outputs(report, out_dir, heldout, requests, args, summary) -> None:
-    from ngramspec.tune import GRIDS, MOD_N_MIN_FRACTIONS, NGRAMSPEC_GRIDS
-    from ngramspec.tune_plot import save_plots
     write_traces(os.path.join(out_dir, HELDOUT_FILE), heldout)
     plots = save_plots(report.entries, out_dir, report.cost_model)
     doc = {"logs": list(args.logs), "format": args.format, "limit": args.limit,

@@ -1,10 +1,10 @@
 """Live greedy speculative decoding on llama-cpp-python, driven as llama-server drives proposers.
 
-The driver talks to llama.cpp through llama-cpp-python's low-level C API (``llama_batch_init``,
-``llama_decode``, ``llama_get_logits``, ``llama_memory_seq_rm``); ``llama_cpp.Llama`` is only used
-to load the model and to tokenize. Verification is greedy: the draft is accepted up to the first
-position where the target's argmax differs, so the output is the plain greedy output (up to ties
-within float noise, see :func:`divergence_report`); only the speed changes.
+The driver decodes through `ngramspec.llama.decoder` (llama.cpp's low-level C API);
+``llama_cpp.Llama`` is only used to load the model and to tokenize. Verification is greedy: the
+draft is accepted up to the first position where the target's argmax differs, so the output is
+the plain greedy output (up to ties within float noise, see :func:`divergence_report`); only the
+speed changes.
 
 Per request: prompt pass, first token = argmax of the prompt's last logits (no speculation on
 that step); then `ngramspec.loop.SlotLoop` runs llama-server's slot loop (begin, the
@@ -14,254 +14,28 @@ tokens, rejected positions removed from the KV cache, ``k + 1`` tokens emitted.
 """
 from __future__ import annotations
 
-import ctypes
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .loop import SlotLoop
+from ngramspec.cache_file import as_path, merge_into_dynamic
+from ngramspec.loop import SlotLoop
+from ngramspec.registry import TYPES
+from ngramspec.tokens import token_array
+
+from .decoder import (check_engine_models, check_prompt, finish_request, prompt_pass, reset_context,
+                      target_decoder)
+from .tokenizer import detokenize
 
 __all__ = [
-    "GenerationResult", "DivergenceReport", "load_model", "tokenize_prompt", "tokenize_chat",
-    "render_chat", "detokenize",
-    "generate_speculative", "generate_plain", "first_divergence", "divergence_report",
+    "GenerationResult", "DivergenceReport", "generate_speculative", "generate_plain",
+    "first_divergence", "divergence_report",
 ]
 
-_DRAFT_TYPE = "draft-simple"
-
-
-def _llama_cpp():
-    try:
-        import llama_cpp
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError("live generation needs llama-cpp-python: "
-                          "pip install 'ngramspec[live]'") from exc
-    return llama_cpp
-
-
-def default_threads() -> int:
-    """Default decode threads: half the cores this process may run on, at least one.
-
-    llama.cpp's worker threads spin while they wait for each other, so a thread count that
-    oversubscribes a shared machine slows decoding down by an order of magnitude (measured on a
-    busy 2-core box: 70 tokens/s with one thread, 2-5 with two); half the cores is
-    llama-cpp-python's own default for single-token decodes.
-    """
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS / Windows
-        n = os.cpu_count() or 1
-    return max(1, n // 2)
-
-
-def load_model(model_path: Optional[str] = None, *, n_ctx: int = 4096, n_batch: int = 512,
-               n_threads: Optional[int] = None, verbose: bool = False, repack="auto"):
-    """Load a GGUF model for live generation.
-
-    Parameters
-    ----------
-    model_path : str, optional
-        GGUF file; default: the embedded SmolLM2-135M-Instruct
-        (:func:`ngramspec.model.default_model_path`).
-    n_ctx : int
-        Context size (tokens) of the model's KV cache; the generation stops when it is full.
-    n_batch : int
-        Largest batch one ``llama_decode`` call gets (prompt chunks, verification batches).
-    n_threads : int, optional
-        Threads for every decode. The same count is used for single-token and batched decodes so
-        that a plain/speculative comparison measures speculation, not a thread-count difference
-        (llama-cpp-python's default gives single-token decodes half the cores).
-    verbose : bool
-        Let llama.cpp print its load log.
-    repack : {"auto", "on", "off"}
-        llama.cpp's weight repacking into extra CPU buffer types (``use_extra_bufts``; ``off`` is
-        llama-server's ``--no-repack``). ``auto`` turns it off on CPUs with AMX, whose repacked
-        kernel crashes on multi-token batches (:mod:`ngramspec.repack`), and on elsewhere.
-
-    Returns
-    -------
-    llama_cpp.Llama
-        ``llm.model_params.use_extra_bufts`` tells how it was loaded.
-    """
-    from .repack import load_llama, use_extra_bufts
-    _llama_cpp()
-    extra = use_extra_bufts(repack)  # a bad value fails before the file checks
-    if model_path is None:
-        from .model import default_model_path
-        model_path = default_model_path()
-    if not os.path.isfile(model_path):
-        raise FileNotFoundError(f"model file not found: {model_path}")
-    if n_ctx < 8:
-        raise ValueError(f"n_ctx (--ctx-size) must be >= 8, got {n_ctx}")
-    threads = n_threads or default_threads()
-    llm = load_llama(model_path, repack=extra, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                     n_threads=threads, n_threads_batch=threads, verbose=verbose)
-    return llm
-
-
-def tokenize_prompt(llm, text: str, *, chat: bool = False) -> np.ndarray:
-    """Tokenize a text prompt as llama.cpp's tools do.
-
-    Special-token text (``<|im_start|>``) is parsed as the special token, and BOS is added only
-    when the model asks for it. With ``chat=True`` the text becomes one user message rendered with
-    the GGUF's own chat template (``tokenizer.chat_template``), generation prompt included.
-
-    Returns
-    -------
-    numpy.ndarray of int32
-    """
-    if chat:
-        return tokenize_chat(llm, [{"role": "user", "content": text}])
-    toks = llm.tokenize(text.encode("utf-8"), add_bos=llm._model.add_bos_token(), special=True)
-    return np.asarray(toks, dtype=np.int32)
-
-
-def render_chat(llm, messages: Sequence[Dict[str, Any]]) -> str:
-    """``messages`` rendered with the GGUF's own chat template, generation prompt included.
-
-    Parameters
-    ----------
-    llm : llama_cpp.Llama
-    messages : sequence of dict
-        OpenAI-style messages (``{"role": ..., "content": str}``).
-
-    Raises
-    ------
-    ValueError
-        The model has no chat template (``tokenizer.chat_template``).
-    jinja2.TemplateError
-        The template rejects the messages (e.g. roles that do not alternate).
-    """
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-    template = llm.metadata.get("tokenizer.chat_template")
-    if not template:
-        raise ValueError("the model has no chat template (tokenizer.chat_template)")
-    eos, bos = llm.token_eos(), llm.token_bos()
-    fmt = Jinja2ChatFormatter(
-        template=template,
-        eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
-        bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
-        add_generation_prompt=True)
-    return fmt(messages=list(messages)).prompt
-
-
-def tokenize_chat(llm, messages: Sequence[Dict[str, Any]]) -> np.ndarray:
-    """Tokens of ``messages`` rendered with the chat template (:func:`render_chat`).
-
-    Returns
-    -------
-    numpy.ndarray of int32
-    """
-    # The template writes BOS itself where the model wants one.
-    toks = llm.tokenize(render_chat(llm, messages).encode("utf-8"), add_bos=False, special=True)
-    return np.asarray(toks, dtype=np.int32)
-
-
-def detokenize(llm, tokens: Sequence[int]) -> str:
-    """Text of ``tokens``; control tokens such as EOS render as nothing."""
-    if len(tokens) == 0:
-        return ""
-    return llm.detokenize([int(t) for t in tokens], special=False).decode("utf-8", errors="replace")
-
-
-class _Decoder:
-    """One ``llama_batch`` over one context, filled through numpy views of its C arrays.
-
-    Not thread-safe: one decoder per thread and context.
-    """
-
-    def __init__(self, ctx, model, n_batch: int, seq_id: int = 0):
-        lc = _llama_cpp()
-        self._lc = lc
-        self.ctx = ctx
-        self.vocab = lc.llama_model_get_vocab(model)
-        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
-        # Per-sequence capacity: a context with several non-unified sequences splits n_ctx.
-        self.n_ctx = int(lc.llama_n_ctx_seq(ctx))
-        self.n_batch = int(n_batch)
-        self.mem = lc.llama_get_memory(ctx)
-        self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
-        b = self.batch
-        # Views over the batch's malloc'ed arrays: one vectorized copy per decode instead of a
-        # ctypes assignment per token.
-        self.tok = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
-        self.pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
-        self.nsq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
-        self.out = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)),
-                                         shape=(self.n_batch,))
-        self.nsq[:] = 1
-        self._seq = None
-        self.set_seq(seq_id)
-        # Prompt cache of the target decoder (see _prompt_pass): the prompt whose KV is kept.
-        self.cached_prompt: Optional[np.ndarray] = None
-        self.cached_first = -1
-
-    def set_seq(self, seq_id: int) -> None:
-        if seq_id != self._seq:
-            for i in range(self.n_batch):
-                self.batch.seq_id[i][0] = seq_id
-            self._seq = seq_id
-
-    def close(self) -> None:
-        if self.batch is not None:
-            self._lc.llama_batch_free(self.batch)
-            self.batch = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
-
-    def clear(self) -> None:
-        if self.mem is not None:
-            self._lc.llama_memory_clear(self.mem, True)
-
-    def pos_max(self, seq_id: int = 0) -> int:
-        """Largest position held for ``seq_id`` (-1 when empty)."""
-        return int(self._lc.llama_memory_seq_pos_max(self.mem, seq_id))
-
-    def seq_rm(self, p0: int, seq_id: int = 0) -> None:
-        """Drop positions ``p0 ..`` of ``seq_id`` from the KV cache."""
-        if not self._lc.llama_memory_seq_rm(self.mem, seq_id, p0, -1):
-            raise RuntimeError("this model's KV cache cannot drop a partial sequence "
-                               "(recurrent/hybrid models are not supported by the live driver)")
-
-    def decode(self, tokens, pos0: int, all_logits: bool) -> np.ndarray:
-        """Decode ``tokens`` at positions ``pos0 ..``; return the logits as a (n_out, n_vocab) view.
-
-        Long inputs are split into ``n_batch`` chunks; with ``all_logits=False`` only the last
-        token's row is produced. The view is valid until the next decode on this context.
-        """
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("empty batch")
-        if pos0 + n > self.n_ctx:
-            raise ValueError(f"decode past the context: {pos0} + {n} > n_ctx {self.n_ctx}")
-        if all_logits and n > self.n_batch:
-            raise ValueError(f"batch of {n} tokens with all logits exceeds n_batch {self.n_batch}")
-        arr = np.asarray(tokens, dtype=np.int32)
-        for start in range(0, n, self.n_batch):
-            m = min(self.n_batch, n - start)
-            self.tok[:m] = arr[start:start + m]
-            self.pos[:m] = np.arange(pos0 + start, pos0 + start + m, dtype=np.int32)
-            self.out[:m] = 1 if all_logits else 0
-            last = start + m == n
-            if last:
-                self.out[m - 1] = 1
-            self.batch.n_tokens = m
-            rc = self._lc.llama_decode(self.ctx, self.batch)
-            if rc != 0:
-                raise RuntimeError(f"llama_decode returned {rc}")
-        n_out = n if all_logits else 1
-        ptr = self._lc.llama_get_logits(self.ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
-
-    def is_eog(self, token: int) -> bool:
-        return bool(self._lc.llama_vocab_is_eog(self.vocab, int(token)))
+# Proposers that run a model of their own (draft-simple): their time is the draft model's.
+_MODEL_TYPES = frozenset(name for name, spec in TYPES.items() if spec.live)
 
 
 @dataclass
@@ -359,110 +133,17 @@ class GenerationResult:
                 "stats": self.stats}
 
 
-def _as_prompt(prompt_tokens) -> np.ndarray:
-    arr = np.asarray(prompt_tokens)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError("the prompt must be a non-empty 1-D sequence of token ids")
-    if arr.dtype.kind not in "iuO" or (arr.dtype.kind == "O" and not all(
-            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in arr)):
-        raise ValueError(f"prompt token ids must be integers, got {arr.dtype}")
-    # Range checked on the values as given: a cast first would wrap 2**32 + 1 to 1.
-    lo, hi = arr.min(), arr.max()
-    if lo < 0 or hi > np.iinfo(np.int32).max:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"prompt token id {bad} is out of range: allowed 0 .. "
-                         f"{np.iinfo(np.int32).max} (and below the vocabulary size)")
-    return np.ascontiguousarray(arr, dtype=np.int32)
-
-
-def _check_prompt(dec: _Decoder, prompt: np.ndarray) -> None:
-    if prompt.min() < 0 or prompt.max() >= dec.n_vocab:
-        raise ValueError(f"prompt token ids must lie in 0 .. {dec.n_vocab - 1}")
-    # One free position is needed to decode the first sampled token.
-    if prompt.size >= dec.n_ctx:
-        raise ValueError(f"the prompt ({prompt.size} tokens) does not fit the context "
-                         f"(n_ctx = {dec.n_ctx}); raise --ctx-size")
-
-
-def _target_decoder(llm) -> _Decoder:
-    # One decoder per Llama, cached on it: the batch is allocated once, not per request.
-    dec = getattr(llm, "_ngramspec_decoder", None)
-    if dec is None or dec.ctx is not llm.ctx:
-        dec = _Decoder(llm.ctx, llm.model, llm.n_batch)
-        # llama.cpp pads the context to a multiple of 256 (--ctx-size 8 gets 256 positions):
-        # honour the size asked for, so drafts and the stop are bounded by it.
-        asked = int(getattr(getattr(llm, "context_params", None), "n_ctx", 0) or 0)
-        if 0 < asked < dec.n_ctx:
-            dec.n_ctx = asked
-        llm._ngramspec_decoder = dec
-    return dec
-
-
-def _reset(llm, dec: _Decoder) -> None:
-    # The driver owns the context for the request: drop the KV cache and the high-level Llama's
-    # record of it, so a later Llama.generate call does not trust a stale prefix.
-    dec.clear()
-    dec.cached_prompt = None
-    llm.reset()
-
-
-def _prompt_pass(llm, dec: _Decoder, prompt: np.ndarray):
-    """First output token of ``prompt``; returns ``(token, reused)``.
-
-    A request with exactly the previous request's prompt reuses its KV cache and first token (as
-    llama-server's prompt cache does), so a ``--compare`` pair or a test suite pays for one
-    prompt pass. Only an exact match is reused: the result is then bit-identical to a fresh pass
-    (re-decoding a 1-token suffix would take llama.cpp's single-token kernels and could change
-    the logits in their last bits).
-    """
-    cached = dec.cached_prompt
-    if (cached is not None and cached.size == prompt.size and np.array_equal(cached, prompt)
-            and llm.n_tokens == 0  # nobody has used the Llama's own API since
-            and dec.pos_max() == prompt.size - 1):
-        return dec.cached_first, True
-    _reset(llm, dec)
-    tok = int(np.argmax(dec.decode(prompt, 0, all_logits=False)[0]))
-    dec.cached_prompt, dec.cached_first = prompt.copy(), tok
-    return tok, False
-
-
-def _finish(llm, dec: _Decoder, n_prompt: int) -> None:
-    # Keep the prompt's KV cache for a repeat of the request; drop the generated part.
-    if dec.cached_prompt is not None and dec.cached_prompt.size == n_prompt:
-        dec.seq_rm(n_prompt)
-        llm.reset()
-    else:
-        _reset(llm, dec)
+def _target_and_prompt(llm, prompt_tokens):
+    """The target decoder of ``llm`` and the prompt, checked against its vocabulary and context."""
+    dec = target_decoder(llm)
+    prompt = token_array(prompt_tokens, "prompt_tokens", non_empty=True)
+    check_prompt(dec, prompt)
+    return dec, prompt
 
 
 def _draft_time_us(stats) -> int:
     return sum(int(s["t_begin_us"]) + int(s["t_draft_us"]) + int(s["t_accept_us"])
-               for s in stats if s.get("type") == _DRAFT_TYPE)
-
-
-def check_engine_models(llm, engine) -> None:
-    """Refuse an engine whose drafts could hold ids the target ``llm`` does not have.
-
-    Used by every live driver (`generate_speculative`, the batched scheduler) before a request.
-
-    Raises
-    ------
-    ValueError
-        A draft model of another vocabulary, or an n-gram cache file holding a token id
-        >= ``llm.n_vocab()`` (naming the file and the token).
-    """
-    # A draft model must share the target's vocabulary: its tokens are verified as ids. Any
-    # proposer with a check_target (DraftModelProposer) is asked, so this generation loop does
-    # not import the draft model, which imports this module's decoder.
-    for prop in getattr(engine, "proposers", ()) or ():
-        check = getattr(prop, "check_target", None)
-        if check is not None:
-            check(llm)
-    # So must ngram-cache's files: a cache of another tokenizer is refused (ValueError naming
-    # the file and the token), and no draft holds an id the target lacks.
-    set_vocab = getattr(engine, "set_vocab", None)
-    if set_vocab is not None:
-        set_vocab(llm.n_vocab())
+               for s in stats if s.get("type") in _MODEL_TYPES)
 
 
 def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slot: int = 0,
@@ -504,13 +185,10 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
     Thread-safety: not thread-safe; one request at a time per ``llm`` and per engine slot.
     """
     if update_dynamic_cache is not None:
-        from .cache_file import as_path
         update_dynamic_cache = as_path("update_dynamic_cache", update_dynamic_cache)
     if engine is not None:
         check_engine_models(llm, engine)
-    dec = _target_decoder(llm)
-    prompt = _as_prompt(prompt_tokens)
-    _check_prompt(dec, prompt)
+    dec, prompt = _target_and_prompt(llm, prompt_tokens)
     n_ctx = dec.n_ctx
     pc = time.perf_counter
 
@@ -526,7 +204,7 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         _save_dynamic(res, update_dynamic_cache, prompt)
         return res
     t0 = pc()
-    sampled, reused = _prompt_pass(llm, dec, prompt)
+    sampled, reused = prompt_pass(llm, dec, prompt)
     # Part of the prompt phase: every proposer ingests the prompt in begin() (a draft model runs
     # its own prompt pass there).
     loop = SlotLoop(engine, slot, prompt, sampled, n_ctx=n_ctx, n_predict=n_predict,
@@ -585,7 +263,7 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         n_accepted=loop.n_acc_tokens,
         stats=stats, stats_lines=list(engine.stats_lines()) if engine is not None else [],
         steps=steps, prompt_reused=reused)
-    _finish(llm, dec, prompt.size)
+    finish_request(llm, dec, prompt.size)
     _save_dynamic(res, update_dynamic_cache, prompt)
     return res
 
@@ -593,7 +271,6 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
 def _save_dynamic(res: GenerationResult, path: Optional[str], prompt: np.ndarray) -> None:
     # The whole stream, as llama.cpp's lookup example merges its context cache at exit.
     if path is not None:
-        from .cache_file import merge_into_dynamic
         stream = np.concatenate([prompt, np.asarray(res.output_tokens, dtype=np.int32)])
         res.dynamic_cache_ngrams = len(merge_into_dynamic(path, stream))
 
@@ -607,16 +284,14 @@ def generate_plain(llm, prompt_tokens, *, n_predict: int = -1) -> GenerationResu
     -----
     Thread-safety: not thread-safe; one request at a time per ``llm``.
     """
-    dec = _target_decoder(llm)
-    prompt = _as_prompt(prompt_tokens)
-    _check_prompt(dec, prompt)
+    dec, prompt = _target_and_prompt(llm, prompt_tokens)
     n_ctx = dec.n_ctx
     pc = time.perf_counter
     out: List[int] = []
     if n_predict == 0:
         return GenerationResult([], "", int(prompt.size), "n_predict", 0.0, 0.0, 0.0)
     t0 = pc()
-    tok, reused = _prompt_pass(llm, dec, prompt)
+    tok, reused = prompt_pass(llm, dec, prompt)
     t1 = pc()
     L = prompt.size
     out.append(tok)
@@ -642,7 +317,7 @@ def generate_plain(llm, prompt_tokens, *, n_predict: int = -1) -> GenerationResu
                            n_prompt=int(prompt.size), stop_reason=stop, t_prompt_s=t1 - t0,
                            t_gen_s=t2 - t1, t_target_s=t2 - t1, n_target_decodes=n_decodes,
                            prompt_reused=reused)
-    _finish(llm, dec, prompt.size)
+    finish_request(llm, dec, prompt.size)
     return res
 
 
@@ -727,10 +402,8 @@ def divergence_report(llm, prompt_tokens, out_a: Sequence[int],
     i = first_divergence(out_a, out_b)
     if i is None:
         return None
-    dec = _target_decoder(llm)
-    prompt = _as_prompt(prompt_tokens)
+    dec, prompt = _target_and_prompt(llm, prompt_tokens)
     common = np.asarray([int(t) for t in out_a[:i]], dtype=np.int32)
-    _check_prompt(dec, prompt)
     if prompt.size + common.size > dec.n_ctx:
         raise ValueError("the divergence lies beyond the model's context")
     P = prompt.size
@@ -738,11 +411,11 @@ def divergence_report(llm, prompt_tokens, out_a: Sequence[int],
     try:
         if common.size == 0:
             # Both runs chose from the prompt pass itself: one computation, no noise.
-            _reset(llm, dec)
+            reset_context(llm, dec)
             single = batched = np.array(dec.decode(prompt, 0, all_logits=False)[0], np.float64)
         else:
             # The prompt's KV (batched, as in every run) is shared by both paths: reuse it.
-            _prompt_pass(llm, dec, prompt)
+            prompt_pass(llm, dec, prompt)
             for j in range(common.size):
                 row = dec.decode(common[j:j + 1], P + j, all_logits=False)[0]
             single = np.array(row, dtype=np.float64)
@@ -763,9 +436,9 @@ def divergence_report(llm, prompt_tokens, out_a: Sequence[int],
             batched = np.array(row, dtype=np.float64)
     finally:
         if keep_cache:
-            _finish(llm, dec, P)
+            finish_request(llm, dec, P)
         else:
-            _reset(llm, dec)
+            reset_context(llm, dec)
     ta = int(out_a[i]) if i < len(out_a) else -1
     tb = int(out_b[i]) if i < len(out_b) else -1
     la = float(single[ta]) if ta >= 0 else float("nan")

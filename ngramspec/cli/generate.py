@@ -5,11 +5,18 @@ import json
 import os
 import sys
 
-from ngramspec import registry
-from ngramspec.cli_common import (INT32_MAX, add_context_flags, add_model_flags,
-                                  add_policy_flags, add_repack_flag, add_spec_flags,
-                                  check_spec_flags, check_writable, engine_params, int_arg,
-                                  load_cache_files, run_one_line_errors)
+from ngramspec import cost, registry
+from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
+                                  add_repack_flag, add_spec_flags, check_spec_flags,
+                                  check_writable, engine_params, int_arg, load_cache_files)
+from ngramspec.engine import SpecEngine
+from ngramspec.llama import calibration
+from ngramspec.llama.decoder import check_engine_models
+from ngramspec.llama.draft_model import check_draft_model_file
+from ngramspec.llama.live import divergence_report, generate_plain, generate_speculative
+from ngramspec.llama.model import load_model
+from ngramspec.llama.tokenizer import tokenize_prompt
+from ngramspec.tokens import token_array
 
 # generate's own defaults, chosen from bench/E2E.md: on a CPU, verifying a batch of k tokens costs
 # c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one thread), so
@@ -112,17 +119,10 @@ def _read_prompt_tokens(path):
         raise ValueError(f"--prompt-tokens {path}: unreadable JSON ({msg})") from None
     if isinstance(toks, dict) and "prompt" in toks:  # a trace record
         toks = toks["prompt"]
-    if (not isinstance(toks, list) or not toks
-            or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks)):
-        raise ValueError(f"--prompt-tokens {path}: expected a non-empty JSON list of integer "
-                         f"token ids")
-    # Checked on the Python ints: converted first, 2**32 + 1 would pass as 1.
-    bad = next((t for t in toks if not 0 <= t <= INT32_MAX), None)
-    if bad is not None:
-        shown = str(bad) if len(str(bad)) <= 30 else str(bad)[:27] + "..."
-        raise ValueError(f"--prompt-tokens {path}: token id {shown} is out of range: "
-                         f"allowed 0 .. {INT32_MAX} (and below the model's vocabulary size)")
-    return toks
+    if not isinstance(toks, list):
+        raise ValueError(f"--prompt-tokens {path}: expected a JSON list of integer token ids")
+    # the ids below the model's vocabulary size are checked once it is loaded
+    return token_array(toks, f"--prompt-tokens {path}", non_empty=True)
 
 
 def spec_types(args):
@@ -134,26 +134,10 @@ def spec_types(args):
     return types
 
 
-def _load_draft_vocab_checked(llm, path, repack):
-    """Refuse a draft model with another vocabulary before any weights or caches are set up."""
-    from llama_cpp import _internals
-    from ngramspec.draft_model import check_vocab_compatible
-    from ngramspec.repack import model_params
-    if not os.path.isfile(path):
-        raise ValueError(f"draft model file not found: {path}")
-    mp = model_params(repack)
-    mp.vocab_only = True
-    vocab_model = _internals.LlamaModel(path_model=path, params=mp, verbose=False)
-    try:
-        check_vocab_compatible(llm, vocab_model)
-    finally:
-        vocab_model.close()
-
-
 def _build_engine(llm, types, params, args):
-    from ngramspec import SpecEngine
     if "draft-simple" in types:
-        _load_draft_vocab_checked(llm, args.model_draft, args.repack)
+        # another vocabulary is refused before any weights or caches are set up
+        check_draft_model_file(llm, args.model_draft, args.repack)
         # the draft model gets the target's context size, batch size and threads
         params = dict(params, model_draft=args.model_draft, ctx_size_draft=args.ctx_size,
                       batch_size_draft=args.batch_size, threads_draft=args.threads,
@@ -162,9 +146,6 @@ def _build_engine(llm, types, params, args):
 
 
 def _execute(args):
-    from ngramspec.live import (check_engine_models, divergence_report, generate_plain,
-                                generate_speculative, load_model, tokenize_prompt)
-
     if args.chat and args.prompt_tokens:
         raise ValueError("--chat applies to a text prompt, not to --prompt-tokens")
     # Flags first, then files: a bad flag is reported as such, whatever the files hold.
@@ -188,8 +169,7 @@ def _execute(args):
         text = _read_text("--prompt-file", args.prompt_file)
     cost_model = None
     if args.cost_model is not None:
-        from ngramspec.cost import load_cost_model
-        cost_model = load_cost_model(args.cost_model)
+        cost_model = cost.load_cost_model(args.cost_model)
     llm = load_model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
                      n_threads=args.threads, repack=args.repack)
     prompt = prompt_ids if prompt_ids is not None else tokenize_prompt(llm, text, chat=args.chat)
@@ -236,7 +216,6 @@ def _execute(args):
 def _auto_policy(llm, cost_model, quiet):
     """AutoPolicy on `cost_model`, or on the loaded model's cached calibration (measured here at
     first use: a few seconds, said on stderr)."""
-    from ngramspec import calibration, cost
     if cost_model is None and not quiet and not cost.cache_path(calibration.key_for(llm)).exists():
         sys.stderr.write("calibrating the verify cost of this model (first use; "
                          "`ngramspec calibrate` shows it)...\n")
@@ -280,14 +259,10 @@ def _print_text(res, spec, plain):
     out.write("\n".join(lines) + "\n")
 
 
-def _run(args) -> int:
+def run(args) -> int:
     res, spec, plain = _execute(args)
     if args.json:
         sys.stdout.write(json.dumps(res) + "\n")
     else:
         _print_text(res, spec, plain)
     return 0
-
-
-def run(args) -> int:
-    return run_one_line_errors("generate", _run, args)

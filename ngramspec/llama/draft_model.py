@@ -16,16 +16,21 @@ tokens each slot's cache holds, and on every draft call keeps the common prefix 
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any, Dict, Optional
 
 import numpy as np
 
-from ._core import PyProposer, check_int
-from .registry import TYPES
+from ngramspec._core import PyProposer, check_int
+from ngramspec.registry import TYPES
 
-__all__ = ["DraftModelProposer", "VocabMismatchError", "check_vocab_compatible",
-           "build_draft_simple"]
+from .decoder import Decoder
+from .model import default_threads, require_llama_cpp
+from .repack import model_params, warn_if_amx_repack
+
+__all__ = ["DraftModelProposer", "VocabMismatchError", "build_draft_simple",
+           "check_draft_model_file", "check_vocab_compatible"]
 
 NAME = "draft-simple"
 #: llama.cpp's draft sampler is ``top_k(10)``; p_min is compared with the probability after it.
@@ -91,6 +96,28 @@ def check_vocab_compatible(target, draft) -> None:
                 f"(draft) but {ta!r} (target); use a draft model of the same family")
 
 
+def check_draft_model_file(target, path: str, repack="auto") -> None:
+    """Refuse a draft GGUF whose vocabulary differs from ``target``'s, reading its vocabulary
+    only (no weights), so a mismatch fails before a draft model or a cache is set up.
+
+    Raises
+    ------
+    ValueError
+        The file does not exist; `VocabMismatchError` naming the first difference.
+    """
+    require_llama_cpp()
+    from llama_cpp import _internals   # llama-cpp-python's model wrapper (no public one)
+    if not os.path.isfile(path):
+        raise ValueError(f"draft model file not found: {path}")
+    mp = model_params(repack)
+    mp.vocab_only = True
+    vocab_model = _internals.LlamaModel(path_model=path, params=mp, verbose=False)
+    try:
+        check_vocab_compatible(target, vocab_model)
+    finally:
+        vocab_model.close()
+
+
 class DraftModelProposer(PyProposer):
     """Greedy drafts from a second GGUF model (llama.cpp's ``draft-simple``).
 
@@ -113,10 +140,11 @@ class DraftModelProposer(PyProposer):
     n_batch : int
         Largest draft-model decode (the catch-up after n-gram drafts, the first prompt).
     n_threads : int, optional
-        Draft-model threads (default: :func:`ngramspec.live.default_threads`).
+        Draft-model threads (default: :func:`ngramspec.llama.model.default_threads`).
     repack : {"auto", "on", "off"}
         Weight repacking of a draft model loaded from a path (``use_extra_bufts``, see
-        :mod:`ngramspec.repack`; ``auto`` is off on AMX hosts). A ``Llama`` passed in keeps its own.
+        :mod:`ngramspec.llama.repack`; ``auto`` is off on AMX hosts). A ``Llama`` passed in
+        keeps its own.
 
     Raises
     ------
@@ -148,10 +176,8 @@ class DraftModelProposer(PyProposer):
         # llama.cpp checks the bound only after the first drafted token: n_max = 0 drafts one.
         n_max = max(1, n_max)
         super().__init__(NAME, int(n_slots), n_max)
-        import llama_cpp
+        llama_cpp = require_llama_cpp()
         from llama_cpp import _internals
-        from .live import _Decoder, default_threads
-        from .repack import model_params, warn_if_amx_repack
 
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         if isinstance(model, (str, os.PathLike)):
@@ -179,7 +205,7 @@ class DraftModelProposer(PyProposer):
         cparams.n_threads_batch = threads
         cparams.no_perf = True
         self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=False)
-        self._dec = _Decoder(self._ctx.ctx, self._model.model, n_batch)
+        self._dec = Decoder(self._ctx.ctx, self._model.model, n_batch)
         self.n_ctx = self._dec.n_ctx
         # Tokens held by each slot's sequence of the draft KV cache: _cache[s][:_n[s]].
         self._cache = [np.empty(self.n_ctx, dtype=np.int32) for _ in range(int(n_slots))]
@@ -193,7 +219,6 @@ class DraftModelProposer(PyProposer):
 
     def check_target(self, target) -> None:
         """Raise :class:`VocabMismatchError` unless ``target`` shares this model's vocabulary."""
-        import ctypes
         key = ctypes.cast(_model_ptr(target), ctypes.c_void_p).value
         if key in self._checked:  # the full check reads every token's text: do it once per target
             return

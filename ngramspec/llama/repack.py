@@ -202,6 +202,7 @@ def warn_if_amx_repack(llm, *, flags: FlagsSource = None, stacklevel: int = 2) -
         warnings.warn(
             "this CPU has AMX and the Llama was loaded with llama.cpp's extra buffer types "
             "(weight repacking), whose AMX kernel crashes on multi-token batches; load it with "
-            "ngramspec.repack.load_llama(path, ...) or inside "
-            "ngramspec.repack.extra_buffer_types(False)", RuntimeWarning, stacklevel=stacklevel)
+            "ngramspec.llama.repack.load_llama(path, ...) or inside "
+            "ngramspec.llama.repack.extra_buffer_types(False)", RuntimeWarning,
+            stacklevel=stacklevel)
     return True

@@ -1,0 +1,224 @@
+"""The llama-cpp adapter: one batch decoder over a llama.cpp context, and the target context's
+per-request life cycle (prompt pass with llama-server's exact-prompt cache, reset, finish).
+
+Talks to llama.cpp through llama-cpp-python's low-level C API (``llama_batch_init``,
+``llama_decode``, ``llama_get_logits``, ``llama_memory_seq_rm``). Used by the live generation
+driver (`ngramspec.llama.live`), the draft model (`ngramspec.llama.draft_model`) and the
+calibration (`ngramspec.llama.calibration`); it knows nothing of drafting.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import numpy as np
+
+from .model import require_llama_cpp
+
+__all__ = ["Decoder", "check_engine_models", "check_prompt", "finish_request", "prompt_pass",
+           "reset_context", "target_decoder"]
+
+
+class Decoder:
+    """One ``llama_batch`` over one context, filled through numpy views of its C arrays.
+
+    Parameters
+    ----------
+    ctx, model : llama_context pointer, llama_model pointer
+    n_batch : int
+        Largest batch one ``llama_decode`` call gets.
+    seq_id : int
+        Sequence the batch's tokens go to (`set_seq` changes it).
+
+    Notes
+    -----
+    Memory: one ``llama_batch`` of ``n_batch`` tokens (freed by `close` or on collection) and,
+    as the target decoder, a copy of the cached prompt.
+
+    Thread-safety: not thread-safe; one decoder per thread and context.
+    """
+
+    def __init__(self, ctx, model, n_batch: int, seq_id: int = 0):
+        lc = require_llama_cpp()
+        self._lc = lc
+        self.ctx = ctx
+        self.vocab = lc.llama_model_get_vocab(model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+        # Per-sequence capacity: a context with several non-unified sequences splits n_ctx.
+        self.n_ctx = int(lc.llama_n_ctx_seq(ctx))
+        self.n_batch = int(n_batch)
+        self.mem = lc.llama_get_memory(ctx)
+        self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        b = self.batch
+        # Views over the batch's malloc'ed arrays: one vectorized copy per decode instead of a
+        # ctypes assignment per token.
+        self.tok = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self.pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self.nsq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
+        self.out = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)),
+                                         shape=(self.n_batch,))
+        self.nsq[:] = 1
+        self._seq = None
+        self.set_seq(seq_id)
+        # Prompt cache of the target decoder (see prompt_pass): the prompt whose KV is kept.
+        self.cached_prompt: Optional[np.ndarray] = None
+        self.cached_first = -1
+
+    def set_seq(self, seq_id: int) -> None:
+        if seq_id != self._seq:
+            for i in range(self.n_batch):
+                self.batch.seq_id[i][0] = seq_id
+            self._seq = seq_id
+
+    def close(self) -> None:
+        if self.batch is not None:
+            self._lc.llama_batch_free(self.batch)
+            self.batch = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def clear(self) -> None:
+        if self.mem is not None:
+            self._lc.llama_memory_clear(self.mem, True)
+
+    def pos_max(self, seq_id: int = 0) -> int:
+        """Largest position held for ``seq_id`` (-1 when empty)."""
+        return int(self._lc.llama_memory_seq_pos_max(self.mem, seq_id))
+
+    def seq_rm(self, p0: int, seq_id: int = 0) -> None:
+        """Drop positions ``p0 ..`` of ``seq_id`` from the KV cache."""
+        if not self._lc.llama_memory_seq_rm(self.mem, seq_id, p0, -1):
+            raise RuntimeError("this model's KV cache cannot drop a partial sequence "
+                               "(recurrent/hybrid models are not supported by the live driver)")
+
+    def decode(self, tokens, pos0: int, all_logits: bool) -> np.ndarray:
+        """Decode ``tokens`` at positions ``pos0 ..``; return the logits as a (n_out, n_vocab) view.
+
+        Long inputs are split into ``n_batch`` chunks; with ``all_logits=False`` only the last
+        token's row is produced. The view is valid until the next decode on this context.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("empty batch")
+        if pos0 + n > self.n_ctx:
+            raise ValueError(f"decode past the context: {pos0} + {n} > n_ctx {self.n_ctx}")
+        if all_logits and n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens with all logits exceeds n_batch {self.n_batch}")
+        arr = np.asarray(tokens, dtype=np.int32)
+        for start in range(0, n, self.n_batch):
+            m = min(self.n_batch, n - start)
+            self.tok[:m] = arr[start:start + m]
+            self.pos[:m] = np.arange(pos0 + start, pos0 + start + m, dtype=np.int32)
+            self.out[:m] = 1 if all_logits else 0
+            last = start + m == n
+            if last:
+                self.out[m - 1] = 1
+            self.batch.n_tokens = m
+            rc = self._lc.llama_decode(self.ctx, self.batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+        n_out = n if all_logits else 1
+        ptr = self._lc.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._lc.llama_vocab_is_eog(self.vocab, int(token)))
+
+
+def check_prompt(dec: Decoder, prompt: np.ndarray) -> None:
+    """Refuse ids outside the model's vocabulary and a prompt that leaves no free position.
+
+    ``prompt`` is already an int32 array of valid ids (`ngramspec.tokens.token_array`).
+    """
+    if prompt.min() < 0 or prompt.max() >= dec.n_vocab:
+        raise ValueError(f"prompt token ids must lie in 0 .. {dec.n_vocab - 1}")
+    # One free position is needed to decode the first sampled token.
+    if prompt.size >= dec.n_ctx:
+        raise ValueError(f"the prompt ({prompt.size} tokens) does not fit the context "
+                         f"(n_ctx = {dec.n_ctx}); raise --ctx-size")
+
+
+def target_decoder(llm) -> Decoder:
+    """The `Decoder` of a ``llama_cpp.Llama``'s own context, made once and cached on ``llm``.
+
+    Its ``n_ctx`` is the context size asked for (llama.cpp pads it to a multiple of 256).
+    Thread-safety: as ``llm``, one request at a time.
+    """
+    # One decoder per Llama, cached on it: the batch is allocated once, not per request.
+    dec = getattr(llm, "_ngramspec_decoder", None)
+    if dec is None or dec.ctx is not llm.ctx:
+        dec = Decoder(llm.ctx, llm.model, llm.n_batch)
+        # llama.cpp pads the context to a multiple of 256 (--ctx-size 8 gets 256 positions):
+        # honour the size asked for, so drafts and the stop are bounded by it.
+        asked = int(getattr(getattr(llm, "context_params", None), "n_ctx", 0) or 0)
+        if 0 < asked < dec.n_ctx:
+            dec.n_ctx = asked
+        llm._ngramspec_decoder = dec
+    return dec
+
+
+def reset_context(llm, dec: Decoder) -> None:
+    """Empty the KV cache of ``llm``'s context and forget the cached prompt."""
+    # The driver owns the context for the request: drop the KV cache and the high-level Llama's
+    # record of it, so a later Llama.generate call does not trust a stale prefix.
+    dec.clear()
+    dec.cached_prompt = None
+    llm.reset()
+
+
+def prompt_pass(llm, dec: Decoder, prompt: np.ndarray):
+    """First output token of ``prompt``; returns ``(token, reused)``.
+
+    A request with exactly the previous request's prompt reuses its KV cache and first token (as
+    llama-server's prompt cache does), so a ``--compare`` pair or a test suite pays for one
+    prompt pass. Only an exact match is reused: the result is then bit-identical to a fresh pass
+    (re-decoding a 1-token suffix would take llama.cpp's single-token kernels and could change
+    the logits in their last bits).
+    """
+    cached = dec.cached_prompt
+    if (cached is not None and cached.size == prompt.size and np.array_equal(cached, prompt)
+            and llm.n_tokens == 0  # nobody has used the Llama's own API since
+            and dec.pos_max() == prompt.size - 1):
+        return dec.cached_first, True
+    reset_context(llm, dec)
+    tok = int(np.argmax(dec.decode(prompt, 0, all_logits=False)[0]))
+    dec.cached_prompt, dec.cached_first = prompt.copy(), tok
+    return tok, False
+
+
+def finish_request(llm, dec: Decoder, n_prompt: int) -> None:
+    """End a request: keep the prompt's KV cache for a repeat of it, drop the generated part."""
+    if dec.cached_prompt is not None and dec.cached_prompt.size == n_prompt:
+        dec.seq_rm(n_prompt)
+        llm.reset()
+    else:
+        reset_context(llm, dec)
+
+
+def check_engine_models(llm, engine) -> None:
+    """Refuse an engine whose drafts could hold ids the target ``llm`` does not have.
+
+    Used by every live driver (`generate_speculative`, the batched scheduler) before a request.
+
+    Raises
+    ------
+    ValueError
+        A draft model of another vocabulary, or an n-gram cache file holding a token id
+        >= ``llm.n_vocab()`` (naming the file and the token).
+    """
+    # A draft model must share the target's vocabulary: its tokens are verified as ids. Any
+    # proposer with a check_target (DraftModelProposer) is asked: the drivers need not know the
+    # draft model's module.
+    for prop in getattr(engine, "proposers", ()) or ():
+        check = getattr(prop, "check_target", None)
+        if check is not None:
+            check(llm)
+    # So must ngram-cache's files: a cache of another tokenizer is refused (ValueError naming
+    # the file and the token), and no draft holds an id the target lacks.
+    set_vocab = getattr(engine, "set_vocab", None)
+    if set_vocab is not None:
+        set_vocab(llm.n_vocab())

