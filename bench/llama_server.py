@@ -15,8 +15,8 @@ measures one greedy generation the way ``bench/e2e_report.py`` measures ngramspe
 - the prompt is processed first by a 1-token request (``cache_prompt``), so the measured request
   re-evaluates one prompt token and then generates: its cost is generation's, as on our side,
   where the clock starts at the first output token;
-- CPU time: the sum over the server's threads of user + system time (``/proc/PID/task``) across
-  the request. With ``-t 1`` ggml computes on the slot thread and the HTTP threads sleep, so this
+- CPU time: user + system time of the server process, all its threads (``/proc/PID/stat``),
+  across the request. With ``-t 1`` ggml computes on the slot thread and the HTTP threads sleep, so this
   is the generation's own CPU time, which other jobs on a shared machine do not inflate — the
   counterpart of ``time.thread_time()`` of our decoding thread. With more threads it is the sum
   over the threadpool, so only the wall figure compares across thread counts;
@@ -66,6 +66,14 @@ def spec_flags(spec_type: str | None, params: dict | None = None) -> list[str]:
             raise ValueError(f"{name}: not a llama-server flag")
         flags += [p.flag, str(value)]
     return flags
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, all its threads together (those that
+    have ended included: ``/proc/PID/stat`` sums them). Any server: llama-server or
+    ``ngramspec serve``."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK      # utime, stime (fields 14, 15)
 
 
 def _free_port() -> int:
@@ -159,14 +167,7 @@ class LlamaServer:
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of every thread of the server so far."""
-        total = 0
-        for task in pathlib.Path(f"/proc/{self.proc.pid}/task").iterdir():
-            try:
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:         # a thread that just ended
-                continue
-            total += int(fields[11]) + int(fields[12])      # utime, stime (fields 14, 15)
-        return total / _TICK
+        return proc_cpu_seconds(self.proc.pid)
 
     def complete(self, prompt, n_predict: int, *, id_slot: int = -1, timeout: float = 600,
                  **fields) -> dict:

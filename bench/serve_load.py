@@ -1,24 +1,53 @@
-"""Load figures of ``ngramspec serve``: requests/s and tokens/s at 1, 4 and 8 concurrent clients,
-speculative against plain decoding, on one server.
+"""Load figures of ``ngramspec serve`` side by side with llama.cpp's llama-server: requests/s,
+tokens/s and completion tokens per CPU-second at 1, 2, 4 and 8 concurrent clients, speculative
+and plain.
 
-One server process (the embedded model, ``--slots`` slots) answers every configuration: plain
-decoding is the same server with ``"speculative": {"enabled": false}`` in each request, so both
-modes share the process, the KV cache and the machine's state. Modes and client counts are
-interleaved in every round (round r runs 1, 4, 8 clients, each spec then plain, the order of the
-two modes alternating between rounds), and the figures are medians over rounds.
+Servers (all with the same model file, ``-np/--slots N``, ``-c`` (the whole context), ``-t``,
+``-b`` and the same spec flags, ``generate``'s ngram-mod defaults unless told otherwise):
 
-Each client sends greedy ``/v1/completions`` requests (token-id prompts from a trace family of
-``../shared/traces``, ``max_tokens`` each) back to back; a configuration sends ``requests`` in all,
-cycling over ``--prompts`` distinct prompts (default: one per slot, so that after the warm-up
-every prompt is in a slot's KV cache and the figures measure generation, where speculation acts,
-not prompt processing on a CPU). Aggregate tokens/s = completion tokens / wall time of the
-configuration.
+- ``ngramspec``: one ``ngramspec serve`` process. Its modes are per request: ``spec`` (the
+  ``"fixed"`` policy: llama.cpp's draft bounds, what llama-server does), ``auto`` (the joint
+  cost-aware draft lengths of the scheduler, ``--policy auto`` at start so its cost curve is
+  measured before the first request) and ``plain`` (``"speculative": {"enabled": false}``).
+- ``llama-server`` (bench/llama_server.py, built from the llama.cpp that llama-cpp-python
+  vendors): llama-server has no per-request switch, so ``spec`` is one process with the
+  ``--spec-type`` flags (``llama_server.spec_flags``) and ``plain`` a second one without them.
+  Both run ``--kv-unified`` (one KV buffer for all slots: ngramspec's scheduler always uses one)
+  and llama-server's other defaults (``cache_prompt``, the RAM prompt cache, ...).
+
+Clients: each sends greedy ``/v1/completions`` requests (``temperature 0``, the prompt as token
+ids from a trace family of ``../shared/traces``, ``max_tokens``) back to back, the same bodies to
+every server. A configuration (server, mode, client count) sends ``--requests`` requests in all,
+client i taking requests i, i + C, ...; they cycle over ``--prompts`` distinct prompts.
+
+Prompt caching: both servers keep a finished request's KV in its slot and reuse the longest
+common prefix for the next request (llama-server's ``cache_prompt``, default on; ngramspec's
+slots), so after the warm-up pass — every distinct prompt once, at once, on every server — a
+request whose prompt a free slot holds decodes only the prompt's last token. llama-server also
+saves idle slots to a RAM prompt cache (``--cache-ram``, default on) and restores from it;
+ngramspec has no RAM cache. With more clients than slots, two requests of one prompt may run at
+once, and one of them re-processes its prompt; the table's "prompt tokens" column counts the
+prompt tokens each configuration decoded (``timings.prompt_n``), so that cost is visible.
+
+"same text": requests whose text equals the one of the same server's plain mode at the first
+client count (first round), for the same prompt. Greedy verification is lossless only up to
+float-noise ties, and the embedded 135M model has near-ties in these prompts (gaps of 0.01-0.06
+logit, ``ngramspec.live.divergence_report``), which a different batch composition or KV layout
+may tip: a difference here is not, by itself, a wrong output.
+
+Rounds: each round runs every configuration of every server once; within a client count the
+order of the (server, mode) pairs rotates between rounds. Figures are medians over rounds; a
+ratio is the median of the per-round ratios (neighbouring runs share the machine's load).
+CPU-seconds: user + system time of the serving process over the configuration, summed over its
+threads (``/proc/PID/stat``; HTTP and Python threads included on both sides), so completion
+tokens per CPU-second is the figure that other jobs on a shared machine do not inflate (with
+``-t 1``, ggml computes on one thread of each server).
 
 Usage::
 
-    python bench serve-load                      # code-edit prompts, 4 slots, 3 rounds
-    python bench serve-load --family chat --rounds 2 --max-tokens 96
-    python bench serve-load --json bench/results/serve-load.json --md table.md
+    python bench serve-load                      # code-edit prompts, 4 slots, 1/2/4/8 clients
+    python bench serve-load --rounds 2 --md table.md
+    NGRAMSPEC_LLAMA_SERVER=/path/to/llama-server python bench serve-load --servers llama-server
 """
 from __future__ import annotations
 
@@ -36,10 +65,19 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
+from llama_server import LlamaServer, find_binary, proc_cpu_seconds, spec_flags
+from ngramspec.cli.generate import GENERATE_DEFAULTS
+from ngramspec.registry import all_params
 from ngramspec.server.process import ServerProcess
 
 ROOT = benchlib.ROOT
 TRACES = benchlib.TRACES
+#: (server, mode) pairs; the ngramspec modes are request fields, llama-server's are processes.
+SYSTEMS = ("ngramspec spec", "ngramspec auto", "ngramspec plain", "llama-server spec",
+           "llama-server plain")
+MODE_FIELDS = {"spec": {"enabled": True, "policy": "fixed"},
+               "auto": {"enabled": True, "policy": "auto"},
+               "plain": {"enabled": False}}
 
 
 def load_prompts(family: str, n: int, max_len: int, min_len: int = 64) -> list:
@@ -51,32 +89,126 @@ def load_prompts(family: str, n: int, max_len: int, min_len: int = 64) -> list:
     return prompts[:n]
 
 
-def run_config(url, prompts, clients, max_tokens, speculative):
+class Target:
+    """One server process and the request fields of one mode on it."""
+
+    def __init__(self, name: str, url: str, pid: int, fields: dict):
+        self.name, self.url, self.pid, self.fields = name, url, pid, fields
+
+
+def run_config(target: Target, prompts, clients: int, max_tokens: int) -> dict:
     """Send every prompt once with `clients` concurrent clients; aggregate figures."""
-    body = {"max_tokens": max_tokens, "temperature": 0,
-            "speculative": {"enabled": speculative}}
+    body = {"max_tokens": max_tokens, "temperature": 0, **target.fields}
 
     def client(share):
         out = []
-        with httpx.Client(base_url=url, timeout=600) as c:
-            for p in share:
+        with httpx.Client(base_url=target.url, timeout=900) as c:
+            for i, p in share:
                 r = c.post("/v1/completions", json={**body, "prompt": p})
                 r.raise_for_status()
-                out.append(r.json())
+                out.append((i, r.json()))
         return out
 
-    shares = [prompts[i::clients] for i in range(clients)]
+    indexed = list(enumerate(prompts))
+    shares = [indexed[i::clients] for i in range(clients)]
+    cpu0 = proc_cpu_seconds(target.pid)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        results = [res for part in pool.map(client, shares) for res in part]
+        results = sorted((res for part in pool.map(client, shares) for res in part),
+                         key=lambda x: x[0])
     wall = time.perf_counter() - t0
-    tokens = sum(r["usage"]["completion_tokens"] for r in results)
-    drafted = sum(r["timings"]["draft_n"] for r in results)
-    accepted = sum(r["timings"]["draft_n_accepted"] for r in results)
-    return {"requests": len(results), "wall_s": wall, "requests_per_s": len(results) / wall,
-            "tokens": tokens, "tokens_per_s": tokens / wall, "draft_n": drafted,
-            "draft_n_accepted": accepted,
-            "texts": [r["choices"][0]["text"] for r in results]}
+    cpu = proc_cpu_seconds(target.pid) - cpu0
+    resps = [r for _, r in results]
+    timings = [r.get("timings", {}) for r in resps]
+    tokens = sum(r["usage"]["completion_tokens"] for r in resps)
+    return {"requests": len(resps), "wall_s": wall, "cpu_s": cpu,
+            "requests_per_s": len(resps) / wall, "tokens": tokens, "tokens_per_s": tokens / wall,
+            "tokens_per_cpu_s": tokens / cpu if cpu > 0 else float("nan"),
+            "prompt_n": sum(int(t.get("prompt_n", 0)) for t in timings),
+            "cache_n": sum(int(t.get("cache_n", 0)) for t in timings),
+            "draft_n": sum(int(t.get("draft_n", 0)) for t in timings),
+            "draft_n_accepted": sum(int(t.get("draft_n_accepted", 0)) for t in timings),
+            "texts": [r["choices"][0]["text"] for r in resps]}
+
+
+def ngramspec_spec_args(spec_type: str, params: dict) -> list:
+    known = all_params()
+    out = ["--spec-type", spec_type]
+    for name, value in params.items():
+        out += [known[name].flag, str(value)]
+    return out
+
+
+def machine() -> tuple:
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines()
+                  if line.startswith("Model name")), platform.processor())
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=ROOT).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return model, rev + ("+dirty" if dirty else "")
+
+
+def summarize(runs: list, clients: list, systems: list, rounds: int) -> list:
+    """Per client count and system: medians over rounds, ratios of neighbouring runs."""
+    # Greedy output of each server's plain mode at the first client count, first round: the
+    # reference its other runs are compared with (equal up to float-noise ties).
+    base_texts = {}
+    for r in runs:
+        if r["system"].endswith(" plain") and r["clients"] == clients[0]:
+            base_texts.setdefault(r["system"].split()[0], r["texts"])
+    rows = []
+    for c in clients:
+        for s in systems:
+            sel = [r for r in runs if r["clients"] == c and r["system"] == s]
+            if not sel:
+                continue
+            row = {"clients": c, "system": s, "rounds": len(sel)}
+            for k in ("requests_per_s", "tokens_per_s", "tokens_per_cpu_s", "prompt_n"):
+                row[k] = statistics.median(r[k] for r in sel)
+            row["draft_n"] = sum(r["draft_n"] for r in sel)
+            row["draft_n_accepted"] = sum(r["draft_n_accepted"] for r in sel)
+            ref = base_texts.get(s.split()[0])
+            row["same_text"] = (sum(a == b for r in sel for a, b in zip(r["texts"], ref)),
+                                sum(len(r["texts"]) for r in sel)) if ref else None
+            rows.append(row)
+    by = {(r["clients"], r["system"], r["round"]): r for r in runs}
+
+    def ratio(c, a, b, key):
+        vals = [by[c, a, k][key] / by[c, b, k][key] for k in range(rounds)
+                if (c, a, k) in by and (c, b, k) in by and by[c, b, k][key] > 0]
+        return statistics.median(vals) if vals else None
+
+    for row in rows:
+        c, s = row["clients"], row["system"]
+        server = s.split()[0]
+        row["x_plain_wall"] = ratio(c, s, f"{server} plain", "tokens_per_s")
+        row["x_plain_cpu"] = ratio(c, s, f"{server} plain", "tokens_per_cpu_s")
+        if server == "ngramspec":
+            other = "llama-server " + ("plain" if s.endswith("plain") else "spec")
+            row["x_llama_wall"] = ratio(c, s, other, "tokens_per_s")
+            row["x_llama_cpu"] = ratio(c, s, other, "tokens_per_cpu_s")
+    return rows
+
+
+def markdown(rows: list) -> str:
+    def f(x, fmt):
+        return "—" if x is None else format(x, fmt)
+
+    lines = ["| clients | server, mode | req/s | tok/s (wall) | tok per CPU-s | × plain (wall) "
+             "| × plain (CPU) | × llama-server (wall) | × llama-server (CPU) | accepted / drafted "
+             "| prompt tokens decoded | same text |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        same = f"{r['same_text'][0]}/{r['same_text'][1]}" if r["same_text"] else "—"
+        lines.append(
+            f"| {r['clients']} | {r['system']} | {r['requests_per_s']:.3f} | "
+            f"{r['tokens_per_s']:.1f} | {r['tokens_per_cpu_s']:.1f} | "
+            f"{f(r['x_plain_wall'], '.2f')} | {f(r['x_plain_cpu'], '.2f')} | "
+            f"{f(r.get('x_llama_wall'), '.2f')} | {f(r.get('x_llama_cpu'), '.2f')} | "
+            f"{r['draft_n_accepted']} / {r['draft_n']} | {r['prompt_n']:.0f} | {same} |")
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -85,7 +217,8 @@ def main(argv=None):
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--ctx-size", type=int, default=8192)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--clients", default="1,4,8")
+    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--requests", type=int, default=8, help="requests per configuration")
     ap.add_argument("--prompts", type=int, default=None,
                     help="distinct prompts (default: --slots)")
@@ -93,6 +226,14 @@ def main(argv=None):
     ap.add_argument("--max-prompt", type=int, default=768)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--spec-type", default="ngram-mod")
+    ap.add_argument("--spec-params", default=json.dumps(GENERATE_DEFAULTS),
+                    help="JSON of engine keywords, passed to both servers as flags "
+                         "(default: generate's %(default)s)")
+    ap.add_argument("--servers", default="ngramspec,llama-server")
+    ap.add_argument("--systems", default=",".join(SYSTEMS),
+                    help="(server, mode) pairs to run (default: all)")
+    ap.add_argument("--llama-server", default=None, help="llama-server binary (default: "
+                    "$NGRAMSPEC_LLAMA_SERVER, bench/build, PATH)")
     ap.add_argument("--json", "--out", dest="out", metavar="FILE",
                     default=benchlib.result_path("serve-load.json"),
                     help="write the runs as JSON here (default: %(default)s)")
@@ -101,75 +242,80 @@ def main(argv=None):
                          "written-up reading: do not overwrite it)")
     args = ap.parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
+    params = json.loads(args.spec_params)
+    servers = args.servers.split(",")
+    systems = [s for s in args.systems.split(",") if s.split()[0] in servers]
+    binary = find_binary(args.llama_server)
+    if "llama-server" in servers and binary is None:
+        raise SystemExit("no llama-server binary (bench/build_llama_server.sh, or "
+                         "$NGRAMSPEC_LLAMA_SERVER); use --servers ngramspec to skip it")
+    from ngramspec.model import default_model_path
+    model = default_model_path()
     slot_ctx = args.ctx_size // args.slots
     distinct = load_prompts(args.family, args.prompts or args.slots,
                             min(args.max_prompt, slot_ctx - args.max_tokens - 8))
     prompts = [distinct[i % len(distinct)] for i in range(args.requests)]
-    load = os.getloadavg()
-    srv = ServerProcess("--slots", args.slots, "-c", args.ctx_size, "-t", args.threads,
-                        "--spec-type", args.spec_type, "--queue-size", max(64, args.requests),
-                        "--log-level", "warning", cwd=str(ROOT), timeout=300)
-    runs = []
+    common = ["-c", str(args.ctx_size), "-t", str(args.threads), "-b", str(args.batch_size)]
+    load0 = os.getloadavg()
+    targets, stops = {}, []
     try:
-        run_config(srv.url, distinct, len(distinct), 8, True)  # warm-up: prompts into slots
+        if any(s.startswith("ngramspec") for s in systems):
+            srv = ServerProcess("--slots", args.slots, *common,
+                                *ngramspec_spec_args(args.spec_type, params),
+                                "--policy", "auto" if "ngramspec auto" in systems else "fixed",
+                                "--queue-size", max(64, args.requests), "--log-level", "warning",
+                                cwd=str(ROOT), timeout=600)
+            stops.append(srv.stop)
+            for s in systems:
+                if s.startswith("ngramspec "):
+                    targets[s] = Target(s, srv.url, srv.proc.pid,
+                                        {"speculative": MODE_FIELDS[s.split()[1]]})
+        for mode, flags in (("spec", spec_flags(args.spec_type, params)), ("plain", [])):
+            name = f"llama-server {mode}"
+            if name not in systems:
+                continue
+            ls = LlamaServer(binary, model, threads=args.threads, ctx_size=args.ctx_size,
+                             slots=args.slots, batch_size=args.batch_size,
+                             flags=["--kv-unified", *flags])
+            ls.__enter__()
+            stops.append(ls.__exit__)
+            targets[name] = Target(name, ls.base_url, ls.proc.pid, {})
+        # Warm-up: every distinct prompt once, all at once (one per slot), on every server.
+        for s in systems:
+            run_config(targets[s], distinct, len(distinct), 4)
+        print(f"servers up; load average {os.getloadavg()[0]:.2f}", flush=True)
+        runs = []
         for rnd in range(args.rounds):
             for c in clients:
-                modes = (True, False) if rnd % 2 == 0 else (False, True)
-                for spec in modes:
-                    res = run_config(srv.url, prompts, c, args.max_tokens, spec)
-                    res.update(round=rnd, clients=c, speculative=spec)
+                k = rnd % len(systems)
+                for s in systems[k:] + systems[:k]:
+                    res = run_config(targets[s], prompts, c, args.max_tokens)
+                    res.update(round=rnd, clients=c, system=s)
                     runs.append(res)
-                    print(f"round {rnd} clients {c} {'spec ' if spec else 'plain'}: "
-                          f"{res['requests_per_s']:.3f} req/s {res['tokens_per_s']:.1f} tok/s "
-                          f"(drafted {res['draft_n']}, accepted {res['draft_n_accepted']})",
-                          flush=True)
+                    print(f"round {rnd} clients {c} {s:18s}: {res['requests_per_s']:.3f} req/s "
+                          f"{res['tokens_per_s']:6.1f} tok/s {res['tokens_per_cpu_s']:6.1f} "
+                          f"tok/CPU-s (drafted {res['draft_n']}, accepted "
+                          f"{res['draft_n_accepted']}, prompt {res['prompt_n']})", flush=True)
     finally:
-        srv.stop()
-    summary = []
-    for c in clients:
-        row = {"clients": c}
-        for spec, name in ((True, "spec"), (False, "plain")):
-            sel = [r for r in runs if r["clients"] == c and r["speculative"] == spec]
-            row[f"{name}_requests_per_s"] = statistics.median(r["requests_per_s"] for r in sel)
-            row[f"{name}_tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in sel)
-            if spec:
-                row["accepted_per_drafted"] = (sum(r["draft_n_accepted"] for r in sel)
-                                               / max(1, sum(r["draft_n"] for r in sel)))
-        # Ratio per round (spec and plain of one round ran back to back), then the median.
-        ratios = []
-        for rnd in range(args.rounds):
-            pair = {r["speculative"]: r for r in runs if r["clients"] == c and r["round"] == rnd}
-            ratios.append(pair[True]["tokens_per_s"] / pair[False]["tokens_per_s"])
-        row["speedup"] = statistics.median(ratios)
-        same = all(r["texts"] == next(q for q in runs if q["clients"] == c
-                                      and not q["speculative"])["texts"]
-                   for r in runs if r["clients"] == c)
-        row["outputs_identical"] = same
-        summary.append(row)
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines()
-                  if line.startswith("Model name")), platform.processor())
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                         cwd=ROOT).stdout.strip()
-    report = {"command": benchlib.command_line("serve-load", argv),
-              "commit": rev, "cpu": model, "loadavg_before": load,
-              "loadavg_after": os.getloadavg(), "settings": vars(args),
-              "prompt_tokens": [len(p) for p in distinct], "summary": summary,
-              "runs": [{k: v for k, v in r.items() if k != "texts"} for r in runs]}
+    ap.add_argument("--spec-params", default=json.dumps(GENERATE_DEFAULTS),
+                    help="JSON of engine keywords, passed to both servers as flags "
+                         "(default: generate's %(default)s)")
+    ap.add_argument("--servers", default="ngramspec,llama-server")
+    ap.add_argument("--systems", default=",".join(SYSTEMS),
+                    help="(server, mode) pairs to run (default: all)")
+    ap.add_argument("--llama-server", default=None, help="llama-server binary (default: "
+                    "$NGRAMSPEC_LLAMA_SERVER, bench/build, PATH)")
+    ap.add_argument("--json", "--out", dest="out", metavar="FILE",
+                    default=benchlib.result_path("serve-load.json"),
+                    help="write the runs as JSON here (default: %(default)s)")
+    ap.add_argument("--md", "--markdown", dest="markdown", metavar="FILE",
+                    help="also write the table to this file (results/serve-load.md is the "
+                         "written-up reading: do not overwrite it)")
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    table = ["| clients | spec req/s | plain req/s | spec tok/s | plain tok/s | speed-up "
-             "(median of rounds) | accepted/drafted | same text |",
-             "|---:|---:|---:|---:|---:|---:|---:|:---:|"]
-    for r in summary:
-        table.append(f"| {r['clients']} | {r['spec_requests_per_s']:.3f} | "
-                     f"{r['plain_requests_per_s']:.3f} | {r['spec_tokens_per_s']:.1f} | "
-                     f"{r['plain_tokens_per_s']:.1f} | {r['speedup']:.2f}x | "
-                     f"{r['accepted_per_drafted']:.2f} | "
-                     f"{'yes' if r['outputs_identical'] else 'no'} |")
-    text = "\n".join(table)
+    text = markdown(rows)
     print(text)
-    print(f"CPU: {model}; load average before {load[0]:.2f}, after {os.getloadavg()[0]:.2f}")
+    print(f"CPU: {cpu}; revision {rev}; load average before {load0[0]:.2f}, after {load1[0]:.2f}")
     if args.markdown:
         pathlib.Path(args.markdown).write_text(text + "\n")
     return 0

@@ -122,6 +122,21 @@ def test_prompt_cache_decodes_only_the_new_turn(llm, sched, prompts):
                         generate_plain(llm, follow, n_predict=16).output_tokens)
 
 
+def test_request_waits_for_the_busy_slot_that_holds_its_prompt(llm, prompts):
+    code, _ = prompts[0]
+    other, _ = prompts[3]
+    with Scheduler(llm, n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1, spec_type="none") as s:
+        for p in (code, other):           # slot 0 holds the code prompt, slot 1 the other one
+            s.submit(p, SamplingParams(max_tokens=1)).result(timeout=300)
+        running = s.submit(code, SamplingParams(max_tokens=6))
+        again = s.submit(code, SamplingParams(max_tokens=4))
+        first, second = running.result(timeout=300), again.result(timeout=300)
+    # The second request of the code prompt did not decode it again in the free slot: it waited
+    # (a few steps, far less than decoding the prompt) for the slot that holds it.
+    assert first.prompt_cached_n == second.prompt_cached_n == len(code) - 1
+    assert second.tokens == first.tokens[:4]
+
+
 def test_speculation_per_request(sched, prompts):
     p, n = prompts[4]
     before = sched.stats()["proposers"]

@@ -16,7 +16,9 @@ llama-server's slot loop over llama-cpp-python's low-level API. Each step of the
    (callback / stream); a slot whose prompt is complete samples its first token;
 6. finished requests (EOS, a stop string, ``max_tokens``, a full slot context) are retired, and
    queued requests are admitted into free slots — the slot whose cached tokens share the longest
-   prefix with the prompt, so the next turn of a chat decodes only its new tokens.
+   prefix with the prompt, so the next turn of a chat decodes only its new tokens; a request
+   whose prompt a busy slot holds waits a little for that slot rather than decode the prompt
+   again (:mod:`ngramspec.llama.admission`).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from . import admission
 from .batch import MultiSeqBatch
 from .decoder import check_engine_models
 from .joint import CALIBRATION_SIZES, AcceptanceCounts, StepCost, choose_lengths
@@ -53,6 +56,9 @@ MAX_SLOTS = 256
 PREFILL_RESERVE = 64
 #: Policy "auto": each request's first PROBES drafts are verified for at least PROBE_LEN tokens.
 PROBES, PROBE_LEN = 3, 2
+#: Seconds per prompt token assumed by admission before any step was timed (a small model on a
+#: CPU core; the measured step cost curve replaces it after the first steps).
+PROMPT_S_PER_TOKEN = 1e-3
 
 
 class _Request:
@@ -495,36 +501,43 @@ class Scheduler:
             self._finish(r, "cancelled")
 
     def _admit(self) -> None:
-        while self._queue:
-            free = [s for s in self._slots if s.req is None]
-            if not free:
-                return
-            req = self._queue.popleft()
-            # The free slot whose cached tokens share the longest prefix with the prompt
-            # (llama-server's cache_prompt), else the least recently used one.
-            best, best_lcp = None, -1
-            for s in free:
-                n = min(s.n_cached, req.prompt.size)
-                neq = np.flatnonzero(s.cached[:n] != req.prompt[:n])
-                lcp = int(neq[0]) if neq.size else n
-                if lcp > best_lcp or (lcp == best_lcp and s.last_used < best.last_used):
-                    best, best_lcp = s, lcp
-            # The prompt's last token is always decoded: its logits give the first token.
-            lcp = min(best_lcp, req.prompt.size - 1)
-            self._lc.llama_memory_seq_rm(self._mem, best.id, lcp, -1)
-            best.n_cached = lcp
-            best.req = req
-            self._use += 1
-            best.last_used = self._use
-            req.slot = best
-            req.n_past = req.n_cached = lcp
-            req.t_admit = time.perf_counter()
-            req.sampler = Sampler(req.sampling, self.n_vocab, self._eog)
-            req.sampler.accept(req.prompt)
-            req.text = TextStream(self._piece, req.sampling.stop)
-            self._active.append(req)
-            self._stats["tokens_prompt"] += int(req.prompt.size)
-            self._stats["tokens_prompt_cached"] += lcp
+        """Admit queued requests into free slots (:func:`ngramspec.llama.admission.plan`: the
+        free slot with the longest cached prefix, or a short wait for a busy slot that holds the
+        prompt)."""
+        if not self._queue:
+            return
+        free = [s for s in self._slots if s.req is None]
+        if not free:
+            return
+        running = [s.req.prompt for s in self._slots if s.req is not None]
+        for req, slot, lcp in admission.plan(self._queue, free, running, time.perf_counter(),
+                                             self._prompt_seconds):
+            self._queue.remove(req)
+            self._place(req, slot, lcp)
+
+    def _prompt_seconds(self, n: int) -> float:
+        """Estimated seconds to decode ``n`` prompt tokens: the step cost curve once measured."""
+        if not self._cost.calibrated:
+            return n * PROMPT_S_PER_TOKEN
+        return float(self._cost([n])[0])
+
+    def _place(self, req: _Request, slot: _Slot, lcp: int) -> None:
+        # The prompt's last token is always decoded: its logits give the first token.
+        lcp = min(lcp, req.prompt.size - 1)
+        self._lc.llama_memory_seq_rm(self._mem, slot.id, lcp, -1)
+        slot.n_cached = lcp
+        slot.req = req
+        self._use += 1
+        slot.last_used = self._use
+        req.slot = slot
+        req.n_past = req.n_cached = lcp
+        req.t_admit = time.perf_counter()
+        req.sampler = Sampler(req.sampling, self.n_vocab, self._eog)
+        req.sampler.accept(req.prompt)
+        req.text = TextStream(self._piece, req.sampling.stop)
+        self._active.append(req)
+        self._stats["tokens_prompt"] += int(req.prompt.size)
+        self._stats["tokens_prompt_cached"] += lcp
 
     def _step(self) -> None:
         batch = self._batch

@@ -1,0 +1,87 @@
+"""Which queued request goes into which free slot: the scheduler's cache-aware admission.
+
+A slot keeps the KV cache of its last request, and an admitted request decodes only the part of
+its prompt that its slot does not hold (the longest common prefix, llama-server's
+``cache_prompt``). Admitting strictly first come, first served into the free slot with the
+longest common prefix (llama-server's choice) re-processes a whole prompt whenever the slot that
+holds it is busy — with more clients than slots, two requests of one conversation or of one
+shared document are often in flight at once — and on a CPU re-processing a prompt costs as much
+as generating hundreds of tokens.
+
+So a queued request that a *busy* slot would serve better (its prompt shares at least
+`MIN_GAIN` more tokens with the prompt that slot is running than with any free slot's cache)
+waits for that slot, but never longer than re-processing the difference would take
+(``prompt_seconds(gain)``, from the scheduler's measured step cost curve): the ski-rental rule,
+which never costs more than twice the better choice made in hindsight. Requests behind a waiting
+one are admitted meanwhile, so a free slot does not idle while another request could use it.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Iterable, List, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["MIN_GAIN", "common_prefix", "best_slot", "plan"]
+
+#: Cached prompt tokens a busy slot must offer beyond the best free slot before a request waits.
+MIN_GAIN = 16
+#: Queued requests looked at per free slot in one admission pass (bounds the work of a step).
+SCAN_PER_SLOT = 4
+
+
+def common_prefix(cached: np.ndarray, n_cached: int, prompt: np.ndarray) -> int:
+    """Length of the common prefix of ``cached[:n_cached]`` and ``prompt``."""
+    n = min(int(n_cached), prompt.size)
+    if n <= 0:
+        return 0
+    neq = np.flatnonzero(cached[:n] != prompt[:n])
+    return int(neq[0]) if neq.size else n
+
+
+def best_slot(prompt: np.ndarray, slots: Sequence) -> Tuple[object, int]:
+    """The slot (``.cached``, ``.n_cached``, ``.last_used``) whose cache shares the longest prefix
+    with ``prompt``, the least recently used one on ties; and that prefix's length."""
+    best, best_lcp = None, -1
+    for s in slots:
+        lcp = common_prefix(s.cached, s.n_cached, prompt)
+        if lcp > best_lcp or (lcp == best_lcp and s.last_used < best.last_used):
+            best, best_lcp = s, lcp
+    return best, best_lcp
+
+
+def plan(queue: Iterable, free: Sequence, running: Sequence[np.ndarray], now: float,
+         prompt_seconds: Callable[[int], float]) -> List[tuple]:
+    """One admission pass: ``(request, slot, cached prefix)`` for each request to admit now.
+
+    Parameters
+    ----------
+    queue : iterable of requests (``.prompt``: int32 array, ``.t_submit``: seconds), in arrival
+        order.
+    free : the free slots (``.cached``, ``.n_cached``, ``.last_used``).
+    running : the prompts of the requests the busy slots run (their slots will hold them).
+    now : the clock of ``t_submit``.
+    prompt_seconds : callable(n) -> estimated seconds to decode n prompt tokens.
+
+    Notes
+    -----
+    Pure: reads its arguments, changes nothing (the scheduler applies the plan). Thread-safety:
+    as its arguments.
+    """
+    free = list(free)
+    running = list(running)
+    out = []
+    for req in itertools.islice(queue, SCAN_PER_SLOT * max(1, len(free) + len(running))):
+        if not free:
+            break
+        last = req.prompt.size - 1        # the prompt's last token is always decoded
+        slot, lcp = best_slot(req.prompt, free)
+        if running:
+            held = max(common_prefix(p, p.size, req.prompt) for p in running)
+            gain = min(held, last) - min(lcp, last)
+            if gain >= MIN_GAIN and now - req.t_submit < prompt_seconds(gain):
+                continue                  # wait for the busy slot that holds the prompt
+        free = [s for s in free if s is not slot]
+        running.append(req.prompt)
+        out.append((req, slot, lcp))
+    return out
