@@ -71,6 +71,7 @@ from ngramspec.registry import all_params
 from ngramspec.server.process import ServerProcess
 
 ROOT = benchlib.ROOT
+
 TRACES = benchlib.TRACES
 #: (server, mode) pairs; the ngramspec modes are request fields, llama-server's are processes.
 SYSTEMS = ("ngramspec spec", "ngramspec auto", "ngramspec plain", "llama-server spec",
@@ -297,20 +298,19 @@ def main(argv=None):
                           f"tok/CPU-s (drafted {res['draft_n']}, accepted "
                           f"{res['draft_n_accepted']}, prompt {res['prompt_n']})", flush=True)
     finally:
-    ap.add_argument("--spec-params", default=json.dumps(GENERATE_DEFAULTS),
-                    help="JSON of engine keywords, passed to both servers as flags "
-                         "(default: generate's %(default)s)")
-    ap.add_argument("--servers", default="ngramspec,llama-server")
-    ap.add_argument("--systems", default=",".join(SYSTEMS),
-                    help="(server, mode) pairs to run (default: all)")
-    ap.add_argument("--llama-server", default=None, help="llama-server binary (default: "
-                    "$NGRAMSPEC_LLAMA_SERVER, bench/build, PATH)")
-    ap.add_argument("--json", "--out", dest="out", metavar="FILE",
-                    default=benchlib.result_path("serve-load.json"),
-                    help="write the runs as JSON here (default: %(default)s)")
-    ap.add_argument("--md", "--markdown", dest="markdown", metavar="FILE",
-                    help="also write the table to this file (results/serve-load.md is the "
-                         "written-up reading: do not overwrite it)")
+        for stop in reversed(stops):
+            try:
+                stop()
+            except Exception as exc:  # keep stopping the others
+                print(f"stopping a server failed: {exc}", file=sys.stderr)
+    load1 = os.getloadavg()
+    rows = summarize(runs, clients, systems, args.rounds)
+    cpu, rev = machine()
+    report = {"command": benchlib.command_line("serve-load", argv),
+              "revision": rev, "cpu": cpu, "loadavg_before": load0, "loadavg_after": load1,
+              "settings": vars(args), "llama_server": str(binary) if binary else None,
+              "prompt_tokens": [len(p) for p in distinct], "summary": rows,
+              "runs": runs}
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     text = markdown(rows)
