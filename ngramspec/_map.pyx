@@ -25,10 +25,11 @@ DEF MAP_MAX_COUNT = 16380
 
 # k4v's statistics scan visits every earlier position from the key's stat_idx to the match:
 # O(L) for each newly matched key, llama.cpp's cost at long contexts. Scans of at least
-# STAT_INDEX_MIN positions go through a per-slot ScanIndex instead: chains of the positions of
-# each n-gram (by a 32-bit tag of its hash, newest first), so a scan visits only the key's
-# occurrences (checked against the text), in the same ascending order. The index is built lazily: a scan indexes at most as many new positions as it
-# covers and scans the rest linearly, so no call costs more than about twice the plain scan.
+# STAT_INDEX_MIN positions go through a per-slot ScanIndex instead: a position index
+# (_posindex.pxd: the positions of each n-gram by its hash, newest first), so a scan visits only
+# the key's occurrences (checked against the text), in the same ascending order. The index is
+# built lazily: a scan indexes at most as many new positions as it covers and scans the rest
+# linearly, so no call costs more than about twice the plain scan.
 # Once built, it also serves the shorter scans (16 positions or more) over indexed positions.
 # begin() on a prompt of STAT_INDEX_MIN tokens or more indexes the prompt (without the GIL).
 # STAT_INDEX_MIN is MapProposer's default `stat_index_min` (tests lower it).

@@ -47,6 +47,8 @@ cdef class ModPool:
     """ngram-mod's table: 2**22 int32 entries (16 MiB), EMPTY = -1, shared by every slot and
     every ngram-mod proposer given it. Allocated once, never grown.
 
+    Notes
+    -----
     Memory: exactly ``nbytes`` = 16 MiB, whatever the number of slots.
 
     Thread-safety: every read or write of the table takes the pool's lock, acquired without the
@@ -217,6 +219,8 @@ cdef class ModProposer(Proposer):
     pool : ModPool or None -- the shared table (a new one when None)
     n_slots : int, >= 1
 
+    Notes
+    -----
     Memory: the shared 16 MiB pool plus 24 bytes per slot and an (n_match + n_max)-token buffer
     per slot. Thread-safety: pool access is locked (see `ModPool`); per-slot state needs one
     thread per slot at a time (a second call on a busy slot raises RuntimeError). begin() releases the GIL while it inserts the prompt.
