@@ -165,11 +165,9 @@ cdef class ModPool:
 
 cdef void mod_insert(ModPool pool, const token_t* t, Py_ssize_t start, Py_ssize_t stop,
                      Py_ssize_t n, uint64_t a_pow) noexcept nogil:
-    """pool_add(t[i : i+n+1]) for i in [start, stop), sliding the hash in O(1) per position.
-
-    h_i = sum_k t[i+k] * A^(n-1-k) (mod 2^64), so h_{i+1} = (h_i - t[i] * A^(n-1)) * A + t[i+n]:
-    the same slots as llama.cpp's recomputed hash. Caller holds the pool's lock.
-    """
+    """common_ngram_mod::add(t[i : i+n+1]) for i in [start, stop), sliding the hash in O(1)
+    per position (`mod_roll`, _hash.pxd): the same slots as llama.cpp's recomputed hash. Caller
+    holds the pool's lock."""
     if start >= stop:
         return
     cdef int32_t* entries = pool.entries
