@@ -10,7 +10,8 @@ from posix.mman cimport (MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT
 
 from ngramspec._hash cimport mod_hash, mod_pow, mod_roll
 from ngramspec._proposer cimport Proposer, alloc_per_slot, as_tokens, malloc, tok_ptr
-from ngramspec._types cimport MOD_EMPTY, MOD_POOL_MASK, MOD_POOL_SIZE, NOGIL_MIN_TOKENS, token_t
+from ngramspec._types cimport (MOD_EMPTY, MOD_POOL_MASK, MOD_POOL_SIZE, NOGIL_MIN_TOKENS,
+                               token_t)
 
 from ngramspec._proposer import check_int
 

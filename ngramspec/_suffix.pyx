@@ -104,7 +104,7 @@ DEF RATE_SHIFT = 10
 DEF GAIN_CAP = 8
 # Separator between the global store's sequences: never a valid token, so no match spans two.
 DEF SEP = -1
-# Prompts at least NOGIL_MIN_TOKENS long (see _types.pxd) are indexed with the GIL released.
+# Prompts longer than NOGIL_MIN_TOKENS (see _types.pxd) are indexed with the GIL released.
 
 N_CALIBRATION_CELLS = N_CELLS
 
@@ -664,7 +664,7 @@ cdef class SuffixProposer(Proposer):
             self.finish(s)
         if n > self.P.max_context:           # index the newest half, as on outgrowing
             off = n - self.P.max_context // 2
-        if n - off >= NOGIL_MIN_TOKENS:
+        if n - off > NOGIL_MIN_TOKENS:
             with nogil:
                 rc = slot_begin(s, prompt + off, n - off, off)
         else:
