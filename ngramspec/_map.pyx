@@ -6,7 +6,7 @@ from libc.string cimport memcmp, memcpy, memmove, memset
 
 from ngramspec._hash cimport extend_hash, map_hash, map_step, mod_hash, mod_pow, mod_step
 from ngramspec._hashtable cimport (HashTable, ht_bytes, ht_clear, ht_fill, ht_find_value, ht_free,
-                                   ht_reserve, ht_slot)
+                                   ht_key, ht_reserve, ht_slot)
 from ngramspec._posindex cimport (PosIndex, pos_bytes, pos_extend, pos_free, pos_indexed,
                                   pos_invalidate, pos_newest)
 from ngramspec._proposer cimport Proposer, alloc_per_slot, calloc, malloc, realloc
@@ -36,7 +36,7 @@ DEF MAP_MAX_COUNT = 16380
 DEF STAT_INDEX_MIN = 2048
 
 cdef struct ScanIndex:
-    PosIndex pos               # the positions of each n-gram (by its 64-bit hash), newest first
+    PosIndex pos               # the positions of each n-gram (by its hash), newest first
     int32_t* hits              # scratch: one scan's occurrences, newest first
     Py_ssize_t hits_cap
 
@@ -81,7 +81,7 @@ cdef struct MapState:
     uint32_t* key_map          # MAP_INDEX_SIZE positions; 0 = empty
     uint32_t key_map_last_idx  # K
     # Lookup of key records by text, replacing llama.cpp's linear search (same result): the
-    # smallest key index per 64-bit hash of the key's text. Rebuilt after begin(), since a new
+    # smallest key index per table key (ht_key) of the key's text. Rebuilt after begin(), since a new
     # prompt changes the text found at each key_idx.
     HashTable keytab           # key text hash -> smallest index into keys
     bint kt_stale              # rebuild before the next lookup
@@ -117,11 +117,12 @@ cdef int keytab_insert(MapState* s, uint64_t h, size_t idx) noexcept nogil:
     """Add (h -> idx) unless h is present (the smallest index stays). -1: out of memory (or an
     index past int32, which 2**31 key records of 112 bytes each would need)."""
     cdef Py_ssize_t k
+    cdef uint32_t key = ht_key(h)
     if idx > <size_t>INT32_MAX or ht_reserve(&s.keytab, 256) < 0:
         return -1
-    k = ht_slot(&s.keytab, h)
+    k = ht_slot(&s.keytab, key)
     if s.keytab.e[k].value < 0:
-        ht_fill(&s.keytab, k, h, <int32_t>idx)
+        ht_fill(&s.keytab, k, key, <int32_t>idx)
     return 0
 
 
@@ -330,7 +331,7 @@ cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, P
         off = found
     elif found < 0 and not s.kt_linear:
         off = s.n_keys                       # no key has this text
-    else:                                    # a 64-bit collision, or kt_linear: llama.cpp's search
+    else:                                    # a shared table key, or kt_linear: llama.cpp's search
         off = 0
         while off < s.n_keys:
             if map_key_at(inp, L, <Py_ssize_t>s.keys[off].key_idx, n, sampled):
@@ -417,10 +418,10 @@ cdef class MapProposer(Proposer):
     Notes
     -----
     Memory: per slot a 2**18-entry uint32 hash index (1 MiB, zero pages until touched) plus,
-    per distinct matched key (unbounded, as in llama.cpp), a 112-byte record and 24 to 48
+    per distinct matched key (unbounded, as in llama.cpp), a 112-byte record and 16 to 32
     bytes of lookup table. ngram-map-k4v adds, once a statistics scan covers
     ``stat_index_min`` positions, a position index: 4 bytes per context token plus a table of
-    24 to 48 bytes per distinct n-gram.
+    16 to 32 bytes per distinct n-gram.
 
     Thread-safety: each slot's map is independent: one thread per slot at a time (a second
     call on a busy slot raises RuntimeError). A draft that indexes more than

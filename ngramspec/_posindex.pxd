@@ -5,8 +5,9 @@
 # ngram-simple (the match common_ngram_simple_draft's backward scan finds) and by
 # ngram-map-k4v (the occurrences common_ngram_map_draft's statistics loop visits).
 #
-# A chain holds every position with the hash, and may hold other n-grams' positions (a 64-bit
-# collision): users compare the tokens at each position, so the answer is exactly the scan's.
+# A chain holds every position with the n-gram's table key (ht_key: 32 bits of the hash), so it
+# may hold other n-grams' positions: users compare the tokens at each position, so the answer is
+# exactly the scan's.
 #
 # Append-only context: positions are indexed in order (pos_extend) and stay valid while the
 # context they were read from only grows, as llama-server's slot context does between two
@@ -14,15 +15,15 @@
 # pos_invalidate; the next pos_extend starts over from position 0.
 #
 # Ownership: a PosIndex owns its arrays (the kernels' allocator; pos_free releases them); a
-# zeroed struct is a valid index that must be invalidated or extended from 0. Thread-safety:
+# zeroed struct is a valid empty index. Thread-safety:
 # none; an index belongs to one slot, which one thread uses at a time. No function takes the
 # GIL, so long extensions may run without it.
-from libc.stdint cimport int32_t, uint64_t
+from libc.stdint cimport int32_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 
 from ngramspec._hash cimport mod_hash, mod_roll
 from ngramspec._hashtable cimport (HashTable, ht_bytes, ht_clear, ht_fill, ht_find_value, ht_free,
-                                   ht_reserve, ht_slot)
+                                   ht_key, ht_reserve, ht_slot)
 from ngramspec._proposer cimport realloc
 from ngramspec._types cimport token_t
 
@@ -31,8 +32,8 @@ cdef enum:
 
 
 cdef struct PosIndex:
-    HashTable heads            # n-gram hash -> newest position with it
-    int32_t* prev              # prev[i]: the previous position with i's hash, -1 = none
+    HashTable heads            # n-gram key -> newest position with it
+    int32_t* prev              # prev[i]: the previous position with i's key, -1 = none
     Py_ssize_t cap             # room in prev
     Py_ssize_t next            # positions 0 .. next-1 are indexed (unless stale)
     bint stale                 # the indexed text may have changed: start over
@@ -66,6 +67,7 @@ cdef inline int pos_extend(PosIndex* x, const token_t* inp, Py_ssize_t last, Py_
                            uint64_t a_pow) noexcept nogil:
     cdef Py_ssize_t i, k
     cdef uint64_t h
+    cdef uint32_t key
     if x.stale:
         x.stale = False
         x.next = 0
@@ -79,9 +81,10 @@ cdef inline int pos_extend(PosIndex* x, const token_t* inp, Py_ssize_t last, Py_
         if ht_reserve(&x.heads, POS_FIRST_TABLE) < 0:
             x.next = i
             return -1
-        k = ht_slot(&x.heads, h)
+        key = ht_key(h)
+        k = ht_slot(&x.heads, key)
         if x.heads.e[k].value < 0:
-            ht_fill(&x.heads, k, h, <int32_t>i)
+            ht_fill(&x.heads, k, key, <int32_t>i)
             x.prev[i] = -1
         else:
             x.prev[i] = x.heads.e[k].value
@@ -92,7 +95,8 @@ cdef inline int pos_extend(PosIndex* x, const token_t* inp, Py_ssize_t last, Py_
     return 0
 
 
-# The newest indexed position whose n-gram has hash h, or -1; follow prev[] for older ones.
+# The newest indexed position whose n-gram may have hash h (same table key), or -1; follow
+# prev[] for older ones.
 cdef inline int32_t pos_newest(const PosIndex* x, uint64_t h) noexcept nogil:
     return -1 if x.stale else ht_find_value(&x.heads, h)
 

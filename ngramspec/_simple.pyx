@@ -43,7 +43,7 @@ cdef Py_ssize_t simple_draft(const token_t* inp, Py_ssize_t L, token_t sampled,
 
 
 # The incremental index replacing the backward scan: every earlier n-gram position, grouped by
-# the n-gram's 64-bit hash (newest first), so the most recent occurrence is found in O(n)
+# the n-gram's hash (newest first), so the most recent occurrence is found in O(n)
 # instead of O(L). It finds exactly the match the scan finds: a chain is walked newest first
 # and each position's tokens are compared, as the scan compares them (position 0, which the
 # scan never tests, ends every walk).
@@ -93,8 +93,8 @@ cdef class SimpleProposer(Proposer):
 
     Notes
     -----
-    Memory: with the index, per slot 4 bytes per context token plus a hash table of 24 to 48
-    bytes per distinct n-gram (12-byte entries, at most half full); the scan needs nothing.
+    Memory: with the index, per slot 4 bytes per context token plus a hash table of 16 to 32
+    bytes per distinct n-gram (8-byte entries, at most half full); the scan needs nothing.
 
     Thread-safety: one thread per slot at a time (the index is per slot; a second call on a
     busy slot raises RuntimeError). Drafts that index more than ``NOGIL_MIN_TOKENS`` (4096)

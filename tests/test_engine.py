@@ -155,7 +155,7 @@ def test_memory_bytes_per_slot():
 
 def test_simple_index_memory_follows_distinct_ngrams():
     """ngram-simple's position index (_posindex.pxd over _hashtable.pxd): 4 bytes per indexed
-    position plus 24 to 48 bytes per distinct n-gram (12-byte entries, at most half full), as
+    position plus 16 to 32 bytes per distinct n-gram (8-byte entries, at most half full), as
     its docstring says; an untouched slot holds nothing."""
     rng = np.random.default_rng(3)
     n, L = 3, 20_000
@@ -168,7 +168,7 @@ def test_simple_index_memory_follows_distinct_ngrams():
         eng.draft(0, text, 1)
         positions = L - n                    # indexed: 0 .. L-n-1
         mem = p.memory_bytes()
-        assert 4 * positions + 24 * distinct <= mem <= 8 * (positions + 1024) + 48 * max(
+        assert 4 * positions + 16 * distinct <= mem <= 8 * (positions + 1024) + 32 * max(
             distinct, 4096 // 2)
 
 
