@@ -188,7 +188,7 @@ def cpp_factory(name: str, n_slots: int = 1):
 
 
 def uses_pool(name: str) -> bool:
-    return "ngram-mod" in PROPOSERS.get(name, "")
+    return "ngram-mod" in PROPOSERS.get(name, name)
 
 
 class Engines:
@@ -203,7 +203,7 @@ class Engines:
             return cpp_factory(name[len(CPP):], n_slots)
         if name == PROMPT_LOOKUP:
             return lambda: SpecEngine.from_proposers([PromptLookupProposer(n_slots)], n_slots)
-        spec = PROPOSERS[name]
+        spec = PROPOSERS.get(name, name)     # a short name, or any --spec-type list
         if not uses_pool(name):
             return lambda: SpecEngine(spec, n_slots=n_slots)
         pool = self.pool

@@ -1,14 +1,15 @@
 # distutils: language = c++
 # distutils: extra_compile_args = -std=c++17
-"""ngram-cache: llama.cpp's lookup-decoding proposer (spec section 6), bit-exact.
+"""ngram-cache: llama.cpp's lookup-decoding proposer (``common_speculative_impl_ngram_cache``
+over common/ngram-cache.cpp), bit-exact.
 
 Three n-gram caches per slot map an n-gram (1 to 4 tokens) to the counts of the tokens that
 followed it: ``context`` (learned online from the slot's token stream), ``dynamic`` (loaded from
 ``--lookup-cache-dynamic``) and ``static`` (loaded from ``--lookup-cache-static``, 2-grams).
 
-Bit-exactness hinges on one thing the spec cannot write down as a formula: when two candidate
-tokens tie, llama.cpp keeps the one that comes first in the iteration order of libstdc++'s
-``std::unordered_map<int32_t, int32_t>`` (spec 6.4). That order depends on the prime bucket
+Bit-exactness hinges on one thing no formula states: when two candidate tokens tie, llama.cpp's
+``try_draft`` keeps the one that comes first in the iteration order of libstdc++'s
+``std::unordered_map<int32_t, int32_t>``. That order depends on the prime bucket
 policy and on the insertion history, so this module keeps the counts in a table that reproduces
 that container's node list, bucket walk and rehash policy (``_ordered_table.h``, built on
 libstdc++'s own ``_Prime_rehash_policy``) and fills it with the same sequence of insertions as
@@ -20,118 +21,39 @@ input floods ((x, x) and (x, x, y, y) all hash to 0): a separate index keyed wit
 per-process SipHash finds them in O(1) whatever the tokens (issue 20).
 
 Layout: C++ container primitives in ``_ngram_cache.h`` (they catch ``std::bad_alloc`` so
-the Cython kernels can stay ``noexcept nogil``), the algorithms as Cython kernels, and two
-extension classes: `NgramCache` (one cache, file I/O) and `NgramCacheProposer`.
+the Cython kernels can stay ``noexcept nogil``), the update and draft kernels in
+``_ngram_cache.pxd``, the file kernels here, and two extension classes: `NgramCache` (one
+cache, file I/O) and `NgramCacheProposer`.
 """
+cimport numpy as cnp
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cython.operator cimport dereference as deref, preincrement as inc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 
-from ngramspec._proposer cimport Proposer
-from ngramspec._types cimport token_t
-from ngramspec._proposer import check_int
+from ngramspec._ngram_cache cimport (CACHE_N_DRAFT, NGRAM_MAX, NGRAM_MIN, TOKEN_NULL, cache_draft,
+                                     cache_update, ngs_add, ngs_cache, ngs_copy_cache, ngs_find,
+                                     ngs_free, ngs_insert_copy, ngs_new_part, ngs_ngram, ngs_part,
+                                     ngs_part_emplace, ngs_slot, ngs_std_add, ngs_std_cache,
+                                     ngs_std_merge, ngs_std_new_part, ngs_std_part)
+from ngramspec._proposer cimport (Proposer, as_token, as_tokens, claim_slot, proposer_draft,
+                                  raise_busy, tok_ptr)
+from ngramspec._types cimport NOGIL_FREE_NGRAMS, NOGIL_MIN_TOKENS, token_t
 
 import os
 import weakref
 
 import numpy as np
 
+from ngramspec._proposer import check_int
 
-cdef extern from "_ngram_cache.h" nogil:
-    cdef cppclass ngs_ngram:
-        int32_t tokens[4]
-
-    ctypedef pair[int32_t, int32_t] ngs_tc
-
-    cdef cppclass ngs_part:
-        cppclass iterator:
-            ngs_tc& operator*()
-            iterator operator++()
-            bint operator==(iterator)
-            bint operator!=(iterator)
-        iterator begin()
-        iterator end()
-        iterator find(int32_t&)
-        size_t size()
-        size_t bucket_count()
-        size_t index_capacity()
-
-    ctypedef pair[ngs_ngram, ngs_part] ngs_item
-
-    cdef cppclass ngs_cache:
-        cppclass iterator:
-            ngs_item& operator*()
-            iterator operator++()
-            bint operator==(iterator)
-            bint operator!=(iterator)
-        iterator begin()
-        iterator end()
-        size_t size()
-        size_t bucket_count()
-        size_t index_capacity()
-        void clear()
-
-    cdef cppclass ngs_slot:
-        size_t cache_size
-        bint busy
-        ngs_cache context
-
-    cdef cppclass ngs_std_part:
-        cppclass iterator:
-            ngs_tc& operator*()
-            iterator operator++()
-            bint operator!=(iterator)
-        iterator begin()
-        iterator end()
-        size_t size()
-        size_t bucket_count()
-        void emplace(int32_t, int32_t)
-
-    ctypedef pair[ngs_ngram, ngs_std_part] ngs_std_item
-
-    cdef cppclass ngs_std_cache:
-        cppclass iterator:
-            ngs_std_item& operator*()
-            iterator operator++()
-            bint operator!=(iterator)
-        iterator begin()
-        iterator end()
-        size_t size()
-        size_t bucket_count()
-        void clear()
-
-    void ngs_std_add(ngs_std_cache* c, const ngs_ngram& g, int32_t tok, int32_t count) except +
-    void ngs_std_merge(ngs_std_cache* dst, const ngs_std_cache* src) except +
-    ngs_std_part* ngs_std_new_part(ngs_std_cache* c, const ngs_ngram& g) except +
-
-    ngs_part* ngs_find(ngs_cache* c, const ngs_ngram& g)
-    int ngs_add(ngs_cache* c, const ngs_ngram& g, int32_t tok, int32_t count)
-    ngs_part* ngs_new_part(ngs_cache* c, const ngs_ngram& g, int* is_new)
-    int ngs_part_emplace(ngs_part* p, int32_t tok, int32_t count)
-    int ngs_insert_copy(ngs_cache* c, const ngs_ngram& g, const ngs_part* p)
-    int ngs_copy_cache(ngs_cache* dst, const ngs_cache* src)
-    void ngs_free(ngs_cache* c)
-    const int* ngs_min_n_lax
-    const int* ngs_min_pct_lax
-    const int* ngs_min_n_strict
-    const int* ngs_min_pct_strict
+cnp.import_array()
 
 
-# llama.cpp's constants (common/ngram-cache.h, common/speculative.cpp).
+# llama.cpp's lookup-cache file format (common_ngram_cache_save / _load).
 cdef enum:
-    NGRAM_MIN = 1
-    NGRAM_MAX = 4
-    NGRAM_STATIC = 2
-    CACHE_N_DRAFT = 8       # hard-coded n_draft of the ngram-cache implementation
-    TOKEN_NULL = -1         # LLAMA_TOKEN_NULL
-    RECORD_HEAD = 20        # file: 4 int32 tokens + int32 count of pairs
-    PAIR_SIZE = 8           # file: int32 token + int32 count
-    # Contexts whose unseen tail is at least this long are hashed without the GIL (a few ms).
-    NOGIL_UPDATE_TOKENS = 2048
-    # Context caches with at least this many n-grams are freed without the GIL (~0.1 ms+).
-    NOGIL_FREE_NGRAMS = 4096
+    RECORD_HEAD = 20        # 4 int32 tokens + int32 count of pairs
+    PAIR_SIZE = 8           # int32 token + int32 count
 
 # vocab_end without a vocabulary bound: every int32 token id >= 0 is below it.
 cdef int64_t VOCAB_UNBOUNDED = 1 << 31
@@ -149,166 +71,8 @@ cdef enum:
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernels
+# File kernels (the update and draft kernels are in _ngram_cache.pxd)
 # ---------------------------------------------------------------------------------------------
-
-cdef inline int32_t wrap_mul(int32_t a, int32_t b) noexcept nogil:
-    # llama.cpp compares int32 products; g++ emits a 32-bit multiply that wraps. Doing the same
-    # in unsigned arithmetic gives that result without relying on signed overflow.
-    return <int32_t>(<uint32_t>a * <uint32_t>b)
-
-
-cdef inline int32_t wrap_add(int32_t a, int32_t b) noexcept nogil:
-    return <int32_t>(<uint32_t>a + <uint32_t>b)
-
-
-cdef inline token_t seq_at(const token_t* a, Py_ssize_t na, token_t tail, Py_ssize_t k) noexcept nogil:
-    # The sequence a[0:na] + [tail] without materializing it (llama.cpp copies it).
-    return a[k] if k < na else tail
-
-
-cdef int cache_update(ngs_cache* cache, const token_t* a, Py_ssize_t na, token_t tail,
-                      bint has_tail, int ngram_min, int ngram_max) noexcept nogil:
-    """common_ngram_cache_update(cache, ngram_min, ngram_max, seq, nnew=len(seq)) over
-    seq = a[0:na] (+ [tail] if has_tail). Loop order is llama.cpp's: size outer, position inner;
-    it fixes the insertion sequence and so the tie order. Returns 0, or -1 when out of memory."""
-    cdef Py_ssize_t m = na + (1 if has_tail else 0)
-    cdef Py_ssize_t i, j
-    cdef int size
-    cdef ngs_ngram g
-    for size in range(ngram_min, ngram_max + 1):
-        for j in range(size, NGRAM_MAX):
-            g.tokens[j] = TOKEN_NULL
-        # i_start = max(len - nnew, size) = size, as nnew = len
-        for i in range(size, m):
-            for j in range(size):
-                g.tokens[j] = seq_at(a, na, tail, i - size + j)
-            if ngs_add(cache, g, seq_at(a, na, tail, i), 1) < 0:
-                return -1
-    return 0
-
-
-cdef token_t try_primary(ngs_cache* cache, const ngs_ngram* grams, int n_sizes,
-                         ngs_part* part_static, const int* min_n, const int* min_pct) noexcept nogil:
-    """try_draft(nc_primary, ngrams, part_static, min_sample_size, min_percent) of llama.cpp,
-    without copying the parts: a part is walked in place, in its own iteration order."""
-    cdef int i
-    cdef ngs_part* part
-    cdef ngs_part.iterator it, st
-    cdef int32_t c, s, maxc, maxs, total, tok
-    cdef token_t best
-    if cache.size() == 0:
-        return TOKEN_NULL
-    for i in range(n_sizes - 1, -1, -1):    # longest n-gram first
-        part = ngs_find(cache, grams[i])
-        if part == NULL:
-            continue
-        best = TOKEN_NULL
-        maxc = 0
-        maxs = 0
-        total = 0
-        it = part.begin()
-        while it != part.end():
-            tok = deref(it).first
-            c = deref(it).second
-            s = 1
-            if part_static != NULL:
-                st = part_static.find(tok)
-                if st != part_static.end():
-                    s = wrap_mul(100, deref(st).second)
-            # strict '>': the first token in iteration order wins a tie
-            if wrap_mul(c, s) > wrap_mul(maxc, maxs):
-                best = tok
-                maxc = c
-                maxs = s
-            total = wrap_add(total, c)
-            inc(it)
-        if total < min_n[i]:
-            continue
-        if wrap_mul(100, maxc) < wrap_mul(min_pct[i], total):
-            continue
-        # llama.cpp's loop runs on while the result is LLAMA_TOKEN_NULL, which `best` still is
-        # if no product was positive
-        if best != TOKEN_NULL:
-            return best
-    return TOKEN_NULL
-
-
-cdef token_t try_static(ngs_part* part_static) noexcept nogil:
-    """try_draft(nc_static, ngram_static) of llama.cpp, given the part it looks up."""
-    cdef ngs_part.iterator it
-    cdef int32_t c, maxc = 0, total = 0
-    cdef token_t best = TOKEN_NULL
-    if part_static == NULL:
-        return TOKEN_NULL
-    it = part_static.begin()
-    while it != part_static.end():
-        c = deref(it).second
-        if c > maxc:
-            best = deref(it).first
-            maxc = c
-        total = wrap_add(total, c)
-        inc(it)
-    if total < ngs_min_n_lax[NGRAM_STATIC - 1]:
-        return TOKEN_NULL
-    if wrap_mul(100, maxc) < wrap_mul(ngs_min_pct_lax[NGRAM_STATIC - 1], total):
-        return TOKEN_NULL
-    return best
-
-
-cdef Py_ssize_t cache_draft(ngs_cache* context, ngs_cache* dynamic, ngs_cache* static_,
-                            const token_t* inp, Py_ssize_t L, token_t sampled, token_t* out,
-                            Py_ssize_t n_draft, int64_t vocab_end) noexcept nogil:
-    """common_ngram_cache_draft over X = inp + [sampled] + out[0:nd] (spec 6.3), read in place.
-
-    The draft ends before the first token >= vocab_end (the target's vocabulary size; 2**31
-    for no bound), which the target could not take.
-
-    Tiny contexts: for len(inp) + 1 in {2, 3}, llama.cpp builds the 3- and 4-grams from
-    positions before the start of the buffer (undefined behaviour, spec 6.4 item 3). Here an
-    n-gram longer than X does not exist: that size is skipped and the shorter ones are tried,
-    exactly as if its lookup had found nothing. Once the draft has made X long enough, the
-    size is used again.
-    """
-    cdef Py_ssize_t n_e = L + 1
-    cdef Py_ssize_t nd = 0, n_x, j, pos
-    cdef int size, n_sizes
-    cdef token_t tail[NGRAM_MAX]
-    cdef ngs_ngram grams[NGRAM_MAX]
-    cdef ngs_ngram g_static
-    cdef ngs_part* part_static
-    cdef token_t t
-    if n_e < NGRAM_STATIC:
-        return 0
-    while nd < n_draft:
-        n_x = n_e + nd
-        n_sizes = NGRAM_MAX if n_x >= NGRAM_MAX else <int>n_x
-        # tail[j] = X[n_x - NGRAM_MAX + j]; entries before the start of X stay unused
-        for j in range(NGRAM_MAX - n_sizes, NGRAM_MAX):
-            pos = n_x - NGRAM_MAX + j
-            if pos < L:
-                tail[j] = inp[pos]
-            elif pos == L:
-                tail[j] = sampled
-            else:
-                tail[j] = out[pos - n_e]
-        for size in range(1, n_sizes + 1):
-            for j in range(NGRAM_MAX):
-                grams[size - 1].tokens[j] = tail[NGRAM_MAX - size + j] if j < size else TOKEN_NULL
-        g_static = grams[NGRAM_STATIC - 1]
-        part_static = ngs_find(static_, g_static) if static_.size() else NULL
-        t = try_primary(context, grams, n_sizes, part_static, ngs_min_n_lax, ngs_min_pct_lax)
-        if t == TOKEN_NULL:
-            t = try_primary(dynamic, grams, n_sizes, part_static,
-                            ngs_min_n_strict, ngs_min_pct_strict)
-        if t == TOKEN_NULL:
-            t = try_static(part_static)
-        if t == TOKEN_NULL or t >= vocab_end:
-            break
-        out[nd] = t
-        nd += 1
-    return nd
-
 
 cdef inline int32_t rd_i32(const uint8_t* p) noexcept nogil:
     # little-endian on every host
@@ -487,24 +251,6 @@ class CacheFileError(ValueError):
         self.offset = offset
 
 
-def _as_tokens(tokens, str what="tokens"):
-    """A C-contiguous int32 array of valid token ids (0 .. 2**31-1); no copy if it is one."""
-    arr = np.asarray(tokens)
-    if arr.ndim != 1:
-        raise ValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
-    if arr.size == 0:
-        return np.zeros(0, dtype=np.int32)
-    if arr.dtype != np.int32:
-        if arr.dtype.kind not in "iu":
-            raise TypeError(f"{what} must hold integers, got dtype {arr.dtype}")
-        if arr.min() < 0 or arr.max() > 0x7FFFFFFF:
-            raise ValueError(f"{what}: token ids must be in 0 .. 2**31-1")
-        arr = arr.astype(np.int32)
-    elif arr.min() < 0:
-        raise ValueError(f"{what}: token ids must be in 0 .. 2**31-1")
-    return np.ascontiguousarray(arr)
-
-
 cdef ngs_ngram make_key(object ngram) except *:
     cdef ngs_ngram g
     cdef int j
@@ -514,9 +260,7 @@ cdef ngs_ngram make_key(object ngram) except *:
     for j in range(NGRAM_MAX):
         g.tokens[j] = TOKEN_NULL
     for j, t in enumerate(items):
-        if not 0 <= t <= 0x7FFFFFFF:
-            raise ValueError(f"token id {t} out of range 0 .. 2**31-1")
-        g.tokens[j] = t
+        g.tokens[j] = as_token(t, f"n-gram token {j}")
     return g
 
 
@@ -542,6 +286,8 @@ cdef class NgramCache:
     equally likely tokens, the outer order is the saved file's. Lookups and insertions cost
     O(1) whatever the tokens (no hash flooding).
 
+    Notes
+    -----
     Memory: about 120 bytes per n-gram plus 40 bytes per (n-gram, token) entry. A static cache
     built from N corpus tokens holds at most N 2-grams; a context cache holds up to 4 n-grams
     per token seen.
@@ -603,7 +349,7 @@ cdef class NgramCache:
         (none crossing its ends) and the token after it. Releases the GIL."""
         if not 1 <= ngram_min <= ngram_max <= NGRAM_MAX:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max <= {NGRAM_MAX}")
-        arr = _as_tokens(tokens)
+        arr = as_tokens(tokens, "tokens")
         cdef const token_t[::1] view = arr
         cdef Py_ssize_t n = view.shape[0]
         cdef int rc
@@ -775,12 +521,13 @@ def _cache_from_bytes(data):
 
 
 cdef class NgramCacheProposer(Proposer):
-    """llama.cpp's ``ngram-cache`` speculative type (spec section 6), bit-exact.
+    """llama.cpp's ``ngram-cache`` speculative type (common_speculative_impl_ngram_cache),
+    bit-exact.
 
     Each slot keeps a context cache learned online and ``cache_size`` (the length of the stream
     it has seen); the dynamic and static caches are read-only and shared by all slots (llama.cpp
     gives each slot an identical copy, which behaves the same). Drafts are at most 8 tokens.
-    begin and accept are no-ops, and nothing is reset between requests (spec 6.4), unless
+    begin and accept are no-ops, and nothing is reset between requests (as in llama.cpp), unless
     ``restart`` is set.
 
     Parameters
@@ -799,6 +546,8 @@ cdef class NgramCacheProposer(Proposer):
         The target model's vocabulary size (see `set_vocab`): drafts never hold a token id
         >= n_vocab, and caches holding one are refused. None (default): no bound.
 
+    Notes
+    -----
     Memory: per slot, the context cache grows without bound in a long-lived slot (about four
     n-grams per token of new context, ~150 bytes each); with ``restart`` it holds one request.
     `reset` empties it. The static and dynamic caches are held once.
@@ -876,17 +625,12 @@ cdef class NgramCacheProposer(Proposer):
         return 0    # llama.cpp: begin is a no-op
 
     cdef int _restart_slot(self, Py_ssize_t slot) except -1:
-        """Free the slot's context cache, cache_size 0: the state of a new proposer."""
+        """Free the slot's context cache, cache_size 0: the state of a new proposer. The
+        caller holds the slot (its busy flag, see `proposer_begin` and `reset`)."""
         cdef ngs_slot* st = &self.slots[slot]
-        if st.busy:
-            raise RuntimeError(f"ngram-cache slot {slot} used concurrently from two threads")
         if st.context.size() >= NOGIL_FREE_NGRAMS:
-            st.busy = True
-            try:
-                with nogil:
-                    ngs_free(&st.context)
-            finally:
-                st.busy = False
+            with nogil:
+                ngs_free(&st.context)
         else:
             ngs_free(&st.context)
         st.cache_size = 0
@@ -895,23 +639,17 @@ cdef class NgramCacheProposer(Proposer):
     cdef Py_ssize_t c_draft(self, Py_ssize_t slot, const token_t* inp, Py_ssize_t n,
                             token_t sampled, token_t* out) except -1:
         cdef ngs_slot* st = &self.slots[slot]
-        cdef Py_ssize_t cs, na
+        cdef Py_ssize_t cs = <Py_ssize_t>st.cache_size, na
         cdef int rc = 0
-        if st.busy:
-            raise RuntimeError(f"ngram-cache slot {slot} used concurrently from two threads")
-        cs = <Py_ssize_t>st.cache_size
-        # Learn the n-grams inside the unseen chunk inp[cache_size:] + [sampled] only (spec
-        # 6.2/6.4: n-grams crossing the chunk boundary are never counted).
+        # Learn the n-grams inside the unseen chunk inp[cache_size:] + [sampled] only, as
+        # common_speculative_impl_ngram_cache::draft's common_ngram_cache_update(..., n_new)
+        # does: n-grams crossing the chunk boundary are never counted.
         if cs < n + 1:
             na = n - cs
-            if na >= NOGIL_UPDATE_TOKENS:
-                st.busy = True
-                try:
-                    with nogil:
-                        rc = cache_update(&st.context, inp + cs, na, sampled, True,
-                                          NGRAM_MIN, NGRAM_MAX)
-                finally:
-                    st.busy = False
+            if na > NOGIL_MIN_TOKENS:
+                with nogil:
+                    rc = cache_update(&st.context, inp + cs, na, sampled, True,
+                                      NGRAM_MIN, NGRAM_MAX)
             else:
                 rc = cache_update(&st.context, inp + cs, na, sampled, True, NGRAM_MIN, NGRAM_MAX)
             if rc < 0:
@@ -923,11 +661,16 @@ cdef class NgramCacheProposer(Proposer):
     cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
         return 0    # llama.cpp: accept is a no-op
 
+    cdef int _check_slot(self, Py_ssize_t slot) except -1:
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot = {slot} is out of range: allowed 0 .. {self.n_slots - 1}")
+        return 0
+
     cdef ngs_slot* _slot(self, Py_ssize_t slot) except NULL:
-        if not 0 <= slot < <Py_ssize_t>self.slots.size():
-            raise IndexError(f"slot {slot} out of range 0 .. {self.slots.size() - 1}")
-        if self.slots[slot].busy:
-            raise RuntimeError(f"ngram-cache slot {slot} used concurrently from two threads")
+        """A slot's state for reading, refused while a call on the slot runs."""
+        self._check_slot(slot)
+        if self.busy[slot]:
+            raise_busy(self.name, slot)
         return &self.slots[slot]
 
     def reset(self, slot=None):
@@ -935,9 +678,13 @@ cdef class NgramCacheProposer(Proposer):
         Equivalent to a new proposer with the same static and dynamic caches (the "fresh"
         state), without reloading them. A large cache is freed without the GIL."""
         cdef Py_ssize_t i
-        for i in (range(self.slots.size()) if slot is None else (slot,)):
-            self._slot(i)   # range and concurrent-use checks
-            self._restart_slot(i)
+        for i in (range(self.n_slots) if slot is None else (slot,)):
+            self._check_slot(i)
+            claim_slot(self.busy, i, self.name)
+            try:
+                self._restart_slot(i)
+            finally:
+                self.busy[i] = 0
 
     def cache_size(self, Py_ssize_t slot=0):
         """Number of stream tokens the slot's context cache has seen (never reset by llama.cpp)."""
@@ -955,7 +702,7 @@ cdef class NgramCacheProposer(Proposer):
     def memory_bytes(self):
         """Approximate heap bytes: every slot's context cache plus the shared caches."""
         cdef Py_ssize_t i, total = 0
-        for i in range(<Py_ssize_t>self.slots.size()):
+        for i in range(self.n_slots):
             total += cache_bytes(&self._slot(i).context)
         return total + cache_bytes(self.static_c) + cache_bytes(self.dynamic_c)
 
@@ -964,17 +711,18 @@ cdef class NgramCacheProposer(Proposer):
                 f"dynamic={len(self.dynamic_cache)} n-grams restart={bool(self.restart)}>")
 
 
-def _draft_once(Proposer p, Py_ssize_t slot, inp, int sampled):
-    """One raw ``c_draft`` call (no engine, no statistics); for tests. Returns a list."""
-    arr = _as_tokens(inp, "inp")
-    cdef const token_t[::1] view = arr
+def _draft_once(Proposer p, Py_ssize_t slot, inp, sampled):
+    """One ``c_draft`` call through `proposer_draft` (the slot flag, no engine, no statistics);
+    for tests. Returns a list."""
+    cdef cnp.ndarray arr = as_tokens(inp, "inp")
+    cdef token_t tok = as_token(sampled, "sampled")
     cdef vector[token_t] out
     cdef token_t dummy = 0
-    cdef Py_ssize_t k, i
+    cdef Py_ssize_t k, i, n = cnp.PyArray_DIMS(arr)[0]
     if not 0 <= slot < p.n_slots:
-        raise IndexError(f"slot {slot} out of range")
+        raise IndexError(f"slot = {slot} is out of range: allowed 0 .. {p.n_slots - 1}")
     out.resize(p.max_draft)
-    k = p.c_draft(slot, &view[0] if view.shape[0] else &dummy, view.shape[0], sampled, out.data())
+    k = proposer_draft(p, slot, tok_ptr(arr) if n else &dummy, n, tok, out.data())
     return [out[i] for i in range(k)]
 
 
@@ -986,12 +734,19 @@ cdef class _StdCache:
     """The same operations as `NgramCache` (update, merge, load, clear, copy) on llama.cpp's
     containers themselves, libstdc++'s ``std::unordered_map`` with llama.cpp's n-gram hash,
     whose lookups scan buckets: the reference for `NgramCache`'s iteration orders. For tests
-    only (crafted input makes it quadratic)."""
+    only (crafted input makes it quadratic).
+
+    Notes
+    -----
+    Memory: libstdc++'s nodes, about 100 bytes per n-gram and 32 per (n-gram, token) entry.
+
+    Thread-safety: none (tests use it from one thread); every method holds the GIL.
+    """
     cdef ngs_std_cache c
 
     def update(self, tokens, int ngram_min=NGRAM_MIN, int ngram_max=NGRAM_MAX):
         """common_ngram_cache_update over ``tokens`` (size outer, position inner)."""
-        arr = _as_tokens(tokens)
+        arr = as_tokens(tokens, "tokens")
         cdef const token_t[::1] v = arr
         cdef Py_ssize_t i, n = v.shape[0]
         cdef int size, j

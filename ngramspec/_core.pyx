@@ -5,8 +5,12 @@ face of the kernels.
 
 The kernels are split by concern, each proposer in its own module: ``_proposer`` (allocator,
 argument validation, the `Proposer` base classes), ``_simple`` (ngram-simple), ``_map``
-(ngram-map-k / k4v), ``_mod`` (ngram-mod and its pool); the shared inline helpers are in
-``_types.pxd``, ``_hash.pxd`` and ``_posindex.pxd``. This module re-exports their public names,
+(ngram-map-k / k4v), ``_mod`` (ngram-mod and its pool), ``_cache`` (ngram-cache) and
+``_suffix`` (ngram-suffix); the shared inline helpers, with their contracts, are in
+``_types.pxd`` (token type, thresholds), ``_hash.pxd`` (llama.cpp's n-gram hashes, the rolling
+update), ``_hashtable.pxd`` (the open-addressing table) and ``_posindex.pxd`` (the position
+index); ngram-cache's containers and kernels in ``_ngram_cache.pxd``, ngram-suffix's
+automaton in ``_sam.pxd``. This module re-exports their public names,
 so ``ngramspec._core`` stays the one import for them. The behaviour is llama.cpp's at commit
 3ce7da2c (b10102), quirks included: the comments name the llama.cpp functions each kernel
 reproduces (``common/ngram-map.cpp``, ``common/ngram-mod.cpp``, ``common/speculative.cpp``).
@@ -22,8 +26,8 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 # the base class is cimported as CProposer: the name Proposer is its Python re-export below
 from ngramspec._proposer cimport (Proposer as CProposer, alloc_per_slot, as_token, as_tokens,
-                                  buffer_owner, calloc, copy_tokens, exact_int_in, proposer_accept,
-                                  proposer_begin, proposer_draft, tok_ptr)
+                                  buffer_owner, calloc, claim_slot, copy_tokens, exact_int_in,
+                                  proposer_accept, proposer_begin, proposer_draft, tok_ptr)
 from ngramspec._types cimport token_t
 
 from ngramspec._map import MapProposer
@@ -273,7 +277,7 @@ cdef class Engine:
         cdef Py_ssize_t n = cnp.PyArray_DIMS(arr)[0]
         cdef uint64_t t0
         cdef CProposer p
-        self.enter(s)
+        claim_slot(self.busy, s, "engine")
         self.pending[s] = -1
         self.checked[s] = 0                  # the next context is checked whole
         self.checked_owner[s] = None
@@ -286,14 +290,6 @@ cdef class Engine:
                 self.counters[k].calls_b += 1
         finally:
             self.busy[s] = 0
-
-    cdef inline int enter(self, Py_ssize_t s) except -1:
-        """Mark slot s busy (with the GIL held), or raise if a call on it is running."""
-        if self.busy[s]:
-            raise RuntimeError(f"slot {s} used concurrently from two threads (one thread per "
-                               f"slot at a time)")
-        self.busy[s] = 1
-        return 0
 
     def draft(self, slot, context, sampled, n_max=None):
         """Draft tokens to follow `sampled` (first non-empty draft of the chain wins).
@@ -330,7 +326,7 @@ cdef class Engine:
             else:
                 bound = min(check_int("n_max", n_max, 0), self.max_draft)
         # every argument is valid: only now change the slot's state
-        self.enter(s)
+        claim_slot(self.busy, s, "engine")
         try:
             return self.draft_chain(s, arr, context, t, L, tok, out, n_max is not None, bound)
         finally:
@@ -392,7 +388,7 @@ cdef class Engine:
         cdef Counters* c = &self.counters[which]
         cdef CProposer p
         cdef uint64_t t0 = ngs_ticks()
-        self.enter(s)
+        claim_slot(self.busy, s, "engine")
         try:
             self.pending[s] = -1
             for i in range(n):

@@ -1,12 +1,14 @@
 # cython: language_level=3
 """ngram-map-k / ngram-map-k4v (common_ngram_map_begin / _draft / _accept), quirks included."""
-from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport INT32_MAX, int16_t, int32_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcmp, memcpy, memmove, memset
 
-from ngramspec._hash cimport (extend_hash, map_hash, map_step, mix64, mod_hash, mod_pow, mod_roll,
-                             mod_step)
-from ngramspec._posindex cimport grow_positions, tab_slot
+from ngramspec._hash cimport extend_hash, map_hash, map_step, mod_hash, mod_pow, mod_step
+from ngramspec._hashtable cimport (HashTable, ht_bytes, ht_clear, ht_fill, ht_find_value, ht_free,
+                                   ht_key, ht_reserve, ht_slot)
+from ngramspec._posindex cimport (PosIndex, pos_bytes, pos_extend, pos_free, pos_indexed,
+                                  pos_invalidate, pos_newest)
 from ngramspec._proposer cimport Proposer, alloc_per_slot, calloc, malloc, realloc
 from ngramspec._types cimport NOGIL_MIN_TOKENS, token_t
 
@@ -23,101 +25,25 @@ DEF MAP_MAX_COUNT = 16380
 
 # k4v's statistics scan visits every earlier position from the key's stat_idx to the match:
 # O(L) for each newly matched key, llama.cpp's cost at long contexts. Scans of at least
-# STAT_INDEX_MIN positions go through a per-slot ScanIndex instead: chains of the positions of
-# each n-gram (by a 32-bit tag of its hash, newest first), so a scan visits only the key's
-# occurrences (checked against the text), in the same ascending order. The index is built lazily: a scan indexes at most as many new positions as it
-# covers and scans the rest linearly, so no call costs more than about twice the plain scan.
+# STAT_INDEX_MIN positions go through a per-slot ScanIndex instead: a position index
+# (_posindex.pxd: the positions of each n-gram by its hash, newest first), so a scan visits only
+# the key's occurrences (checked against the text), in the same ascending order. The index is
+# built lazily: a scan indexes at most as many new positions as it covers and scans the rest
+# linearly, so no call costs more than about twice the plain scan.
 # Once built, it also serves the shorter scans (16 positions or more) over indexed positions.
 # begin() on a prompt of STAT_INDEX_MIN tokens or more indexes the prompt (without the GIL).
 # STAT_INDEX_MIN is MapProposer's default `stat_index_min` (tests lower it).
 DEF STAT_INDEX_MIN = 2048
 
-cdef struct ScanSlot:
-    int32_t pos                # newest position of the n-grams with this tag; -1 = empty
-    uint32_t tag               # 32 bits of the n-gram's 64-bit hash (they also pick the slot)
-
-
 cdef struct ScanIndex:
-    Py_ssize_t next_i          # positions 0 .. next_i-1 are indexed
-    Py_ssize_t cap             # room in prev
-    int32_t* prev              # prev[i]: the previous position with i's tag, -1 = none
-    ScanSlot* tab              # open addressing on the tag; a power of two entries, at least
-    Py_ssize_t tab_size        # twice tab_used. Different n-grams sharing a tag share a chain:
-    Py_ssize_t tab_used        # the scan checks every position's text, so it stays exact
+    PosIndex pos               # the positions of each n-gram (by its hash), newest first
     int32_t* hits              # scratch: one scan's occurrences, newest first
     Py_ssize_t hits_cap
-    bint stale                 # clear before the next use (begin, or the context shrank)
 
 
 cdef void scan_free(ScanIndex* x) noexcept nogil:
-    free(x.prev)
-    free(x.tab)
+    pos_free(&x.pos)
     free(x.hits)
-
-
-cdef inline uint32_t scan_tag(uint64_t h) noexcept nogil:
-    return <uint32_t>(mix64(h) >> 32)      # the high half of the mixed hash (see tab_slot)
-
-
-cdef inline Py_ssize_t scan_find(ScanIndex* x, uint32_t tag) noexcept nogil:
-    """The table entry of `tag`, or the empty entry where it would go."""
-    cdef Py_ssize_t k = tag & (x.tab_size - 1)
-    while x.tab[k].pos >= 0 and x.tab[k].tag != tag:
-        k = (k + 1) & (x.tab_size - 1)
-    return k
-
-
-cdef int scan_grow_table(ScanIndex* x) noexcept nogil:
-    cdef Py_ssize_t size = x.tab_size * 2 if x.tab_size else 4096, i, k
-    cdef ScanSlot* tab = <ScanSlot*>malloc(size * sizeof(ScanSlot))
-    if tab == NULL:
-        return -1
-    memset(tab, 0xFF, size * sizeof(ScanSlot))
-    for i in range(x.tab_size):              # distinct tags: no comparison needed
-        if x.tab[i].pos >= 0:
-            k = x.tab[i].tag & (size - 1)
-            while tab[k].pos >= 0:
-                k = (k + 1) & (size - 1)
-            tab[k] = x.tab[i]
-    free(x.tab)
-    x.tab = tab
-    x.tab_size = size
-    return 0
-
-
-cdef int scan_extend(ScanIndex* x, const token_t* inp, Py_ssize_t last, Py_ssize_t n,
-                     uint64_t a_pow) noexcept nogil:
-    """Index positions next_i .. last (their n-grams must lie inside inp). -1: out of memory."""
-    cdef Py_ssize_t i, k
-    cdef uint64_t h
-    cdef uint32_t tag
-    if x.stale:
-        x.stale = False
-        x.next_i = 0
-        x.tab_used = 0
-        if x.tab != NULL:
-            memset(x.tab, 0xFF, x.tab_size * sizeof(ScanSlot))
-    if last < x.next_i:
-        return 0
-    if last >= x.cap and grow_positions(&x.prev, &x.cap, last) < 0:
-        return -1
-    h = mod_hash(inp + x.next_i, n)
-    for i in range(x.next_i, last + 1):
-        if 2 * (x.tab_used + 1) > x.tab_size:
-            if scan_grow_table(x) < 0:
-                x.next_i = i
-                return -1
-        tag = scan_tag(h)
-        k = scan_find(x, tag)
-        if x.tab[k].pos < 0:
-            x.tab[k].tag = tag
-            x.tab_used += 1
-        x.prev[i] = x.tab[k].pos
-        x.tab[k].pos = <int32_t>i
-        if i < last:
-            h = mod_roll(h, inp[i], inp[i + n], a_pow)
-    x.next_i = last + 1
-    return 0
 
 
 cdef struct MapValue:
@@ -155,12 +81,9 @@ cdef struct MapState:
     uint32_t* key_map          # MAP_INDEX_SIZE positions; 0 = empty
     uint32_t key_map_last_idx  # K
     # Lookup of key records by text, replacing llama.cpp's linear search (same result): the
-    # smallest key index per 64-bit hash of the key's text. Rebuilt after begin(), since a new
+    # smallest key index per table key (ht_key) of the key's text. Rebuilt after begin(), since a new
     # prompt changes the text found at each key_idx.
-    uint64_t* kt_hash
-    int64_t* kt_idx            # -1 = empty entry
-    Py_ssize_t kt_size         # a power of two, at least twice kt_used
-    Py_ssize_t kt_used
+    HashTable keytab           # key text hash -> smallest index into keys
     bint kt_stale              # rebuild before the next lookup
     bint kt_linear             # some key's text lies past the context: search linearly
     # reindex option: fingerprint of the context seen so far, to tell an extension from a new
@@ -190,62 +113,24 @@ cdef inline void map_erase_key(MapState* s, size_t i) noexcept nogil:
     s.n_keys -= 1
 
 
-cdef Py_ssize_t keytab_find(MapState* s, uint64_t h) noexcept nogil:
+cdef int keytab_insert(MapState* s, uint64_t h, size_t idx) noexcept nogil:
+    """Add (h -> idx) unless h is present (the smallest index stays). -1: out of memory (or an
+    index past int32, which 2**31 key records of 112 bytes each would need)."""
     cdef Py_ssize_t k
-    if s.kt_size == 0:
+    cdef uint32_t key = ht_key(h)
+    if idx > <size_t>INT32_MAX or ht_reserve(&s.keytab, 256) < 0:
         return -1
-    k = tab_slot(h, s.kt_size)
-    while s.kt_idx[k] >= 0:
-        if s.kt_hash[k] == h:
-            return <Py_ssize_t>s.kt_idx[k]
-        k = (k + 1) & (s.kt_size - 1)
-    return -1
-
-
-cdef int keytab_insert(MapState* s, uint64_t h, int64_t idx) noexcept nogil:
-    """Add (h -> idx) unless h is present (the smallest index stays). -1: out of memory."""
-    cdef Py_ssize_t k, size, i
-    cdef uint64_t* th
-    cdef int64_t* ti
-    if 2 * (s.kt_used + 1) > s.kt_size:
-        size = s.kt_size * 2 if s.kt_size else 256
-        th = <uint64_t*>malloc(size * sizeof(uint64_t))
-        ti = <int64_t*>malloc(size * sizeof(int64_t))
-        if th == NULL or ti == NULL:
-            free(th)
-            free(ti)
-            return -1
-        memset(ti, 0xFF, size * sizeof(int64_t))
-        for i in range(s.kt_size):
-            if s.kt_idx[i] >= 0:
-                k = tab_slot(s.kt_hash[i], size)
-                while ti[k] >= 0:
-                    k = (k + 1) & (size - 1)
-                th[k] = s.kt_hash[i]
-                ti[k] = s.kt_idx[i]
-        free(s.kt_hash)
-        free(s.kt_idx)
-        s.kt_hash = th
-        s.kt_idx = ti
-        s.kt_size = size
-    k = tab_slot(h, s.kt_size)
-    while s.kt_idx[k] >= 0:
-        if s.kt_hash[k] == h:
-            return 0
-        k = (k + 1) & (s.kt_size - 1)
-    s.kt_hash[k] = h
-    s.kt_idx[k] = idx
-    s.kt_used += 1
+    k = ht_slot(&s.keytab, key)
+    if s.keytab.e[k].value < 0:
+        ht_fill(&s.keytab, k, key, <int32_t>idx)
     return 0
 
 
 cdef int keytab_rebuild(MapState* s, const token_t* inp, Py_ssize_t L, Py_ssize_t n) noexcept nogil:
     cdef size_t i
-    s.kt_used = 0
+    ht_clear(&s.keytab)
     s.kt_linear = False
     s.kt_stale = False
-    if s.kt_idx != NULL:
-        memset(s.kt_idx, 0xFF, s.kt_size * sizeof(int64_t))
     for i in range(s.n_keys):
         if <Py_ssize_t>s.keys[i].key_idx + n > L:
             s.kt_linear = True               # its text is not there yet: rare, stay exact
@@ -346,14 +231,15 @@ cdef int stat_scan(MapKey* ck, ScanIndex* x, const MapParams* p, const token_t* 
     cdef Py_ssize_t n = p.n, lo = <Py_ssize_t>ck.stat_idx, hi = match, i, j, top, cnt = 0
     cdef Py_ssize_t span = hi - lo + 1, indexed
     cdef void* grown
-    indexed = 0 if x.stale else x.next_i
+    indexed = pos_indexed(&x.pos)
     # long scans build the index; once built, shorter scans over indexed positions use it too
     if span >= p.stat_index_min or (lo < indexed and span >= 16):
-        if indexed <= hi and scan_extend(x, inp, min(hi, indexed - 1 + span), n, p.a_pow) < 0:
+        if indexed <= hi and pos_extend(&x.pos, inp, min(hi, indexed - 1 + span), n,
+                                        p.a_pow) < 0:
             return -1
-        if lo < x.next_i:
-            top = min(hi, x.next_i - 1)
-            j = x.tab[scan_find(x, scan_tag(mod_hash(inp + match, n)))].pos
+        if lo < x.pos.next:
+            top = min(hi, x.pos.next - 1)
+            j = pos_newest(&x.pos, mod_hash(inp + match, n))
             while j >= lo:                   # newest first; kept to be counted oldest first
                 if j <= top and map_key_at(inp, L, j, n, sampled):
                     if cnt == x.hits_cap:
@@ -364,7 +250,7 @@ cdef int stat_scan(MapKey* ck, ScanIndex* x, const MapParams* p, const token_t* 
                         x.hits_cap = x.hits_cap * 2 + 64
                     x.hits[cnt] = <int32_t>j
                     cnt += 1
-                j = x.prev[j]
+                j = x.pos.prev[j]
             for i in range(cnt - 1, -1, -1):
                 stat_count(ck, inp, L, x.hits[i], n, p.m)
             lo = top + 1
@@ -440,12 +326,12 @@ cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, P
         if keytab_rebuild(s, inp, L, n) < 0:
             return -1
     key_hash = mod_step(mod_hash(inp + L - n + 1, n - 1), sampled)
-    found = -1 if s.kt_linear else keytab_find(s, key_hash)
+    found = -1 if s.kt_linear else ht_find_value(&s.keytab, key_hash)
     if found >= 0 and map_key_at(inp, L, <Py_ssize_t>s.keys[found].key_idx, n, sampled):
         off = found
     elif found < 0 and not s.kt_linear:
         off = s.n_keys                       # no key has this text
-    else:                                    # a 64-bit collision, or kt_linear: llama.cpp's search
+    else:                                    # a shared table key, or kt_linear: llama.cpp's search
         off = 0
         while off < s.n_keys:
             if map_key_at(inp, L, <Py_ssize_t>s.keys[off].key_idx, n, sampled):
@@ -529,13 +415,17 @@ cdef class MapProposer(Proposer):
         ngram-map-k4v's statistics scans over at least this many positions go through the
         per-slot ScanIndex (same drafts; a speed knob, lowered by tests).
 
+    Notes
+    -----
     Memory: per slot a 2**18-entry uint32 hash index (1 MiB, zero pages until touched) plus,
-    per distinct matched key (unbounded, as in llama.cpp), a 112-byte record and at most 32
-    bytes of lookup table. ngram-map-k4v adds, once a statistics scan covers 2048 positions, a
-    ScanIndex: 4 bytes per context token plus a table of 16-32 bytes per distinct n-gram.
+    per distinct matched key (unbounded, as in llama.cpp), a 112-byte record and 16 to 32
+    bytes of lookup table. ngram-map-k4v adds, once a statistics scan covers
+    ``stat_index_min`` positions, a position index: 4 bytes per context token plus a table of
+    16 to 32 bytes per distinct n-gram.
 
     Thread-safety: each slot's map is independent: one thread per slot at a time (a second
-    call on a busy slot raises RuntimeError).
+    call on a busy slot raises RuntimeError). A draft that indexes more than
+    ``NOGIL_MIN_TOKENS`` (4096) new positions releases the GIL, and so does begin().
     """
     cdef MapParams params
     cdef MapState* states
@@ -580,8 +470,7 @@ cdef class MapProposer(Proposer):
             for i in range(self.n_slots):
                 free(self.states[i].keys)
                 free(self.states[i].key_map)
-                free(self.states[i].kt_hash)
-                free(self.states[i].kt_idx)
+                ht_free(&self.states[i].keytab)
                 scan_free(&self.states[i].scan)
             free(self.states)
             self.states = NULL
@@ -613,9 +502,8 @@ cdef class MapProposer(Proposer):
         cdef size_t total = 0
         for i in range(self.n_slots):
             total += (MAP_INDEX_SIZE * sizeof(uint32_t) + self.states[i].cap_keys * sizeof(MapKey)
-                      + self.states[i].kt_size * (sizeof(uint64_t) + sizeof(int64_t))
-                      + (self.states[i].scan.cap + self.states[i].scan.hits_cap) * sizeof(int32_t)
-                      + self.states[i].scan.tab_size * sizeof(ScanSlot))
+                      + ht_bytes(&self.states[i].keytab) + pos_bytes(&self.states[i].scan.pos)
+                      + self.states[i].scan.hits_cap * sizeof(int32_t))
         return total
 
     cdef int c_begin(self, Py_ssize_t slot, const token_t* prompt, Py_ssize_t n) except -1:
@@ -624,11 +512,11 @@ cdef class MapProposer(Proposer):
             if self.params.reindex:
                 map_begin_reindex(&self.states[slot], prompt, n)
             map_begin(&self.states[slot], &self.params, n)
-            self.states[slot].scan.stale = True   # the new prompt's text is not indexed
+            pos_invalidate(&self.states[slot].scan.pos)   # the new prompt is not indexed
             # k4v on a long prompt: index it now (GIL released) rather than in a draft call
             if not self.params.key_only and n >= self.params.stat_index_min:
-                r = scan_extend(&self.states[slot].scan, prompt, n - self.params.n,
-                                self.params.n, self.params.a_pow)
+                r = pos_extend(&self.states[slot].scan.pos, prompt, n - self.params.n,
+                               self.params.n, self.params.a_pow)
         if r < 0:
             raise MemoryError(f"out of memory while indexing {self.name}'s prompt")
         return 0
@@ -639,8 +527,8 @@ cdef class MapProposer(Proposer):
         cdef MapState* s = &self.states[slot]
         if self.params.reindex:
             map_track(s, inp, n)
-        if s.scan.next_i > 0 and s.scan.next_i - 1 + self.params.n > n:
-            s.scan.stale = True              # the context shrank without begin()
+        if pos_indexed(&s.scan.pos) - 1 + self.params.n > n:
+            pos_invalidate(&s.scan.pos)      # the context shrank without begin()
         if n - <Py_ssize_t>s.key_map_last_idx > NOGIL_MIN_TOKENS:
             with nogil:
                 r = map_draft(s, &self.params, inp, n, sampled, out)

@@ -10,7 +10,8 @@ from posix.mman cimport (MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT
 
 from ngramspec._hash cimport mod_hash, mod_pow, mod_roll
 from ngramspec._proposer cimport Proposer, alloc_per_slot, as_tokens, malloc, tok_ptr
-from ngramspec._types cimport MOD_EMPTY, MOD_POOL_MASK, MOD_POOL_SIZE, NOGIL_MIN_TOKENS, token_t
+from ngramspec._types cimport (MOD_EMPTY, MOD_POOL_MASK, MOD_POOL_SIZE, NOGIL_MIN_TOKENS,
+                               token_t)
 
 from ngramspec._proposer import check_int
 
@@ -47,6 +48,8 @@ cdef class ModPool:
     """ngram-mod's table: 2**22 int32 entries (16 MiB), EMPTY = -1, shared by every slot and
     every ngram-mod proposer given it. Allocated once, never grown.
 
+    Notes
+    -----
     Memory: exactly ``nbytes`` = 16 MiB, whatever the number of slots.
 
     Thread-safety: every read or write of the table takes the pool's lock, acquired without the
@@ -163,11 +166,9 @@ cdef class ModPool:
 
 cdef void mod_insert(ModPool pool, const token_t* t, Py_ssize_t start, Py_ssize_t stop,
                      Py_ssize_t n, uint64_t a_pow) noexcept nogil:
-    """pool_add(t[i : i+n+1]) for i in [start, stop), sliding the hash in O(1) per position.
-
-    h_i = sum_k t[i+k] * A^(n-1-k) (mod 2^64), so h_{i+1} = (h_i - t[i] * A^(n-1)) * A + t[i+n]:
-    the same slots as llama.cpp's recomputed hash. Caller holds the pool's lock.
-    """
+    """common_ngram_mod::add(t[i : i+n+1]) for i in [start, stop), sliding the hash in O(1)
+    per position (`mod_roll`, _hash.pxd): the same slots as llama.cpp's recomputed hash. Caller
+    holds the pool's lock."""
     if start >= stop:
         return
     cdef int32_t* entries = pool.entries
@@ -217,6 +218,8 @@ cdef class ModProposer(Proposer):
     pool : ModPool or None -- the shared table (a new one when None)
     n_slots : int, >= 1
 
+    Notes
+    -----
     Memory: the shared 16 MiB pool plus 24 bytes per slot and an (n_match + n_max)-token buffer
     per slot. Thread-safety: pool access is locked (see `ModPool`); per-slot state needs one
     thread per slot at a time (a second call on a busy slot raises RuntimeError). begin() releases the GIL while it inserts the prompt.

@@ -57,8 +57,7 @@ typedef ngs::ordered_table<int32_t, int32_t, std::hash<int32_t>, ngs_token_index
 typedef ngs::ordered_table<ngs_ngram, ngs_part, ngs_ngram_hash, ngs_ngram_index_hash> ngs_cache;
 
 struct ngs_slot {
-    size_t cache_size = 0;   // tokens of the slot's stream already seen (never reset, spec 6.4)
-    bool busy = false;       // set (with the GIL held) while a call runs without the GIL
+    size_t cache_size = 0;   // tokens of the slot's stream already seen (llama.cpp never resets it)
     ngs_cache context;
 };
 

@@ -1,15 +1,28 @@
 # C-level contract of ngramspec's proposers (cimported by every kernel module).
 #
-# Every proposer is a `Proposer` subclass. The engine (`ngramspec._core.Engine`) validates slot
-# indices and token arrays once, then calls the `c_*` methods with raw pointers; a `c_*` method
-# may trust `0 <= slot < n_slots`, `tokens` pointing at `n` valid ids in 0 .. TOKEN_MAX_C, and
-# `out` having room for `max_draft` tokens. The pointers are borrowed for the call only: a
-# proposer copies what it keeps. Between two c_begin calls on a slot, the context passed to
-# c_draft only grows (llama-server appends to the KV cache): incremental state may rely on the
-# tokens it already saw staying as they were, but must survive a shorter context (start over).
-# Callers go through `proposer_begin` / `proposer_draft` / `proposer_accept`, which refuse a
-# second call on a slot while one runs (RuntimeError), so a `c_*` method may also trust that no
-# other thread uses its slot; state shared across slots needs the proposer's own lock.
+# Every proposer is a `Proposer` subclass, one per llama.cpp speculative type: c_begin /
+# c_draft / c_accept are llama.cpp's common_speculative_impl_*::begin / draft / accept (the
+# engine, `ngramspec._core.Engine`, is common_speculative_begin / _draft / _accept around them).
+#
+# Arguments: the engine validates slot indices and token arrays once (as_tokens / as_token
+# below, the kernels' one validator), then calls the `c_*` methods with raw pointers; a `c_*`
+# method may trust `0 <= slot < n_slots`, `tokens` pointing at `n` valid ids in
+# 0 .. TOKEN_MAX_C (never negative: kernels may use negative values as sentinels, e.g.
+# LLAMA_TOKEN_NULL = -1), and `out` having room for `max_draft` tokens.
+#
+# Ownership: the pointers are borrowed for the call only: a proposer copies what it keeps. Its
+# own state is allocated with the allocator below and freed by the proposer.
+#
+# Append-only context: between two c_begin calls on a slot, the context passed to c_draft only
+# grows (llama-server appends to the slot's KV cache): incremental state (position indexes,
+# learned n-grams) may rely on the tokens it already saw staying as they were, but must survive
+# a shorter or different context (start over) without a wrong draft or a bad memory access.
+#
+# Thread-safety: callers go through `proposer_begin` / `proposer_draft` / `proposer_accept`,
+# which claim the slot (`claim_slot`: a second call on a slot while one runs raises
+# RuntimeError), so a `c_*` method may also trust that no other thread uses its slot and may
+# release the GIL (above NOGIL_MIN_TOKENS of work); state shared across slots needs the
+# proposer's own lock.
 cimport numpy as cnp
 from cpython.long cimport PyLong_CheckExact
 from cpython.ref cimport PyObject
@@ -46,7 +59,7 @@ cdef void* calloc(size_t count, size_t size) noexcept nogil
 cdef void* realloc(void* p, size_t n) noexcept nogil
 # calloc(n_slots, each) or MemoryError naming n_slots (also when the size overflows).
 cdef void* alloc_per_slot(Py_ssize_t n_slots, size_t each, str what) except NULL
-cdef int raise_busy(Proposer p, Py_ssize_t slot) except -1
+cdef int raise_busy(str who, Py_ssize_t slot) except -1
 
 # Argument validation: the full checks (any array-like, every error message); the inline fast
 # paths below (as_tokens, as_token) fall back on them.
@@ -105,13 +118,20 @@ cdef inline bint exact_int_in(object value, long long lo, long long hi, long lon
     return True
 
 
-# One call on a slot at a time: the flag is tested and set with the GIL held, so it needs no
-# lock; kernels that release the GIL stay protected until the call returns.
+# The kernels' one slot-lock idiom: a per-slot byte (`Proposer.busy`, the engine's own, ...),
+# tested and set with the GIL held, so it needs no lock; cleared in a `finally` once the call
+# returns, so kernels that release the GIL stay protected. `who` names the owner in the error.
+cdef inline int claim_slot(unsigned char* busy, Py_ssize_t slot, str who) except -1:
+    if busy[slot]:
+        raise_busy(who, slot)
+    busy[slot] = 1
+    return 0
+
+
+# The entry points of a proposer's c_* methods: one call on a slot at a time.
 cdef inline int proposer_begin(Proposer p, Py_ssize_t slot, const token_t* prompt,
                                Py_ssize_t n) except -1:
-    if p.busy[slot]:
-        raise_busy(p, slot)
-    p.busy[slot] = 1
+    claim_slot(p.busy, slot, p.name)
     try:
         return p.c_begin(slot, prompt, n)
     finally:
@@ -120,9 +140,7 @@ cdef inline int proposer_begin(Proposer p, Py_ssize_t slot, const token_t* promp
 
 cdef inline Py_ssize_t proposer_draft(Proposer p, Py_ssize_t slot, const token_t* inp,
                                       Py_ssize_t n, token_t sampled, token_t* out) except -1:
-    if p.busy[slot]:
-        raise_busy(p, slot)
-    p.busy[slot] = 1
+    claim_slot(p.busy, slot, p.name)
     try:
         return p.c_draft(slot, inp, n, sampled, out)
     finally:
@@ -131,9 +149,7 @@ cdef inline Py_ssize_t proposer_draft(Proposer p, Py_ssize_t slot, const token_t
 
 cdef inline int proposer_accept(Proposer p, Py_ssize_t slot, Py_ssize_t n_accepted,
                                 bint is_other) except -1:
-    if p.busy[slot]:
-        raise_busy(p, slot)
-    p.busy[slot] = 1
+    claim_slot(p.busy, slot, p.name)
     try:
         return p.c_accept(slot, n_accepted, is_other)
     finally:

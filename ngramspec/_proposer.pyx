@@ -21,7 +21,7 @@ from ngramspec._types cimport TOKEN_MAX_C, token_t
 cnp.import_array()
 
 # Python-visible constant: token ids are llama.cpp's llama_token (int32), never negative.
-TOKEN_MAX = 2147483647
+TOKEN_MAX = TOKEN_MAX_C
 
 # --------------------------------------------------------------------------------------------
 # The kernels' allocator (declared in _proposer.pxd; every kernel module uses it)
@@ -170,6 +170,16 @@ def check_int(name, value, lo, hi=None):
     return value
 
 
+def check_real(name, value, lo, hi):
+    """Validate a real parameter against its range lo .. hi; return it as float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not lo <= value <= hi:                # NaN fails too
+        raise ValueError(f"{name} = {value} is out of range: allowed {lo} .. {hi}")
+    return value
+
+
 # --------------------------------------------------------------------------------------------
 # Proposer base classes
 # --------------------------------------------------------------------------------------------
@@ -181,6 +191,8 @@ cdef class Proposer:
     through `PyProposer`, ``on_begin`` / ``on_draft`` / ``on_accept`` (Python). Use a proposer
     through `Engine`, which validates the arguments and keeps llama.cpp's statistics.
 
+    Notes
+    -----
     Memory: the base class holds nothing per slot; each subclass documents its own.
 
     Thread-safety: per-slot state may be used by one thread per slot at a time; state shared
@@ -231,8 +243,8 @@ cdef class Proposer:
         return f"<{type(self).__name__} {self.name!r} n_slots={self.n_slots}>"
 
 
-cdef int raise_busy(Proposer p, Py_ssize_t slot) except -1:
-    raise RuntimeError(f"{p.name} slot {slot} used concurrently from two threads (one thread "
+cdef int raise_busy(str who, Py_ssize_t slot) except -1:
+    raise RuntimeError(f"{who} slot {slot} used concurrently from two threads (one thread "
                        f"per slot at a time)")
 
 
@@ -243,6 +255,8 @@ cdef class PyProposer(Proposer):
     ``on_accept(slot, n_accepted, is_other)``. ``prompt`` and ``inp`` are fresh int32 copies the
     method may keep. A draft longer than ``max_draft`` raises ValueError.
 
+    Notes
+    -----
     Memory: whatever the subclass keeps; the wrapper itself holds nothing per slot.
 
     Thread-safety: the ``on_*`` methods run with the GIL held; one thread per slot at a time (a

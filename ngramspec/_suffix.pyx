@@ -68,12 +68,15 @@ from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memmove, memset
 
-from ngramspec._proposer cimport (Proposer, alloc_per_slot, malloc, proposer_accept,
-                                  proposer_begin, proposer_draft, realloc)
+from ngramspec._proposer cimport (Proposer, alloc_per_slot, as_token, as_tokens, malloc,
+                                  proposer_accept, proposer_begin, proposer_draft, realloc,
+                                  tok_ptr)
 from ngramspec._sam cimport (COUNT_DEPTH, MAX_GLOBAL_MATCH, Sam, sam_bytes_for, sam_clear,
                              sam_extend, sam_free, sam_rebuild_tail, sam_reserve, sam_step,
                              top_child)
 from ngramspec._types cimport NOGIL_MIN_TOKENS, token_t
+
+from ngramspec._proposer import check_int, check_real
 
 cnp.import_array()
 
@@ -101,7 +104,7 @@ DEF RATE_SHIFT = 10
 DEF GAIN_CAP = 8
 # Separator between the global store's sequences: never a valid token, so no match spans two.
 DEF SEP = -1
-# Prompts at least NOGIL_MIN_TOKENS long (see _types.pxd) are indexed with the GIL released.
+# Prompts longer than NOGIL_MIN_TOKENS (see _types.pxd) are indexed with the GIL released.
 
 N_CALIBRATION_CELLS = N_CELLS
 
@@ -555,20 +558,19 @@ cdef class SuffixProposer(Proposer):
     _count_depth : int
         Testing only: lowers COUNT_DEPTH (the contexts an occurrence is counted in).
 
-    Memory
-    ------
-    Per slot: a suffix automaton of 108-124 bytes per context token (allocated by doubling as
-    the context grows, at most ``max_context`` tokens: 6.8 MiB by default), 3600 uint32 of
-    calibration, ~3 * (max_draft + 1) int32 of buffers. The global store: 108-124 bytes per
-    token, up to ``global_tokens`` tokens (108 MiB by default; allocated by doubling), oldest
-    sequences evicted first. `memory_bytes` reports what is held, `sam_bytes` the bound.
+    Notes
+    -----
+    Memory: per slot a suffix automaton of 108-124 bytes per context token (allocated by
+    doubling as the context grows, at most ``max_context`` tokens: 6.8 MiB by default), 3600
+    uint32 of calibration, ~3 * (max_draft + 1) int32 of buffers. The global store: 108-124
+    bytes per token, up to ``global_tokens`` tokens (108 MiB by default; allocated by
+    doubling), oldest sequences evicted first. `memory_bytes` reports what is held, `sam_bytes` the bound.
 
-    Thread-safety
-    -------------
-    One thread per slot at a time (a second call on a busy slot raises RuntimeError, also
-    through the engine, and leaves the slot alone). The global store is shared by all slots and protected by a
-    lock: ``begin`` inserts under it with the GIL released; a draft only tries it and, when
-    another thread holds it, drafts from the local index alone (drafts never wait).
+    Thread-safety: one thread per slot at a time (a second call on a busy slot raises
+    RuntimeError, also through the engine, and leaves the slot alone). The global store is
+    shared by all slots and protected by a lock: ``begin`` inserts under it with the GIL
+    released; a draft only tries it and, when another thread holds it, drafts from the local
+    index alone (drafts never wait).
     """
     cdef Params P
     cdef Slot* slots
@@ -580,20 +582,17 @@ cdef class SuffixProposer(Proposer):
         self.lock = NULL
         memset(&self.store, 0, sizeof(Store))
 
-    def __init__(self, n_slots=1, Py_ssize_t max_draft=256, double min_prob=0.005,
-                 double gain_cost=0.02, double draft_cost=0.0078125,
-                 Py_ssize_t max_context=65536, Py_ssize_t global_tokens=1048576,
-                 Py_ssize_t global_prompt=8, *, Py_ssize_t _count_depth=COUNT_DEPTH):
-        for name, value, lo, hi in (("max_draft", max_draft, 1, 4096),
-                                    ("min_prob", min_prob, 0.0, 1.0),
-                                    ("gain_cost", gain_cost, 0.0, 1.0),
-                                    ("draft_cost", draft_cost, 0.0, 1.0),
-                                    ("max_context", max_context, 256, 1 << 26),
-                                    ("global_tokens", global_tokens, 0, 1 << 26),
-                                    ("global_prompt", global_prompt, 0, 1 << 20),
-                                    ("_count_depth", _count_depth, 1, 1 << 20)):
-            if not lo <= value <= hi:
-                raise ValueError(f"{name} = {value} is out of range: allowed {lo} .. {hi}")
+    def __init__(self, n_slots=1, max_draft=256, min_prob=0.005, gain_cost=0.02,
+                 draft_cost=0.0078125, max_context=65536, global_tokens=1048576,
+                 global_prompt=8, *, _count_depth=COUNT_DEPTH):
+        max_draft = check_int("max_draft", max_draft, 1, 4096)
+        min_prob = check_real("min_prob", min_prob, 0.0, 1.0)
+        gain_cost = check_real("gain_cost", gain_cost, 0.0, 1.0)
+        draft_cost = check_real("draft_cost", draft_cost, 0.0, 1.0)
+        max_context = check_int("max_context", max_context, 256, 1 << 26)
+        global_tokens = check_int("global_tokens", global_tokens, 0, 1 << 26)
+        global_prompt = check_int("global_prompt", global_prompt, 0, 1 << 20)
+        _count_depth = check_int("_count_depth", _count_depth, 1, 1 << 20)
         Proposer.__init__(self, "ngram-suffix", n_slots, max_draft)   # first: refuses a re-run
         self.P.max_draft = <int32_t>max_draft
         self.P.min_p = <uint32_t>(min_prob * ONE + 0.5)
@@ -665,7 +664,7 @@ cdef class SuffixProposer(Proposer):
             self.finish(s)
         if n > self.P.max_context:           # index the newest half, as on outgrowing
             off = n - self.P.max_context // 2
-        if n - off >= NOGIL_MIN_TOKENS:
+        if n - off > NOGIL_MIN_TOKENS:
             with nogil:
                 rc = slot_begin(s, prompt + off, n - off, off)
         else:
@@ -738,36 +737,29 @@ cdef class SuffixProposer(Proposer):
 
     # -- Python conveniences (tests, benchmarks; the engine checks its own arguments) ---------
 
-    def begin(self, Py_ssize_t slot, const token_t[::1] prompt):
-        """Start a request on `slot` with its full prompt (int32, ids >= 0); the slot's previous
+    def begin(self, Py_ssize_t slot, prompt):
+        """Start a request on `slot` with its full prompt (1-D token ids); the slot's previous
         request goes to the global store."""
         self._check_slot(slot)
-        if prompt.shape[0] and np.asarray(prompt).min() < 0:
-            raise ValueError("prompt holds a negative token id")
-        proposer_begin(self, slot, &prompt[0] if prompt.shape[0] else NULL, prompt.shape[0])
+        cdef cnp.ndarray arr = as_tokens(prompt, "prompt")
+        proposer_begin(self, slot, tok_ptr(arr), cnp.PyArray_DIMS(arr)[0])
 
-    def draft(self, Py_ssize_t slot, const token_t[::1] context, token_t sampled):
-        """The draft (int32 array, possibly empty) to follow context + [sampled]. Only the
-        tokens the slot has not indexed yet are checked (>= 0), as the engine does."""
+    def draft(self, Py_ssize_t slot, context, sampled):
+        """The draft (int32 array, possibly empty) to follow context + [sampled]. Of an int32
+        array, only the tokens the slot has not indexed yet are checked, as the engine does."""
         self._check_slot(slot)
         cdef Py_ssize_t lo = self.slots[slot].ctx_len if self.slots[slot].active else 0
-        if lo > context.shape[0]:
-            lo = 0
-        if sampled < 0 or (context.shape[0] > lo and np.asarray(context[lo:]).min() < 0):
-            raise ValueError("negative token id")
+        cdef cnp.ndarray arr = as_tokens(context, "context", lo)
+        cdef token_t tok = as_token(sampled, "sampled")
         cdef cnp.ndarray out = np.empty(self.max_draft, dtype=np.int32)
-        cdef Py_ssize_t k = proposer_draft(self, slot,
-                                           &context[0] if context.shape[0] else NULL,
-                                           context.shape[0], sampled,
-                                           <token_t*>cnp.PyArray_DATA(out))
+        cdef Py_ssize_t k = proposer_draft(self, slot, tok_ptr(arr), cnp.PyArray_DIMS(arr)[0],
+                                           tok, <token_t*>cnp.PyArray_DATA(out))
         return out[:k]
 
-    def accept(self, Py_ssize_t slot, Py_ssize_t n_accepted):
+    def accept(self, Py_ssize_t slot, n_accepted):
         """Report how many tokens of the slot's last draft the target accepted."""
         self._check_slot(slot)
-        if n_accepted < 0:
-            raise ValueError(f"n_accepted = {n_accepted} is out of range: allowed >= 0")
-        proposer_accept(self, slot, n_accepted, False)
+        proposer_accept(self, slot, check_int("n_accepted", n_accepted, 0), False)
 
     cdef int lock_store(self) except -1:
         """Take the store's lock (waiting without the GIL)."""

@@ -10,8 +10,11 @@ ctypedef int32_t token_t
 cdef enum:
     TOKEN_MAX_C = 2147483647
     # Kernels whose work exceeds this many tokens release the GIL (below it the release costs
-    # more than it buys). The one GIL threshold of every kernel module.
+    # more than it buys). The one GIL threshold of every kernel module that reads tokens.
     NOGIL_MIN_TOKENS = 4096
+    # ngram-cache frees a context cache of at least this many n-grams without the GIL (about
+    # 0.1 ms and more): the one threshold counted in n-grams rather than tokens.
+    NOGIL_FREE_NGRAMS = 4096
     # ngram-mod's pool (common_ngram_mod): 2**22 int32 entries, EMPTY = -1.
     MOD_POOL_SIZE = 4194304
     MOD_POOL_MASK = 4194303

@@ -480,16 +480,22 @@ def test_cache_writer_is_exclusive():
 
 def test_token_validation():
     c = NgramCache()
-    with pytest.raises(ValueError, match="token ids"):
+    # the kernels' one token validator (_proposer.as_tokens): the message names the position
+    with pytest.raises(ValueError, match=r"tokens\[1\] = -2 is not a token id: ids must be in "
+                                         r"0 \.\. 2147483647"):
         c.update([1, -2, 3])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"tokens\[1\] = 2147483648 is not a token id"):
         c.update([1, 2**31])
+    with pytest.raises(TypeError, match="not bool"):
+        c.update([1, True])
     with pytest.raises(ValueError):
         c.update([1, 2], 0, 4)
     with pytest.raises(TypeError):
         c.update([1.5, 2.0])
     with pytest.raises(ValueError):
         c.get((1, 2, 3, 4, 5))
+    with pytest.raises(ValueError, match="n-gram token 1 = -3 is not a token id"):
+        c.get((1, -3))
 
 
 # --------------------------------------------------------------------------------------------

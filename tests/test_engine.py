@@ -153,6 +153,25 @@ def test_memory_bytes_per_slot():
     assert SimpleProposer(n_slots=64, indexed=False).memory_bytes() == 0
 
 
+def test_simple_index_memory_follows_distinct_ngrams():
+    """ngram-simple's position index (_posindex.pxd over _hashtable.pxd): 4 bytes per indexed
+    position plus 16 to 32 bytes per distinct n-gram (8-byte entries, at most half full), as
+    its docstring says; an untouched slot holds nothing."""
+    rng = np.random.default_rng(3)
+    n, L = 3, 20_000
+    for text, distinct in ((rng.integers(0, 50_000, L), L - n - 1),      # all distinct
+                           (np.tile(np.arange(50), L // 50), 50)):         # 50 n-grams
+        p = SimpleProposer(n, 4, n_slots=2)
+        eng = SpecEngine.from_proposers([p])
+        text = text.astype(np.int32)
+        eng.begin(0, text)
+        eng.draft(0, text, 1)
+        positions = L - n                    # indexed: 0 .. L-n-1
+        mem = p.memory_bytes()
+        assert 4 * positions + 16 * distinct <= mem <= 8 * (positions + 1024) + 32 * max(
+            distinct, 4096 // 2)
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 12])
 def test_simple_index_matches_scan(n):
     rng = np.random.default_rng(n)

@@ -341,12 +341,23 @@ def test_python_methods_check_their_arguments():
     p = SuffixProposer(2)
     with pytest.raises(IndexError, match="slot = 2"):
         p.begin(2, np.zeros(3, dtype=np.int32))
-    with pytest.raises(ValueError, match="negative"):
+    # the kernels' one validator (_proposer.as_tokens / as_token / check_int) gives the errors
+    with pytest.raises(ValueError, match=r"prompt\[1\] = -1 is not a token id"):
         p.begin(0, np.array([1, -1], dtype=np.int32))
-    with pytest.raises(ValueError, match="negative"):
+    with pytest.raises(TypeError, match="bytes are not token ids"):
+        p.begin(0, b"abc")
+    with pytest.raises(ValueError, match="sampled = -5 is not a token id"):
         p.draft(0, np.array([1, 2], dtype=np.int32), -5)
-    with pytest.raises(ValueError, match="n_accepted"):
+    with pytest.raises(ValueError, match=r"context\[0\] = -2 is not a token id"):
+        p.draft(0, [-2, 2], 5)
+    with pytest.raises(ValueError, match="n_accepted = -1 is out of range: allowed >= 0"):
         p.accept(0, -1)
+    with pytest.raises(ValueError, match=r"min_prob = nan is out of range: allowed 0.0 .. 1.0"):
+        SuffixProposer(1, min_prob=float("nan"))
+    with pytest.raises(TypeError, match="max_draft must be an integer"):
+        SuffixProposer(1, max_draft=2.5)
+    p.begin(0, [5, 6, 7, 5, 6])              # any 1-D integer sequence, as the engine takes
+    assert p.draft(0, [5, 6, 7, 5, 6], 7).dtype == np.int32
 
 
 def test_through_the_engine():
