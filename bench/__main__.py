@@ -21,6 +21,7 @@ COMMANDS = {
                                 "the C++ baseline and llama-cpp-python's prompt lookup"),
     "cpp-baseline": ("cpp_baseline", "the C++ baseline reproduces every golden draft"),
     "ab": ("ab_steady", "A/B of two checkouts' draft-call costs, interleaved worker processes"),
+    "ab-index": ("ab_index", "A/B of two checkouts' one-off index builds, interleaved workers"),
     "suffix": ("suffix_report", "ngram-suffix in server state on the trace families (issue 7)"),
     "options": ("options_report", "the named options that fix llama.cpp's server-state "
                                   "collapse (reindex, cache restart)"),

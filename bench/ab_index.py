@@ -1,25 +1,27 @@
 """A/B: the one-off index builds of two ngramspec checkouts, measured interleaved.
 
-    python bench/ab_index.py A_ROOT B_ROOT [--rounds 16]
+    python bench ab-index A_ROOT B_ROOT [--rounds 16]
 
 ngram-simple builds its position index over the whole context in the first draft after
 begin(); ngram-map-k4v builds its statistics index over a long prompt in begin(). Each round
 runs one worker process per checkout (order alternating); a worker times, on the code-edit
 traces concatenated and cut to 32k and 128k tokens, begin + first draft (ngram-simple) and
-begin (ngram-map-k4v), best of 3. The table gives the minimum over all rounds in ms. Run it from
-a copy of bench/ (see ab_steady.py), so that neither checkout is put first on sys.path.
+begin (ngram-map-k4v), best of 3. The table gives the minimum over all rounds in ms. Each worker
+imports its checkout's ``ngramspec`` through ``$NGRAMSPEC_TREE`` (see `benchlib`) and this
+``bench/``'s ``benchlib``, as ``ab`` does.
 """
-import argparse
 import json
 import os
 import subprocess
 import sys
 
+import benchlib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 WORKER = r'''
 import json, sys, time
-sys.path[:0] = [sys.argv[1], sys.argv[2]]
+sys.path.insert(0, sys.argv[1])
 import numpy as np
 import benchlib
 import ngramspec
@@ -47,7 +49,7 @@ print(json.dumps(out))
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = benchlib.argument_parser(__doc__)
     ap.add_argument("a", help="checkout A (baseline)")
     ap.add_argument("b", help="checkout B")
     ap.add_argument("--rounds", type=int, default=16, help="worker runs per checkout")
@@ -56,8 +58,9 @@ def main(argv=None):
     acc = {"A": {}, "B": {}}
     for r in range(args.rounds):
         for k in (("A", "B") if r % 2 == 0 else ("B", "A")):
-            res = json.loads(subprocess.run([sys.executable, "-c", WORKER, roots[k], HERE],
-                                            check=True, capture_output=True, text=True,
+            env = dict(os.environ, **{benchlib.TREE_ENV: roots[k]})
+            res = json.loads(subprocess.run([sys.executable, "-c", WORKER, HERE], check=True,
+                                            capture_output=True, text=True, env=env,
                                             cwd=roots[k]).stdout)
             if not res.pop("file").startswith(roots[k]):
                 raise SystemExit(f"{k}: imported another ngramspec than {roots[k]}")

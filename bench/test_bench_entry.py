@@ -26,7 +26,7 @@ def commands():
 def test_every_subcommand_is_a_report_with_main():
     names = commands()
     scripts = {p.stem for p in BENCH.glob("[!t]*.py")
-               if p.stem.endswith(("_report", "_baseline", "_steady", "_load"))}
+               if p.stem.endswith(("_report", "_baseline", "_steady", "_load", "_index"))}
     assert scripts == {module for module, _ in names.values() if module}
     for module, _ in names.values():
         if module:
