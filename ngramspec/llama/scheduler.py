@@ -45,6 +45,7 @@ from .text import TextStream, token_piece_fn
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop
 from ngramspec.registry import parse_types
+from ngramspec.tokens import token_array
 
 __all__ = ["Scheduler", "RequestHandle", "Completion", "Chunk", "QueueFull"]
 
@@ -388,19 +389,17 @@ class Scheduler:
         return req.handle
 
     def _check_prompt(self, prompt_tokens) -> np.ndarray:
-        try:
-            arr = np.asarray(prompt_tokens)
-        except Exception as exc:
-            raise TypeError(f"prompt_tokens must be a sequence of token ids: {exc}") from None
-        if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+        # The package's one token validator (ngramspec.tokens), then this model's own bounds.
+        arr = token_array(prompt_tokens, "prompt_tokens")
+        if arr.size == 0:
             raise ValueError("prompt_tokens must be a non-empty 1-D sequence of integer token ids")
-        if arr.min() < 0 or arr.max() >= self.n_vocab:
+        if arr.max() >= self.n_vocab:
             raise ValueError(f"prompt_tokens: token ids must lie in 0 .. {self.n_vocab - 1}")
         if arr.size >= self.n_ctx_slot:
             raise ValueError(f"prompt_tokens: the prompt ({arr.size} tokens) does not fit a slot's "
                              f"context (n_ctx {self.n_ctx} / {self.n_slots} slots = "
                              f"{self.n_ctx_slot} tokens, one kept for the first output token)")
-        return arr.astype(np.int32)
+        return arr
 
     def _check_spec(self, spec: SpeculationParams) -> None:
         if spec.types is not None:
