@@ -43,6 +43,7 @@ import contextlib
 import json
 import pathlib
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -785,8 +786,8 @@ def _limits_section(p, res):
     p("")
 
 
-def render(res):
-    """The Markdown of bench/E2E.md."""
+def render(res, notes=None):
+    """The Markdown of bench/E2E.md; `notes` (Markdown) follows the targets table."""
     s, m = res["settings"], res["machine"]
     names = s["names"]
     lines = []
@@ -815,7 +816,16 @@ def render(res):
       "`3-way tie within noise`: both chosen tokens lie within that noise of the best logit, "
       "with a third candidate between them (outside `divergence_report`'s top-2 criterion).")
     p("")
+    if int(s["threads"]) > 1:
+        p(f"**{s['threads']} decode threads**: the CPU-time columns count the calling thread "
+          "only (ngramspec, llama-cpp-python) or the whole server process (llama-server), so "
+          "they do not compare; the wall-clock columns do, and the targets use them. On a "
+          "shared 2-core machine they carry the load of the other jobs.")
+        p("")
     _targets_section(p, res)
+    if notes:
+        p(notes.strip())
+        p("")
     p("## Speed-up over plain greedy decoding, per family")
     p("")
     fams = list(res["per_family"])
@@ -943,7 +953,11 @@ def main(argv=None):
     ap.add_argument("--md", default=None, help="write the Markdown report here")
     ap.add_argument("--render", default=None, metavar="JSON",
                     help="only render an earlier results file")
+    ap.add_argument("--notes", default=None, metavar="MD",
+                    help="Markdown put after the targets table (the analysis of a run)")
     args = ap.parse_args(argv)
+    # SIGTERM as an exception, so the llama-server processes are stopped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.render:
         res = _restore_batch_keys(json.loads(pathlib.Path(args.render).read_text()))
     else:
@@ -965,7 +979,7 @@ def main(argv=None):
         res = _restore_batch_keys(json.loads(json.dumps(_jsonable(res))))
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps(_jsonable(res), indent=1) + "\n")
-    md = render(res)
+    md = render(res, pathlib.Path(args.notes).read_text() if args.notes else None)
     if args.md:
         pathlib.Path(args.md).write_text(md)
     else:
