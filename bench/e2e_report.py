@@ -10,11 +10,15 @@ model's own tokenizer, used as-is):
 1. **Tokens/s** of greedy generation: ngramspec's live driver (``ngramspec generate``'s loop,
    :func:`ngramspec.live.generate_speculative`) with each configuration of `CONFIGS`, plain greedy
    decoding on the same driver, and llama-cpp-python's own loop: ``Llama.create_completion``
-   plain and with ``Llama(draft_model=LlamaPromptLookupDecoding())``. Every configuration runs
-   once per round, in an order rotated from round to round, so all of them see the same machine
-   load; the figures are medians over the rounds, and each ratio is taken within a round
-   (configuration / plain on the same prompt) before its median is taken. Every output is
-   checked against plain greedy decoding.
+   plain and with ``Llama(draft_model=LlamaPromptLookupDecoding())``; and llama.cpp's own
+   llama-server (`SERVER_CONFIGS`: plain and every fixed configuration made of llama.cpp's
+   types, with the same flags, ``bench/llama_server.py``; skipped with a note when no binary is
+   found), one process per configuration, started afresh each round on the same model file,
+   threads, context and batch size, fed the same token ids. Every configuration runs
+   once per round and prompt, in an order rotated from round to round, so all of them see the
+   same machine load; the figures are medians over the rounds, and each ratio is taken within
+   a round (configuration / plain on the same prompt) before its median is taken. Every output
+   is checked against plain greedy decoding.
 2. **What limits the speed-up**: the cost of one target decode of a batch of k tokens (all
    logits, as verification needs them) against one token, at a realistic position, for 1 and 2
    threads; the ceiling ``max_n n / c(n)`` with ``c(n) = t(n) / t(1)`` is what speculation could
@@ -27,13 +31,18 @@ Generation speed everywhere is ``(n_output - 1) / t`` where ``t`` runs from the 
 token (which comes from the prompt pass, the same in every configuration) to the last, measured
 twice: wall clock, and CPU time of the decoding thread (``time.thread_time()``). With one decode
 thread llama.cpp computes on the calling thread, so the CPU time is the generation's own on this
-shared machine, whatever else runs; it is the report's main figure.
+shared machine, whatever else runs; it is the report's main figure. For llama-server: wall from
+its ``timings.predicted_ms``, CPU time of the whole server process across the request (with one
+thread its HTTP threads sleep; `llama_server.LlamaServer.generation`). With 2 threads only the
+wall figures compare, and the targets (`targets`) use them.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -87,7 +96,16 @@ CONFIGS = {
     "ngram-suffix auto": ("ngram-suffix", {}),
 }
 AUTO = {"ngram-mod 8/32 auto", "chain auto", "ngram-suffix auto"}
-ALL_NAMES = [PLAIN, *CONFIGS, LCP_PLAIN, LCP_LOOKUP]
+
+# llama.cpp's own llama-server (bench/llama_server.py) with the same flags: plain, and every
+# fixed configuration made of llama.cpp's types only (ngram-suffix is ngramspec's own).
+LS_PREFIX = "llama-server "
+LS_PLAIN = LS_PREFIX + "plain"
+LLAMA_TYPES = {"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}
+SERVER_CONFIGS = {LS_PLAIN: (None, {})} | {
+    LS_PREFIX + name: (types, params) for name, (types, params) in CONFIGS.items()
+    if name not in AUTO and set(types.split(",")) <= LLAMA_TYPES}
+ALL_NAMES = [PLAIN, *CONFIGS, LCP_PLAIN, LCP_LOOKUP, *SERVER_CONFIGS]
 BATCH_KS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -155,6 +173,7 @@ class Models:
         self.lookup = CountingLookup()
         # logits_all: llama-cpp-python sizes its score buffer from it, not from draft_model.
         self.lcp_lookup = load_llama(draft_model=self.lookup, logits_all=True, **kw)
+        self.servers = {}           # name -> LlamaServer (`start_servers`)
 
 
 def run_ours(models, name, prompt, n_predict):
@@ -216,9 +235,46 @@ def run_lcp(models, name, prompt, n_predict):
     return rec
 
 
+def start_servers(stack, binary, names, threads, n_ctx, model_path=None):
+    """One llama-server process per llama-server configuration in `names` (each on its own
+    free port), stopped when `stack` closes. Same model file, threads, context and batch size
+    as ngramspec's model; ``--no-repack`` on AMX hosts (issue 14)."""
+    import llama_server
+
+    from ngramspec.repack import host_has_amx
+    extra = ["--no-repack"] if host_has_amx() else []
+    servers = {}
+    for name in names:
+        if name in SERVER_CONFIGS:
+            types, params = SERVER_CONFIGS[name]
+            servers[name] = stack.enter_context(llama_server.LlamaServer(
+                binary, model_path or default_model_path(), threads=threads, ctx_size=n_ctx,
+                flags=llama_server.spec_flags(types, params) + extra))
+    return servers
+
+
+def run_server(models, name, prompt, n_predict):
+    """One measured generation on the configuration's llama-server (`LlamaServer.generation`:
+    the prompt is processed by a 1-token request first, on slot 0 with ``cache_prompt``, so
+    the measured request re-evaluates one prompt token and generates). Speeds are ``(n - 1) /
+    t`` as for ngramspec: wall from llama-server's ``predicted_ms`` (first token to last), CPU
+    time of the whole server process across the request (one decode more than that span: the
+    1-token prompt pass, which ngramspec's call holds too)."""
+    g = models.servers[name].generation(prompt, n_predict)
+    n = len(g.tokens)
+    rec = {"tokens": [int(t) for t in g.tokens], "n_output": n,
+           "tps": (n - 1) / g.wall_s if g.wall_s > 0 and n > 1 else 0.0,
+           "cpu_tps": (n - 1) / g.cpu_s if g.cpu_s > 0 and n > 1 else 0.0}
+    if SERVER_CONFIGS[name][0] is not None:
+        rec |= {"n_drafted": g.draft_n, "n_accepted": g.draft_n_accepted}
+    return rec
+
+
 def run_one(models, name, prompt, n_predict):
     if name in (LCP_PLAIN, LCP_LOOKUP):
         return run_lcp(models, name, prompt, n_predict)
+    if name in SERVER_CONFIGS:
+        return run_server(models, name, prompt, n_predict)
     return run_ours(models, name, prompt, n_predict)
 
 
@@ -232,6 +288,9 @@ def check_against_plain(models, prompt, name, rec, plain):
         ref = ref[:len(tokens)]
         if tokens == ref and rec["text"] != plain["text"]:
             return {"match": False, "divergence": None}
+    if name in SERVER_CONFIGS and len(ref) - len(tokens) in (0, 1):
+        # llama-server's `tokens` may leave out the end-of-generation token that ends it
+        ref = ref[:len(tokens)]
     if tokens == ref:
         return {"match": True}
     rep = divergence_report(models.ours, prompt, tokens, ref)
@@ -246,25 +305,36 @@ def warm(models, prompt):
         run_lcp(models, name, prompt, 1)
 
 
-def measure_speed(models, prompts, names, n_predict, runs, log=print):
-    """Every configuration once per round, rotated; returns the raw records per prompt."""
+def measure_speed(models, prompts, names, n_predict, runs, log=print, start=None):
+    """Every configuration once per round and prompt, in an order rotated from round to round
+    and prompt to prompt; returns the raw records per prompt.
+
+    Rounds are the outer loop: `start` (a callable taking an ExitStack) starts the llama-server
+    processes afresh for each round, so a server has seen each prompt once when it generates
+    for it — llama-server keeps drafting state across requests (ngram-mod's pool is one per
+    server), and a second run of the same prompt would draft from its own earlier output.
+    Each prompt is warmed (`warm`) before its runs in every round."""
+    recs = [{name: [] for name in names} for _ in prompts]
+    for r in range(runs):
+        with contextlib.ExitStack() as stack:
+            if start is not None:
+                start(stack)
+            for i, (family, req) in enumerate(prompts):
+                warm(models, req.prompt)
+                shift = (r + i) % len(names)
+                for name in names[shift:] + names[:shift]:
+                    recs[i][name].append(run_one(models, name, req.prompt, n_predict))
+                log(f"  round {r + 1}/{runs}: {req.id} done")
     out = []
-    for family, req in prompts:
+    for (family, req), rec in zip(prompts, recs):
         prompt = req.prompt
-        warm(models, prompt)
-        recs = {name: [] for name in names}
-        for r in range(runs):
-            order = names[r % len(names):] + names[:r % len(names)]
-            for name in order:
-                recs[name].append(run_one(models, name, prompt, n_predict))
-            log(f"  {req.id}: round {r + 1}/{runs} done")
-        plain = recs[PLAIN][0]
+        plain = rec[PLAIN][0]
         plain["text"] = detokenize(models.ours, plain["tokens"])
-        checks = {name: check_against_plain(models, prompt, name, recs[name][0], plain)
+        checks = {name: check_against_plain(models, prompt, name, rec[name][0], plain)
                   for name in names if name != PLAIN}
         oracle = oracle_speedup(models.cost_model, len(prompt), plain["n_output"])
         out.append({"family": family, "id": req.id, "n_prompt": len(prompt),
-                    "records": recs, "checks": checks, "oracle": oracle["speedup"],
+                    "records": rec, "checks": checks, "oracle": oracle["speedup"],
                     "copied_from_trace": copied_prefix(plain["tokens"], req.output),
                     "match4_live": match4(prompt, plain["tokens"]),
                     "match4_recorded": match4(prompt, req.output[:len(plain["tokens"])])})
@@ -427,8 +497,9 @@ def summarize(speed, names):
                 per_family[fam][name]["share_of_oracle"] = (
                     (per_family[fam][name]["vs_plain_cpu"] - 1) / (oracle - 1)
                     if oracle > 1 else None)
-            per_family[fam][name]["min_vs_plain_cpu"] = min(
-                r["configs"][name]["vs_plain_cpu"] for r in rows)
+            for key in ("vs_plain_cpu", "vs_plain"):
+                per_family[fam][name]["min_" + key] = min(
+                    r["configs"][name][key] for r in rows)
             per_family[fam][name]["all_match"] = all(
                 r["configs"][name]["match"] or (r["configs"][name].get("divergence") or {})
                 .get("within_float_noise", False) for r in rows)
@@ -475,7 +546,20 @@ def measure(n_code=4, n_chat=3, n_predict=256, runs=3, threads=1, n_ctx=4096, na
     log(f"cost model: {models.cost_model.source}")
     log(f"prompts: {[(f, len(r.prompt)) for f, r in prompts]}")
     info = machine()
-    speed = measure_speed(models, prompts, names, n_predict, runs, log)
+    binary = None
+    if any(n in SERVER_CONFIGS for n in names):
+        import llama_server
+        binary = llama_server.find_binary()
+        if binary is None:
+            log("note: no llama-server binary ($NGRAMSPEC_LLAMA_SERVER, "
+                "bench/build_llama_server.sh, PATH): its configurations are skipped")
+            names = [n for n in names if n not in SERVER_CONFIGS]
+        else:
+            info["llama_server"] = str(binary)
+
+    def start(stack):
+        models.servers = start_servers(stack, binary, names, threads, n_ctx)
+    speed = measure_speed(models, prompts, names, n_predict, runs, log, start)
     for p, (family, req) in zip(speed, prompts):
         p["replay"] = replay_tokens_per_step(req, n_predict, names, models.cost_model)
     per_prompt, per_family = summarize(speed, names)
@@ -498,7 +582,8 @@ def measure(n_code=4, n_chat=3, n_predict=256, runs=3, threads=1, n_ctx=4096, na
                          "n_predict": n_predict,
                          "runs": runs, "threads": threads, "n_ctx": n_ctx, "names": names,
                          "configs": {k: {"spec_type": v[0], "params": v[1]}
-                                     for k, v in CONFIGS.items() if k in names}},
+                                     for k, v in (CONFIGS | SERVER_CONFIGS).items()
+                                     if k in names}},
             "per_prompt": per_prompt, "per_family": per_family, "batch": batch,
             "raw": [{k: v for k, v in p.items() if k != "records"} | {
                 "tps": {n: [r["tps"] for r in p["records"][n]] for n in names},
@@ -609,6 +694,76 @@ def _oracle_section(p, res):
         p("")
 
 
+def main_metric(res):
+    """The ratio the targets use: CPU time with one decode thread (the thread's own CPU time
+    is the generation's, whatever else runs); wall clock with more (only it compares)."""
+    return "vs_plain_cpu" if int(res["settings"]["threads"]) == 1 else "vs_plain"
+
+
+def targets(res):
+    """Issue 16's targets on this run: rows of (target, measured, met: True/False/None).
+
+    Every figure is a ratio to plain (`main_metric`), per family the geometric mean over the
+    prompts; "auto" is each of the auto configurations where the target is about auto."""
+    key = main_metric(res)
+    fams, names = list(res["per_family"]), res["settings"]["names"]
+    fam = res["per_family"]
+    auto = [n for n in names if n in AUTO]
+    fixed = [n for n in names if n in CONFIGS and n not in AUTO]
+    servers = [n for n in names if n in SERVER_CONFIGS and n != LS_PLAIN]
+    rows = []
+    for n in auto:
+        worst = min((fam[f][n]["min_" + key], f) for f in fams)
+        rows.append((f"never slower: {n} >= 0.97× plain on every prompt",
+                     f"worst prompt {worst[0]:.3f} ({worst[1]})", worst[0] >= 0.97))
+    if auto and fixed:
+        for f in fams:
+            ba = max(auto, key=lambda n: fam[f][n][key])
+            bf = max(fixed, key=lambda n: fam[f][n][key])
+            gen = generate_config() if generate_config() in auto else ba
+            rows.append((f"best everywhere, {f}: auto >= the best fixed configuration",
+                         f"best auto {ba} {fam[f][ba][key]:.3f}, generate's default "
+                         f"{gen} {fam[f][gen][key]:.3f}; best fixed {bf} "
+                         f"{fam[f][bf][key]:.3f}", fam[f][ba][key] >= fam[f][bf][key]))
+    if auto and servers and "code-edit" in fams:
+        f = "code-edit"
+        ba = max(auto, key=lambda n: fam[f][n][key])
+        bs = max(servers, key=lambda n: fam[f][n][key])
+        ratio = fam[f][ba][key] / fam[f][bs][key]
+        rows.append(("ahead of llama.cpp, code-edit: auto >= 1.1× llama-server's best fixed",
+                     f"{ba} {fam[f][ba][key]:.3f} / {bs} {fam[f][bs][key]:.3f} = "
+                     f"{ratio:.3f}×", ratio >= 1.1))
+        share = fam[f][ba].get("share_of_oracle")
+        if share is not None:
+            rows.append(("moonshot, code-edit: auto >= 70% of the oracle's gain",
+                         f"{ba} {share:.0%}", share >= 0.7))
+    mods = [n for n in names if n in CONFIGS and CONFIGS[n][0] == "ngram-mod"]
+    if "ngram-suffix auto" in names and mods:
+        for f in fams:
+            bm = max(mods, key=lambda n: fam[f][n][key])
+            su = fam[f]["ngram-suffix auto"][key]
+            rows.append((f"ngram-suffix auto no worse than ngram-mod, {f}",
+                         f"{su:.3f} vs {bm} {fam[f][bm][key]:.3f}", su >= fam[f][bm][key]))
+    return rows
+
+
+def _targets_section(p, res):
+    rows = targets(res)
+    if not rows:
+        return
+    p("## Targets (issue 16)")
+    p("")
+    p(f"Ratios to plain from {'CPU time' if main_metric(res) == 'vs_plain_cpu' else 'wall clock'}"
+      ", per family the geometric mean over its prompts (never slower: the lowest single "
+      "prompt).")
+    p("")
+    p("| target | measured | met |")
+    p("|---|---|---|")
+    for target, figure, met in rows:
+        p(f"| {target} | {figure} | {'yes' if met else '**no**'} |")
+    p("")
+
+
 def _limits_section(p, res):
     from ngramspec.cli.generate import GENERATE_DEFAULTS
     p("## What limits the speed-up")
@@ -631,8 +786,8 @@ def _limits_section(p, res):
     p("")
 
 
-def render(res):
-    """The Markdown of bench/results/e2e.md."""
+def render(res, notes=None):
+    """The Markdown of bench/results/e2e.md; `notes` (Markdown) follows the targets table."""
     s, m = res["settings"], res["machine"]
     names = s["names"]
     lines = []
@@ -661,6 +816,16 @@ def render(res):
       "`3-way tie within noise`: both chosen tokens lie within that noise of the best logit, "
       "with a third candidate between them (outside `divergence_report`'s top-2 criterion).")
     p("")
+    if int(s["threads"]) > 1:
+        p(f"**{s['threads']} decode threads**: the CPU-time columns count the calling thread "
+          "only (ngramspec, llama-cpp-python) or the whole server process (llama-server), so "
+          "they do not compare; the wall-clock columns do, and the targets use them. On a "
+          "shared 2-core machine they carry the load of the other jobs.")
+        p("")
+    _targets_section(p, res)
+    if notes:
+        p(notes.strip())
+        p("")
     p("## Speed-up over plain greedy decoding, per family")
     p("")
     fams = list(res["per_family"])
@@ -790,7 +955,11 @@ def main(argv=None):
                     help="write the Markdown report here (default: %(default)s)")
     ap.add_argument("--render", default=None, metavar="JSON",
                     help="only render an earlier results file")
+    ap.add_argument("--notes", default=None, metavar="MD",
+                    help="Markdown put after the targets table (the analysis of a run)")
     args = ap.parse_args(argv)
+    # SIGTERM as an exception, so the llama-server processes are stopped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.render:
         res = _restore_batch_keys(json.loads(pathlib.Path(args.render).read_text()))
     else:
@@ -812,7 +981,7 @@ def main(argv=None):
         res = _restore_batch_keys(json.loads(json.dumps(_jsonable(res))))
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps(_jsonable(res), indent=1) + "\n")
-    md = render(res)
+    md = render(res, pathlib.Path(args.notes).read_text() if args.notes else None)
     if args.md:
         pathlib.Path(args.md).write_text(md)
     else:

@@ -12,8 +12,20 @@
   own per-token probabilities where it has them (ngram-suffix), otherwise a per-slot,
   per-proposer, per-position acceptance estimate learned online from the verified steps
   (`ngramspec.acceptance.AcceptanceEstimator`, censoring-aware). k = 0 is a plain decode step.
-  A slot that stopped verifying drafts probes a short one now and then (after 8 plain steps,
-  then 16, 32, ... up to 128), so it learns when drafting pays again. A proposer whose own
+  A slot probes its first draft, and a slot that stopped verifying drafts probes a short one
+  now and then (after 8 plain steps, then 16, 32, ... up to 128), so it learns when drafting
+  pays again.
+
+  Extension: a verified draft that was cut short and accepted whole says only "at least k"
+  about the positions after k (censored), so the estimates there stay at what the positions
+  before them suggest, and on a CPU, where c(k) grows almost like k, that keeps a confident
+  proposer's long drafts cut forever (ngram-mod's copies of a file are accepted whole, and pay
+  only when verified long). So the next draft is verified to twice that
+  length (up to the draft's own), while every draft since is accepted whole — slow start:
+  the lengths double, and the first rejection ends it at a cost of at most the tokens won
+  before it. The estimates then rest on observed positions; where the next position was
+  already observed (less than once, counts faded), no extension. Only where such a draft, accepted
+  whole, would pay at all (k + 1 > c(k + 1)). A proposer whose own
   time is a sizeable part of a decode (a draft model) has it added to the cost and is not
   called at all when no draft would pay.
 """
@@ -35,11 +47,13 @@ POLICIES = ("auto", "fixed")
 
 class _SlotState:
     __slots__ = ("estimators", "since_verified", "probe_interval", "pending", "probing",
-                 "n_drafted", "n_past", "draft_s_per_token", "draft_ns0")
+                 "n_drafted", "n_past", "draft_s_per_token", "draft_ns0", "extend_to")
 
     def __init__(self, probe_min: int):
         self.estimators: Dict[int, AcceptanceEstimator] = {}
-        self.since_verified = 0       # steps since the last verified draft
+        # steps since the last verified draft; a new slot probes its first draft (a request
+        # may be too short to wait for the first probe)
+        self.since_verified = probe_min
         self.probe_interval = probe_min
         self.pending = -1             # proposer index of the draft being verified
         self.probing = False
@@ -47,6 +61,7 @@ class _SlotState:
         self.n_past = 0
         self.draft_s_per_token = 0.0  # moving average of the proposer's seconds per token
         self.draft_ns0 = -1           # the loop's draft timer before this step's call
+        self.extend_to = 0            # verify the next draft to at least this length (extension)
 
 
 class AutoPolicy:
@@ -61,6 +76,10 @@ class AutoPolicy:
     probe_min, probe_max : int
         Plain steps before the first probe, and the longest wait between probes (the wait
         doubles after each probe that is rejected).
+    extend : bool
+        Extension (module docstring): after a cut draft is accepted whole, verify the next
+        one to twice the length. Drafts scored by their proposer (ngram-suffix) are not
+        extended: each says itself what it is worth.
     prior, prior_weight, decay : float
         Of the acceptance estimators (`AcceptanceEstimator`).
     use_proposer_probs : bool
@@ -74,6 +93,8 @@ class AutoPolicy:
     n_steps, n_drafts_seen, n_verified, n_truncated, n_plain, n_probes, n_skipped_calls : int
         Steps seen, steps with a draft, steps that verified a draft, drafts shortened, drafts
         dropped (a plain step), probes, draft calls skipped.
+    n_extended : int
+        Drafts verified longer than the estimates alone chose (extension).
 
     Raises
     ------
@@ -95,7 +116,7 @@ class AutoPolicy:
     def __init__(self, cost_model: CostModel, *, probe_len: int = 2, probe_min: int = 8,
                  probe_max: int = 128, prior: float = 0.5, prior_weight: float = 2.0,
                  decay: float = 0.95, use_proposer_probs: bool = True,
-                 proposer_time: bool = True):
+                 proposer_time: bool = True, extend: bool = True):
         if not isinstance(cost_model, CostModel):
             raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
         for name, value, lo in (("probe_len", probe_len, 1), ("probe_min", probe_min, 1),
@@ -110,10 +131,11 @@ class AutoPolicy:
         self._est_args = dict(prior=prior, prior_weight=prior_weight, decay=decay)
         self.use_proposer_probs = use_proposer_probs
         self.proposer_time = proposer_time
+        self.extend = bool(extend)
         self._slots: Dict[int, _SlotState] = {}
         self._costs: Dict[int, np.ndarray] = {}
         self.n_steps = self.n_drafts_seen = self.n_verified = self.n_truncated = 0
-        self.n_plain = self.n_probes = self.n_skipped_calls = 0
+        self.n_plain = self.n_probes = self.n_skipped_calls = self.n_extended = 0
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -260,6 +282,15 @@ class AutoPolicy:
         st.n_past = loop.n_context
         # A proposer that scores each draft itself needs no probe: its next draft says anew
         # what it is worth. The position estimates only learn from what is verified.
+        if own:
+            st.extend_to = 0
+        elif st.extend_to > k:
+            # extension: the last verified draft was cut and accepted whole; worth trying
+            # where the longer draft, accepted whole, would pay (never when c(k) = k)
+            m = min(st.extend_to, n)
+            if m > k and m + 1 > self.costs(m + 1, loop.n_context)[m]:
+                k = m
+                self.n_extended += 1
         if k == 0 and not own and self._probe_due(st):
             k = min(self.probe_len, n)
             st.probing = True
@@ -289,6 +320,12 @@ class AutoPolicy:
         est = self._estimator(st, max(st.pending, 0))
         est.observe(n_draft, n_accepted)
         st.since_verified = 0
+        # Extension: a draft cut short (n_draft < drafted) and accepted whole says nothing of
+        # the positions after it; where they are hardly known (less than one observation
+        # reached the next one), verify the next draft twice as far. A rejection ends it.
+        whole = n_accepted == n_draft
+        st.extend_to = (2 * n_draft if self.extend and whole and n_draft < st.n_drafted
+                        and est.tried[min(n_draft, est.n_max - 1)] < 1.0 else 0)
         if st.probing:
             # Probe again soon after a probe that was accepted whole (one is not enough to
             # make a costly draft pay) or that makes drafting pay already; later otherwise.
@@ -304,7 +341,7 @@ class AutoPolicy:
         return {"policy": "auto", "cost_model": self.cost_model.name, "steps": self.n_steps,
                 "drafts": self.n_drafts_seen, "verified": self.n_verified,
                 "truncated": self.n_truncated, "plain": self.n_plain, "probes": self.n_probes,
-                "skipped_calls": self.n_skipped_calls}
+                "extended": self.n_extended, "skipped_calls": self.n_skipped_calls}
 
 
 def _proposer(engine, index: int):

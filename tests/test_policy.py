@@ -261,3 +261,29 @@ def test_expensive_proposer_is_not_called_when_no_draft_would_pay():
     loop = run_recorded(Slow(len(prompt), output, 4, geometric(0.5)), 0, prompt, output,
                         policy=policy)
     assert policy.n_skipped_calls == 0 and loop.n_draft_calls == len(loop.steps)
+
+
+def test_extension_reaches_whole_drafts_that_are_accepted_whole():
+    # n-gram copies accepted whole, on the CPU-like curve where only long drafts pay: the
+    # first draft is probed (2 tokens), then each cut draft accepted whole is followed by one
+    # verified (at least) twice as far, so the whole draft is verified within a few steps;
+    # without the extension the estimates never see past the probes' positions.
+    cpu = PROFILES["cpu-embedded"]
+    policy = AutoPolicy(cpu)
+    loop = run(policy, lambda rng: 99, n=32, n_out=400)
+    verified = [s[0] for s in loop.steps if s[0] > 0]
+    assert verified[:3] == [2, 4, 8] and 32 in verified[3:5]
+    assert policy.n_extended >= 2 and policy.summary()["extended"] == policy.n_extended
+    assert np.median(verified) == 32
+    off = AutoPolicy(cpu, extend=False)
+    loop_off = run(off, lambda rng: 99, n=32, n_out=400)
+    assert off.n_extended == 0 and len(loop_off.steps) > 1.5 * len(loop.steps)
+
+
+def test_extension_stops_where_the_next_position_is_known():
+    # the first 3 tokens always right, then wrong: after the first rejection at position 4,
+    # verified drafts of 3 (accepted whole) are not extended to 6 again and again
+    policy = AutoPolicy(PROFILES["cpu-embedded"], decay=0.9)
+    loop = run(policy, lambda rng: 3)
+    late = np.array(loop.steps[len(loop.steps) // 2:])
+    assert (late[:, 0] <= 4).all()

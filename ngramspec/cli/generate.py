@@ -18,7 +18,7 @@ from ngramspec.llama.model import load_model
 from ngramspec.llama.tokenizer import tokenize_prompt
 from ngramspec.tokens import token_array
 
-# generate's own defaults, chosen from bench/E2E.md: on a CPU, verifying a batch of k tokens costs
+# generate's own defaults, chosen from bench/results/e2e.md: on a CPU, verifying a batch of k tokens costs
 # c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one thread), so
 # a rejected draft is expensive: llama.cpp's 64-token drafts (tuned for GPUs) lose where the small
 # model leaves its input, 16-token ones leave speed where it copies; 8..32 did best on both.

@@ -13,7 +13,7 @@
 
 This is for keeping llama-cpp-python's own loop, which copies the logits of every position into
 numpy (``logits_all``): measured 0.90x plain llama-cpp-python's speed for a whole 256-token call
-on this project's CPU, 0.44x on an AMX Xeon (bench/REPACK.md, issue 14). For speed use
+on this project's CPU, 0.44x on an AMX Xeon (bench/results/repack.md, issue 14). For speed use
 ``ngramspec.llama.live.generate_speculative`` (1.18x in the same runs).
 
 Pass ``logits_all=True``: llama-cpp-python (0.3.x) switches to all-position logits when a draft

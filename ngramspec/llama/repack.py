@@ -9,7 +9,7 @@ every speculative verification dies (ngramspec issue 14; llama.cpp issue 20824).
 finer switch than ``use_extra_bufts`` (llama-server's ``--no-repack``): ``repack="auto"`` turns it
 off on AMX hosts only. Elsewhere it stays on, as before: on this project's AVX2 host the embedded
 Q4_1 model has no tensor llama.cpp repacks, but a Q4_0 model does, and its plain decoding ran at
-0.85x without (``bench/REPACK.md``).
+0.85x without (``bench/results/repack.md``).
 
 ``llama_cpp.Llama(...)`` takes no keyword for the field: :func:`load_llama` (and the context
 manager :func:`extra_buffer_types`) set it on the ``llama_model_params`` that ``Llama.__init__``
