@@ -21,8 +21,8 @@ model is set, but sizes its score buffer from the ``logits_all`` argument, so wi
 context longer than ``n_batch`` tokens fails with a numpy broadcast error.
 
 llama-cpp-python's ``Llama.generate`` calls the draft model with ``input_ids`` = the tokens in the
-KV cache plus the last sampled token, i.e. the prompt llama-server's ``common_speculative_draft`` gets plus its ``id_last``, and never
-says how much of the previous draft it accepted. The plug-in infers it from consecutive calls: when
+KV cache plus the last sampled token (what llama-server's ``common_speculative_draft`` gets as its
+prompt and ``id_last``), and never says how much of the previous draft it accepted. The plug-in infers it from consecutive calls: when
 the new input extends the previous one by the previous draft's first ``k`` tokens plus one token,
 those ``k + 1`` tokens are the target's verdict on the previous draft, which the request's
 `ngramspec.loop.SlotLoop` verifies (``engine.accept(k)`` after a non-empty draft, also for
