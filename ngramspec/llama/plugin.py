@@ -23,12 +23,12 @@ context longer than ``n_batch`` tokens fails with a numpy broadcast error.
 llama-cpp-python's ``Llama.generate`` calls the draft model with ``input_ids`` = the tokens in the
 KV cache plus the last sampled token (what llama-server's ``common_speculative_draft`` gets as its
 prompt and ``id_last``), and never says how much of the previous draft it accepted. The plug-in
-infers it from consecutive calls: when the new input extends the previous one by the previous draft's first ``k`` tokens plus one token,
-those ``k + 1`` tokens are the target's verdict on the previous draft, which the request's
-`ngramspec.loop.SlotLoop` verifies (``engine.accept(k)`` after a non-empty draft, also for
-``k = 0``) before it drafts again. Any other input starts a new request (a new loop:
-``engine.begin(prompt)`` with ``inp``). A draft whose request ended (EOS, ``max_tokens``) before
-the next call gets no accept, as llama-cpp-python gives no signal for it.
+infers it from consecutive calls: when the new input extends the previous one by the previous
+draft's first ``k`` tokens plus one token, those ``k + 1`` tokens are the target's verdict on the
+previous draft, which the request's `ngramspec.loop.SlotLoop` verifies (``engine.accept(k)`` after
+a non-empty draft, also for ``k = 0``) before it drafts again. Any other input starts a new request
+(a new loop: ``engine.begin(prompt)`` with ``inp``). A draft whose request ended (EOS,
+``max_tokens``) before the next call gets no accept, as llama-cpp-python gives no signal for it.
 """
 from __future__ import annotations
 
