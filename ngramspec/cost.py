@@ -417,14 +417,14 @@ def _gpu_profile() -> CostModel:
 
 
 def _cpu_embedded_profile() -> CostModel:
-    # bench/results/e2e.md, "Cost of verifying k tokens versus one": the embedded SmolLM2-135M Q4_1,
-    # one decode thread, this project's 2-core CPU, KV cache holding 1468 tokens, median of 5
-    # interleaved rounds (bench/e2e_report.py batch_costs).
+    # bench/results/e2e-fixed.md, "Cost of verifying k tokens versus one": the embedded
+    # SmolLM2-135M Q4_1, one decode thread, this project's 2-core CPU, KV cache holding 1468
+    # tokens, median of 5 interleaved rounds (bench/e2e_report.py batch_costs).
     ms = {1: 9.5, 2: 19.7, 4: 32.7, 8: 52.2, 16: 94.2, 32: 176.6, 64: 344.6}
     ks = sorted(ms)
     return _from_ms(ks, [[ms[k] for k in ks]], [1468], "cpu-embedded",
-                    "bench/results/e2e.md: SmolLM2-135M Q4_1, 1 thread, 2-core CPU, KV 1468 tokens "
-                    "(bench/e2e_report.py batch_costs)",
+                    "bench/results/e2e-fixed.md: SmolLM2-135M Q4_1, 1 thread, 2-core CPU, "
+                    "KV 1468 tokens (bench/e2e_report.py batch_costs)",
                     model="SmolLM2-135M-Instruct.Q4_1.gguf", threads=1, backend="CPU")
 
 

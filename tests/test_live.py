@@ -369,7 +369,7 @@ def test_divergence_report_tells_noise_from_a_wrong_token(llm, prompt, plain):
 
 
 def test_generate_defaults_apply_to_generate_only(tmp_path, prompt, monkeypatch, capsys):
-    """GENERATE_DEFAULTS (bench/results/e2e.md) change generate's engine only; replay, SpecEngine
+    """GENERATE_DEFAULTS (bench/results/e2e-fixed.md) change generate's engine only; replay, SpecEngine
     and the plug-in keep llama.cpp's defaults, and a flag given on the command line wins."""
     import argparse
 

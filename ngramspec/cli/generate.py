@@ -18,11 +18,11 @@ from ngramspec.llama.model import load_model
 from ngramspec.llama.tokenizer import tokenize_prompt
 from ngramspec.tokens import token_array
 
-# generate's own defaults, chosen from bench/results/e2e.md: on a CPU, verifying a batch of k tokens costs
-# c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one thread), so
-# a rejected draft is expensive: llama.cpp's 64-token drafts (tuned for GPUs) lose where the small
-# model leaves its input, 16-token ones leave speed where it copies; 8..32 did best on both.
-# replay and the engine keep llama.cpp's.
+# generate's own defaults, chosen from bench/results/e2e-fixed.md: on a CPU, verifying a batch of k
+# tokens costs c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one
+# thread), so a rejected draft is expensive: llama.cpp's 64-token drafts (tuned for GPUs) lose
+# where the small model leaves its input, 16-token ones leave speed where it copies; 8..32 did best
+# on both. replay and the engine keep llama.cpp's.
 GENERATE_DEFAULTS = {"ngram_mod_n_min": 8, "ngram_mod_n_max": 32}
 
 
