@@ -34,6 +34,9 @@ from ngramspec._types cimport TOKEN_MAX_C, token_t
 cdef class Proposer:
     # Per slot: 1 while a call on the slot runs (n_slots bytes, owned; NULL until __init__ ran).
     cdef unsigned char* busy
+    # Per slot, for the Python API (begin/draft/accept): the length of the last non-empty draft,
+    # waiting for its accept(); -1 when none (n_slots entries, owned, with `busy`).
+    cdef Py_ssize_t* pending
     # Type name as llama.cpp prints it ("ngram-mod", ...).
     cdef readonly str name
     cdef readonly Py_ssize_t n_slots
@@ -50,6 +53,8 @@ cdef class Proposer:
 
     # Back to uninitialised, after a subclass freed its per-slot state (a failed __init__).
     cdef int forget_slots(self) except -1
+    # `slot` of a Python API call as an index (TypeError, IndexError naming the range).
+    cdef Py_ssize_t slot_arg(self, slot) except -1
 
 
 # The kernels' allocator: libc's, plus a fault-injection hook for tests (see

@@ -188,12 +188,14 @@ cdef class Proposer:
     """Base class of every proposer the engine chains.
 
     Subclasses implement the ``c_begin`` / ``c_draft`` / ``c_accept`` cdef methods (Cython) or,
-    through `PyProposer`, ``on_begin`` / ``on_draft`` / ``on_accept`` (Python). Use a proposer
-    through `Engine`, which validates the arguments and keeps llama.cpp's statistics.
+    through `PyProposer`, ``on_begin`` / ``on_draft`` / ``on_accept`` (Python). Every proposer is
+    used the same way: alone through `begin` / `draft` / `accept` (each checks its arguments), or
+    chained by `Engine`, which adds llama.cpp's statistics and priority order.
 
     Notes
     -----
-    Memory: the base class holds nothing per slot; each subclass documents its own.
+    Memory: 9 bytes per slot (the busy flag and the pending draft length of the Python API);
+    each subclass documents its own state.
 
     Thread-safety: per-slot state may be used by one thread per slot at a time; state shared
     across slots is documented by each subclass. A second call on a slot while one runs (from
@@ -202,6 +204,7 @@ cdef class Proposer:
     """
 
     def __init__(self, str name, n_slots, Py_ssize_t max_draft):
+        cdef Py_ssize_t s
         if self.busy != NULL:
             raise RuntimeError(f"{type(self).__name__} is already initialised")
         n_slots = check_int("n_slots", n_slots, 1)
@@ -210,18 +213,30 @@ cdef class Proposer:
         if max_draft < 1:
             raise ValueError(f"max_draft = {max_draft} is out of range: allowed >= 1")
         self.busy = <unsigned char*>alloc_per_slot(n_slots, 1, f"{name}'s slot flags")
+        try:
+            self.pending = <Py_ssize_t*>alloc_per_slot(n_slots, sizeof(Py_ssize_t),
+                                                       f"{name}'s pending drafts")
+        except MemoryError:
+            free(self.busy)          # back to uninitialised: __init__ may run again
+            self.busy = NULL
+            raise
+        for s in range(n_slots):
+            self.pending[s] = -1
         self.name = name
         self.n_slots = n_slots
         self.max_draft = max_draft
 
     def __dealloc__(self):
         free(self.busy)
+        free(self.pending)
 
     cdef int forget_slots(self) except -1:
         """Back to uninitialised (n_slots 0), after a subclass freed its per-slot state: what
         an __init__ that failed half-way leaves (no slot to call, __init__ may run again)."""
         free(self.busy)
+        free(self.pending)
         self.busy = NULL
+        self.pending = NULL
         self.n_slots = 0
         return 0
 
@@ -234,6 +249,87 @@ cdef class Proposer:
 
     cdef int c_accept(self, Py_ssize_t slot, Py_ssize_t n_accepted, bint is_other) except -1:
         return 0
+
+    # -- Python API: every proposer is used the same way, one slot at a time ------------------
+    # (The Engine chains proposers through the c_* methods and checks its own arguments; these
+    # check theirs, so a proposer alone gets the same contract: begin, draft, accept once after
+    # each non-empty draft with 0 <= n_accepted <= its length.)
+
+    cdef Py_ssize_t slot_arg(self, slot) except -1:
+        if self.busy == NULL:
+            raise RuntimeError(f"{type(self).__name__} is not initialised")
+        try:
+            v = operator.index(slot)
+        except TypeError:
+            raise TypeError(f"slot must be an integer, got {type(slot).__name__}") from None
+        if not 0 <= v < self.n_slots:
+            raise IndexError(f"slot = {slot} is out of range: allowed 0 .. {self.n_slots - 1}")
+        return <Py_ssize_t>v
+
+    def begin(self, slot, prompt):
+        """Start a request on `slot` with its full prompt.
+
+        Parameters
+        ----------
+        slot : int
+            0 .. n_slots - 1.
+        prompt : 1-D sequence of int
+            Token ids in 0 .. TOKEN_MAX.
+        """
+        cdef Py_ssize_t s = self.slot_arg(slot)
+        cdef cnp.ndarray arr = as_tokens(prompt, "prompt")
+        self.pending[s] = -1
+        proposer_begin(self, s, tok_ptr(arr), cnp.PyArray_DIMS(arr)[0])
+
+    def draft(self, slot, context, sampled):
+        """The draft to follow ``context + [sampled]``.
+
+        Parameters
+        ----------
+        slot : int
+            0 .. n_slots - 1.
+        context : 1-D sequence of int
+            The tokens in the KV cache (prompt and output so far, without `sampled`); between
+            two `begin` calls each context extends the previous one (llama.cpp's contract).
+        sampled : int
+            The last token the target emitted.
+
+        Returns
+        -------
+        numpy.ndarray
+            int32, at most `max_draft` tokens; empty when there is no draft.
+        """
+        cdef Py_ssize_t s = self.slot_arg(slot)
+        cdef cnp.ndarray arr = as_tokens(context, "context")
+        cdef token_t tok = as_token(sampled, "sampled")
+        cdef cnp.ndarray out = np.empty(self.max_draft, dtype=np.int32)
+        self.pending[s] = -1
+        cdef Py_ssize_t k = proposer_draft(self, s, tok_ptr(arr), cnp.PyArray_DIMS(arr)[0], tok,
+                                           <token_t*>cnp.PyArray_DATA(out))
+        if k > self.max_draft:
+            raise RuntimeError(f"{self.name} overflowed its draft buffer")
+        if k > 0:
+            self.pending[s] = k
+        return out[:k]
+
+    def accept(self, slot, n_accepted):
+        """Report how many tokens of the slot's last non-empty draft the target accepted.
+
+        Parameters
+        ----------
+        slot : int
+            0 .. n_slots - 1.
+        n_accepted : int
+            0 .. the draft's length; once after each non-empty `draft`.
+        """
+        cdef Py_ssize_t s = self.slot_arg(slot)
+        cdef Py_ssize_t last = self.pending[s]
+        if last < 0:
+            raise ValueError(f"accept() on slot {s} without a pending non-empty draft: call it "
+                             f"once after each non-empty draft()")
+        cdef Py_ssize_t n = check_int("n_accepted", n_accepted, 0, last)
+        self.pending[s] = -1
+        proposer_accept(self, s, n, False)
 
     def memory_bytes(self):
         """Bytes of memory this proposer holds (all slots; a shared ModPool not included)."""

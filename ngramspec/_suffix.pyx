@@ -737,29 +737,21 @@ cdef class SuffixProposer(Proposer):
 
     # -- Python conveniences (tests, benchmarks; the engine checks its own arguments) ---------
 
-    def begin(self, Py_ssize_t slot, prompt):
-        """Start a request on `slot` with its full prompt (1-D token ids); the slot's previous
-        request goes to the global store."""
-        self._check_slot(slot)
-        cdef cnp.ndarray arr = as_tokens(prompt, "prompt")
-        proposer_begin(self, slot, tok_ptr(arr), cnp.PyArray_DIMS(arr)[0])
-
-    def draft(self, Py_ssize_t slot, context, sampled):
-        """The draft (int32 array, possibly empty) to follow context + [sampled]. Of an int32
-        array, only the tokens the slot has not indexed yet are checked, as the engine does."""
-        self._check_slot(slot)
-        cdef Py_ssize_t lo = self.slots[slot].ctx_len if self.slots[slot].active else 0
+    def draft(self, slot, context, sampled):
+        """The draft (int32 array, possibly empty) to follow context + [sampled]
+        (`Proposer.draft`). Of an int32 array, only the tokens the slot has not indexed yet are
+        checked, as the engine does."""
+        cdef Py_ssize_t s = self.slot_arg(slot)
+        cdef Py_ssize_t lo = self.slots[s].ctx_len if self.slots[s].active else 0
         cdef cnp.ndarray arr = as_tokens(context, "context", lo)
         cdef token_t tok = as_token(sampled, "sampled")
         cdef cnp.ndarray out = np.empty(self.max_draft, dtype=np.int32)
-        cdef Py_ssize_t k = proposer_draft(self, slot, tok_ptr(arr), cnp.PyArray_DIMS(arr)[0],
+        self.pending[s] = -1
+        cdef Py_ssize_t k = proposer_draft(self, s, tok_ptr(arr), cnp.PyArray_DIMS(arr)[0],
                                            tok, <token_t*>cnp.PyArray_DATA(out))
+        if k > 0:
+            self.pending[s] = k
         return out[:k]
-
-    def accept(self, Py_ssize_t slot, n_accepted):
-        """Report how many tokens of the slot's last draft the target accepted."""
-        self._check_slot(slot)
-        proposer_accept(self, slot, check_int("n_accepted", n_accepted, 0), False)
 
     cdef int lock_store(self) except -1:
         """Take the store's lock (waiting without the GIL)."""

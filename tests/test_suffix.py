@@ -350,14 +350,18 @@ def test_python_methods_check_their_arguments():
         p.draft(0, np.array([1, 2], dtype=np.int32), -5)
     with pytest.raises(ValueError, match=r"context\[0\] = -2 is not a token id"):
         p.draft(0, [-2, 2], 5)
-    with pytest.raises(ValueError, match="n_accepted = -1 is out of range: allowed >= 0"):
-        p.accept(0, -1)
+    with pytest.raises(ValueError, match="without a pending non-empty draft"):
+        p.accept(0, 0)                      # as every proposer (Proposer.accept)
     with pytest.raises(ValueError, match=r"min_prob = nan is out of range: allowed 0.0 .. 1.0"):
         SuffixProposer(1, min_prob=float("nan"))
     with pytest.raises(TypeError, match="max_draft must be an integer"):
         SuffixProposer(1, max_draft=2.5)
     p.begin(0, [5, 6, 7, 5, 6])              # any 1-D integer sequence, as the engine takes
-    assert p.draft(0, [5, 6, 7, 5, 6], 7).dtype == np.int32
+    draft = p.draft(0, [5, 6, 7, 5, 6], 7)
+    assert draft.dtype == np.int32 and len(draft) > 0
+    allowed = rf"n_accepted = -1 is out of range: allowed 0 \.\. {len(draft)}"
+    with pytest.raises(ValueError, match=allowed):
+        p.accept(0, -1)
 
 
 def test_through_the_engine():
