@@ -8,7 +8,7 @@ Three measurements, all on real prompts of ``../shared/traces`` (token ids of th
 model's own tokenizer, used as-is):
 
 1. **Tokens/s** of greedy generation: ngramspec's live driver (``ngramspec generate``'s loop,
-   :func:`ngramspec.live.generate_speculative`) with each configuration of `CONFIGS`, plain greedy
+   :func:`ngramspec.llama.live.generate_speculative`) with each configuration of `CONFIGS`, plain greedy
    decoding on the same driver, and llama-cpp-python's own loop: ``Llama.create_completion``
    plain and with ``Llama(draft_model=LlamaPromptLookupDecoding())``; and llama.cpp's own
    llama-server (`SERVER_CONFIGS`: plain and every fixed configuration made of llama.cpp's
@@ -241,7 +241,7 @@ def start_servers(stack, binary, names, threads, n_ctx, model_path=None):
     as ngramspec's model; ``--no-repack`` on AMX hosts (issue 14)."""
     import llama_server
 
-    from ngramspec.repack import host_has_amx
+    from ngramspec.llama.repack import host_has_amx
     extra = ["--no-repack"] if host_has_amx() else []
     servers = {}
     for name in names:
@@ -812,7 +812,7 @@ def render(res, notes=None):
       "wall-clock figures are given next to them. Outputs: `= plain` is token-identical to "
       "plain greedy decoding; `tie within noise` means the first difference is a top-2 "
       "tie closer than the float noise between llama.cpp's batched and one-token kernels "
-      "(`ngramspec.live.divergence_report`), as greedy verification of a batch allows; "
+      "(`ngramspec.llama.live.divergence_report`), as greedy verification of a batch allows; "
       "`3-way tie within noise`: both chosen tokens lie within that noise of the best logit, "
       "with a third candidate between them (outside `divergence_report`'s top-2 criterion).")
     p("")

@@ -32,7 +32,7 @@ prompt tokens each configuration decoded (``timings.prompt_n``), so that cost is
 "same text": requests whose text equals the one of the same server's plain mode at the first
 client count (first round), for the same prompt. Greedy verification is lossless only up to
 float-noise ties, and the embedded 135M model has near-ties in these prompts (gaps of 0.01-0.06
-logit, ``ngramspec.live.divergence_report``), which a different batch composition or KV layout
+logit, ``ngramspec.llama.live.divergence_report``), which a different batch composition or KV layout
 may tip: a difference here is not, by itself, a wrong output.
 
 Rounds: each round runs every configuration of every server once; within a client count the
@@ -250,7 +250,7 @@ def main(argv=None):
     if "llama-server" in servers and binary is None:
         raise SystemExit("no llama-server binary (bench/build_llama_server.sh, or "
                          "$NGRAMSPEC_LLAMA_SERVER); use --servers ngramspec to skip it")
-    from ngramspec.model import default_model_path
+    from ngramspec.llama.model import default_model_path
     model = default_model_path()
     slot_ctx = args.ctx_size // args.slots
     distinct = load_prompts(args.family, args.prompts or args.slots,

@@ -1,7 +1,7 @@
 """``ngramspec serve``: an OpenAI-compatible HTTP server on the batched scheduler.
 
 `create_app` builds the FastAPI app for a scheduler (`ngramspec.llama.scheduler.Scheduler`);
-``python -m ngramspec serve`` (`ngramspec.serve_cli`) loads the model and runs it under uvicorn.
+``python -m ngramspec serve`` (`ngramspec.cli.serve`) loads the model and runs it under uvicorn.
 Needs the ``serve`` extra (fastapi, uvicorn, pydantic, prometheus_client).
 """
 from ngramspec.server.app import create_app

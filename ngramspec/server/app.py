@@ -2,7 +2,7 @@
 
 ``create_app(scheduler, ...)`` builds an app that knows only the scheduler's interface
 (``submit`` / ``RequestHandle`` / ``stats`` / ``llm`` for the tokenizer and chat template); the
-command ``ngramspec serve`` (`ngramspec.serve_cli`) loads the model, builds the scheduler and
+command ``ngramspec serve`` (`ngramspec.cli.serve`) loads the model, builds the scheduler and
 runs the app under uvicorn.
 """
 from __future__ import annotations
