@@ -55,6 +55,9 @@ cdef class Proposer:
     cdef int forget_slots(self) except -1
     # `slot` of a Python API call as an index (TypeError, IndexError naming the range).
     cdef Py_ssize_t slot_arg(self, slot) except -1
+    # How many leading context tokens of `slot` the proposer already holds checked (the Python
+    # API's draft validates only the rest); 0 by default.
+    cdef Py_ssize_t checked_prefix(self, Py_ssize_t slot)
 
 
 # The kernels' allocator: libc's, plus a fault-injection hook for tests (see

@@ -266,6 +266,9 @@ cdef class Proposer:
             raise IndexError(f"slot = {slot} is out of range: allowed 0 .. {self.n_slots - 1}")
         return <Py_ssize_t>v
 
+    cdef Py_ssize_t checked_prefix(self, Py_ssize_t slot):
+        return 0
+
     def begin(self, slot, prompt):
         """Start a request on `slot` with its full prompt.
 
@@ -300,7 +303,7 @@ cdef class Proposer:
             int32, at most `max_draft` tokens; empty when there is no draft.
         """
         cdef Py_ssize_t s = self.slot_arg(slot)
-        cdef cnp.ndarray arr = as_tokens(context, "context")
+        cdef cnp.ndarray arr = as_tokens(context, "context", self.checked_prefix(s))
         cdef token_t tok = as_token(sampled, "sampled")
         cdef cnp.ndarray out = np.empty(self.max_draft, dtype=np.int32)
         self.pending[s] = -1

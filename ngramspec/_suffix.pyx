@@ -735,23 +735,12 @@ cdef class SuffixProposer(Proposer):
             s.n_last_acc = <int32_t>min(n_accepted, <Py_ssize_t>s.n_last_draft)
         return 0
 
-    # -- Python conveniences (tests, benchmarks; the engine checks its own arguments) ---------
+    # -- The Python API (`Proposer.begin` / `draft` / `accept`) ------------------------------
 
-    def draft(self, slot, context, sampled):
-        """The draft (int32 array, possibly empty) to follow context + [sampled]
-        (`Proposer.draft`). Of an int32 array, only the tokens the slot has not indexed yet are
-        checked, as the engine does."""
-        cdef Py_ssize_t s = self.slot_arg(slot)
-        cdef Py_ssize_t lo = self.slots[s].ctx_len if self.slots[s].active else 0
-        cdef cnp.ndarray arr = as_tokens(context, "context", lo)
-        cdef token_t tok = as_token(sampled, "sampled")
-        cdef cnp.ndarray out = np.empty(self.max_draft, dtype=np.int32)
-        self.pending[s] = -1
-        cdef Py_ssize_t k = proposer_draft(self, s, tok_ptr(arr), cnp.PyArray_DIMS(arr)[0],
-                                           tok, <token_t*>cnp.PyArray_DATA(out))
-        if k > 0:
-            self.pending[s] = k
-        return out[:k]
+    cdef Py_ssize_t checked_prefix(self, Py_ssize_t slot):
+        # Of an int32 array, only the tokens the slot has not indexed yet are checked, as the
+        # engine does (`Proposer.draft`).
+        return self.slots[slot].ctx_len if self.slots[slot].active else 0
 
     cdef int lock_store(self) except -1:
         """Take the store's lock (waiting without the GIL)."""
