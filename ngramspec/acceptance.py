@@ -16,7 +16,8 @@ k-token draft is E[A | k] = S_1 + ... + S_k.
 
 Counts fade geometrically (``decay`` per observation), so a slot follows its request's phases
 (copying a file, then writing new text); sparse positions borrow from the position before
-(``prior_weight`` pseudo-observations of q_{i-1}), the first from ``prior``.
+(``prior_weight`` pseudo-observations of q_{i-1}, discounted by ``depth``), the first from
+``prior``.
 :func:`lean_on_previous` does the same for probabilities that come with their own evidence
 counts (ngram-suffix's calibration cells).
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AcceptanceEstimator", "expected_accepted", "lean_on_previous"]
+__all__ = ["AcceptanceEstimator", "DraftOutcomes", "expected_accepted", "lean_on_previous"]
 
 
 def expected_accepted(q: np.ndarray) -> np.ndarray:
@@ -88,6 +89,10 @@ class AcceptanceEstimator:
     decay : float
         Every observation multiplies the earlier counts by this (0 < decay <= 1): a horizon of
         about ``1 / (1 - decay)`` steps.
+    depth : float
+        0 < depth <= 1. A position leans on the one before times `depth`, and every position
+        beyond the observed ones is `depth` times the one before: the estimate does not take
+        a draft to be as good past the evidence as at its edge (1.0: it does).
 
     Raises
     ------
@@ -102,10 +107,10 @@ class AcceptanceEstimator:
     """
 
     __slots__ = ("n_max", "prior", "prior_weight", "decay", "tried", "accepted", "_n_seen",
-                 "_q", "n_obs")
+                 "_q", "n_obs", "depth")
 
     def __init__(self, n_max: int = 256, *, prior: float = 0.5, prior_weight: float = 2.0,
-                 decay: float = 0.95):
+                 decay: float = 0.95, depth: float = 1.0):
         if not isinstance(n_max, int) or n_max < 1:
             raise ValueError(f"n_max must be an integer >= 1, got {n_max!r}")
         if not 0.0 < prior < 1.0:
@@ -114,10 +119,13 @@ class AcceptanceEstimator:
             raise ValueError(f"prior_weight must be > 0, got {prior_weight!r}")
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must lie in (0, 1], got {decay!r}")
+        if not 0.0 < depth <= 1.0:
+            raise ValueError(f"depth must lie in (0, 1], got {depth!r}")
         self.n_max = n_max
         self.prior = float(prior)
         self.prior_weight = float(prior_weight)
         self.decay = float(decay)
+        self.depth = float(depth)
         self.tried = np.zeros(n_max)
         self.accepted = np.zeros(n_max)
         self._n_seen = 0          # positions with any count: 0 .. _n_seen - 1
@@ -125,11 +133,10 @@ class AcceptanceEstimator:
         self.n_obs = 0
 
     def observe(self, n_draft: int, n_accepted: int) -> None:
-        """Learn from one verified draft.
+        """Learn from one verified draft (`fade`, then `count`).
 
         Counts fade per observation, not per step: a slot that stopped drafting keeps what it
-        learned until probes or drafts bring news (fading per step would pull a pessimistic
-        slot back to the prior between probes faster than probes can teach it anything).
+        learned until drafts bring news.
 
         Parameters
         ----------
@@ -147,20 +154,43 @@ class AcceptanceEstimator:
             raise ValueError(f"n_accepted = {n_accepted} must lie in 0 .. n_draft = {n_draft}")
         if n_draft == 0:
             return
+        self.fade()
+        self.count(0, n_accepted, n_accepted < n_draft)
+        self.n_obs += 1
+
+    def fade(self) -> None:
+        """Multiply every count by ``decay``: one draft's worth of forgetting."""
         seen = self._n_seen
         if self.decay < 1.0 and seen:
             self.tried[:seen] *= self.decay
             self.accepted[:seen] *= self.decay
-        a = min(n_accepted, self.n_max)
-        self.tried[:a] += 1.0
-        self.accepted[:a] += 1.0
-        reached = a
-        if n_accepted < n_draft and a < self.n_max:
-            self.tried[a] += 1.0              # the first rejected position
-            reached = a + 1
-        self._n_seen = max(seen, reached)
+            self._q = None
+
+    def count(self, lo: int, hi: int, rejected: bool) -> None:
+        """Positions ``lo + 1 .. hi`` (1-based) of a draft were reached and accepted, and
+        position ``hi + 1`` was reached and rejected when `rejected`; no fading.
+
+        `UnverifiedDrafts` resolves a draft position by position as the output grows, so one
+        draft's evidence may arrive over several calls (``lo`` = the positions counted before).
+
+        Parameters
+        ----------
+        lo, hi : int
+            0 <= lo <= hi.
+        rejected : bool
+        """
+        n_max = self.n_max
+        a, b = min(lo, n_max), min(hi, n_max)
+        if b > a:
+            self.tried[a:b] += 1.0
+            self.accepted[a:b] += 1.0
+        reached = b
+        if rejected and b < n_max:
+            self.tried[b] += 1.0
+            reached = b + 1
+        if reached > self._n_seen:
+            self._n_seen = reached
         self._q = None
-        self.n_obs += 1
 
     def conditional(self, n: int) -> np.ndarray:
         """q_1 .. q_n as a float64 array, each shrunk towards the one before (do not modify it)."""
@@ -170,9 +200,12 @@ class AcceptanceEstimator:
             t, s = self.tried, self.accepted
             seen = self._n_seen
             for i in range(seen):
-                prev = (s[i] + w * prev) / (t[i] + w)
+                prev = (s[i] + w * prev * self.depth) / (t[i] + w)
                 q[i] = prev
-            q[seen:] = prev           # unseen positions: the last seen one's estimate
+            if self.depth < 1.0:
+                q[seen:] = prev * self.depth ** np.arange(1, self.n_max - seen + 1)
+            else:
+                q[seen:] = prev           # unseen positions: the last seen one's estimate
             self._q = q
         if n <= self.n_max:
             return self._q[:n]
@@ -181,3 +214,102 @@ class AcceptanceEstimator:
     def expected(self, n: int) -> np.ndarray:
         """``E[A | k]`` for k = 0 .. n, n + 1 floats (see :func:`expected_accepted`)."""
         return expected_accepted(self.conditional(n))
+
+
+class DraftOutcomes:
+    """Every draft's acceptance, verified or not, read off the output that follows it.
+
+    Under greedy verification the target accepts a draft up to its first token that differs from
+    the target's own continuation, so the output tells afterwards how much of any draft would have
+    been accepted: of a draft cut short, of one dropped for a plain step. A policy that learns only
+    from what it verified sees nothing beyond its cuts (censored) and nothing at all while it
+    decodes plainly, so it must spend probes to find out whether drafting pays again; this reads
+    the same facts for free. Each draft is resolved position by position as output arrives: a
+    matching token is a position accepted, the first differing one a position rejected, and the
+    draft is done (`AcceptanceEstimator.count`). With sampling the output is one draw of the
+    target's choice, so the outcome is one sample of the acceptance.
+
+    Parameters
+    ----------
+    max_pending : int
+        Drafts followed at once; the oldest is dropped (its positions so far stay counted).
+
+    Notes
+    -----
+    Memory: the pending drafts (at most `max_pending`, each an int32 copy).
+
+    Thread-safety: not thread-safe; one per slot, used by the thread driving the slot.
+    """
+
+    __slots__ = ("max_pending", "pending")
+
+    def __init__(self, max_pending: int = 64):
+        if not isinstance(max_pending, int) or max_pending < 1:
+            raise ValueError(f"max_pending must be an integer >= 1, got {max_pending!r}")
+        self.max_pending = max_pending
+        self.pending = []     # [first predicted position, draft, estimator, positions counted]
+
+    def clear(self) -> None:
+        """Forget the pending drafts (a new request)."""
+        self.pending.clear()
+
+    def add(self, position: int, draft: np.ndarray, estimator: AcceptanceEstimator) -> None:
+        """Follow `draft`, whose first token predicts output position `position`.
+
+        The estimator fades once per draft (`AcceptanceEstimator.fade`).
+
+        Parameters
+        ----------
+        position : int
+            Index, in the request's token sequence (prompt + output), of the token the draft's
+            first token predicts.
+        draft : numpy.ndarray
+            Copied.
+        estimator : AcceptanceEstimator
+            Receives the draft's outcome.
+        """
+        if len(draft) == 0:
+            return
+        estimator.fade()
+        if len(self.pending) >= self.max_pending:
+            del self.pending[0]
+        self.pending.append([int(position), np.array(draft, dtype=np.int32), estimator, 0])
+
+    def resolve(self, tokens: np.ndarray, next_token: int = -1) -> None:
+        """Count what the known tokens say of each pending draft.
+
+        Parameters
+        ----------
+        tokens : numpy.ndarray
+            The request's tokens so far (prompt + output), from position 0.
+        next_token : int
+            The token at position ``len(tokens)`` when it is already known (the target sampled
+            it, the next step verifies it), -1 otherwise.
+        """
+        n_tok = len(tokens)
+        end = n_tok + (next_token >= 0)
+        keep = []
+        for item in self.pending:
+            start, draft, est, done = item
+            avail = min(len(draft), end - start)
+            if avail <= done:
+                keep.append(item)
+                continue
+            upto = min(avail, n_tok - start)
+            if upto > done:
+                seg = draft[done:upto]
+                diff = np.flatnonzero(seg != tokens[start + done:start + upto])
+                if len(diff):
+                    est.count(done, done + int(diff[0]), True)
+                    continue
+            upto = max(upto, done)
+            if avail > upto:                       # position n_tok: the known next token
+                if draft[upto] != next_token:
+                    est.count(done, upto, True)
+                    continue
+                upto += 1
+            est.count(done, upto, False)
+            if upto < len(draft):
+                item[3] = upto
+                keep.append(item)
+        self.pending = keep

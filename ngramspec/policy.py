@@ -8,26 +8,28 @@
       E[accepted + 1 | k] / c(k + 1, L),
 
   where c is the verify-cost curve (`ngramspec.cost.CostModel`: a batch of k + 1 tokens over
-  a KV cache of L tokens, in single-token decodes) and E comes from the drafting proposer: its
-  own per-token probabilities where it has them (ngram-suffix), otherwise a per-slot,
-  per-proposer, per-position acceptance estimate learned online from the verified steps
-  (`ngramspec.acceptance.AcceptanceEstimator`, censoring-aware). k = 0 is a plain decode step.
-  A slot probes its first draft, and a slot that stopped verifying drafts probes a short one
-  now and then (after 8 plain steps, then 16, 32, ... up to 128), so it learns when drafting
-  pays again.
+  a KV cache of L tokens, in single-token decodes) and E comes from a per-slot, per-proposer,
+  per-position acceptance estimate (`ngramspec.acceptance.AcceptanceEstimator`). k = 0 is a
+  plain decode step.
 
-  Extension: a verified draft that was cut short and accepted whole says only "at least k"
-  about the positions after k (censored), so the estimates there stay at what the positions
-  before them suggest, and on a CPU, where c(k) grows almost like k, that keeps a confident
-  proposer's long drafts cut forever (ngram-mod's copies of a file are accepted whole, and pay
-  only when verified long). So the next draft is verified to twice that
-  length (up to the draft's own), while every draft since is accepted whole — slow start:
-  the lengths double, and the first rejection ends it at a cost of at most the tokens won
-  before it. The estimates then rest on observed positions; where the next position was
-  already observed (less than once, counts faded), no extension. Only where such a draft, accepted
-  whole, would pay at all (k + 1 > c(k + 1)). A proposer whose own
-  time is a sizeable part of a decode (a draft model) has it added to the cost and is not
-  called at all when no draft would pay.
+  The estimates learn from every draft, verified or not (`ngramspec.acceptance.DraftOutcomes`):
+  under greedy verification the output says afterwards how much of any draft the target would
+  have accepted, so a draft cut short still teaches the positions after the cut, and a slot
+  decoding plainly still sees whether its drafts have turned good, without spending a verified
+  probe on it. Positions beyond the observed ones are not assumed as good as the last observed
+  one: each further position is discounted (``depth``), so a draft is verified only a little
+  beyond what the evidence supports (on a CPU, where c(k) grows almost like k, a long draft
+  rejected early costs many decodes).
+
+  ngram-suffix scores its own drafts; with ``use_proposer_probs`` those probabilities are used
+  instead of the learned estimates. They are off by default: on the embedded model's own output
+  (bench/results/e2e-notes.md) the learned estimates gave ngram-suffix 1.150x modeled against
+  1.097x with its replay-tuned tables.
+
+  A proposer whose own time is a sizeable part of a decode (a draft model) has it added to the
+  cost and is not called at all when no draft would pay, except for a probe now and then (after
+  8 skipped calls, then 16, 32, ... up to 128 while its drafts keep not paying): a draft that is
+  never made teaches nothing.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ngramspec.acceptance import AcceptanceEstimator, expected_accepted, lean_on_previous
+from ngramspec.acceptance import (AcceptanceEstimator, DraftOutcomes, expected_accepted,
+                                  lean_on_previous)
 from ngramspec.cost import CostModel
 from ngramspec.loop import FixedPolicy
 
@@ -46,22 +49,18 @@ POLICIES = ("auto", "fixed")
 
 
 class _SlotState:
-    __slots__ = ("estimators", "since_verified", "probe_interval", "pending", "probing",
-                 "n_drafted", "n_past", "draft_s_per_token", "draft_ns0", "extend_to")
+    __slots__ = ("estimators", "outcomes", "loop", "since_draft", "probe_interval", "pending",
+                 "draft_s_per_token", "draft_ns0")
 
     def __init__(self, probe_min: int):
         self.estimators: Dict[int, AcceptanceEstimator] = {}
-        # steps since the last verified draft; a new slot probes its first draft (a request
-        # may be too short to wait for the first probe)
-        self.since_verified = probe_min
+        self.outcomes = DraftOutcomes()
+        self.loop = None              # the request (SlotLoop) the pending outcomes belong to
+        self.since_draft = 0          # draft calls skipped in a row (expensive proposers)
         self.probe_interval = probe_min
-        self.pending = -1             # proposer index of the draft being verified
-        self.probing = False
-        self.n_drafted = 0            # length of the draft being verified, before any cut
-        self.n_past = 0
+        self.pending = -1             # proposer index of the last draft
         self.draft_s_per_token = 0.0  # moving average of the proposer's seconds per token
         self.draft_ns0 = -1           # the loop's draft timer before this step's call
-        self.extend_to = 0            # verify the next draft to at least this length (extension)
 
 
 class AutoPolicy:
@@ -72,18 +71,15 @@ class AutoPolicy:
     cost_model : CostModel
         The target's verify-cost curve (calibrated, cached, or a named profile).
     probe_len : int
-        Draft tokens a probe verifies.
+        Draft tokens asked of an expensive proposer for a probe.
     probe_min, probe_max : int
-        Plain steps before the first probe, and the longest wait between probes (the wait
-        doubles after each probe that is rejected).
-    extend : bool
-        Extension (module docstring): after a cut draft is accepted whole, verify the next
-        one to twice the length. Drafts scored by their proposer (ngram-suffix) are not
-        extended: each says itself what it is worth.
-    prior, prior_weight, decay : float
+        Skipped draft calls of an expensive proposer before the first probe, and the longest
+        wait between probes (the wait doubles after each probe whose draft would not pay).
+    prior, prior_weight, decay, depth : float
         Of the acceptance estimators (`AcceptanceEstimator`).
     use_proposer_probs : bool
-        Take ngram-suffix's own per-token probabilities for its drafts.
+        Take ngram-suffix's own per-token probabilities for its drafts instead of the learned
+        estimates (module docstring).
     proposer_time : bool
         Count the proposer's own time (meaningful only when the cost model was measured on the
         machine that runs the proposer; ``replay`` against a profile turns it off).
@@ -92,9 +88,7 @@ class AutoPolicy:
     ----------
     n_steps, n_drafts_seen, n_verified, n_truncated, n_plain, n_probes, n_skipped_calls : int
         Steps seen, steps with a draft, steps that verified a draft, drafts shortened, drafts
-        dropped (a plain step), probes, draft calls skipped.
-    n_extended : int
-        Drafts verified longer than the estimates alone chose (extension).
+        dropped (a plain step), probes (draft calls made only to learn), draft calls skipped.
 
     Raises
     ------
@@ -106,7 +100,8 @@ class AutoPolicy:
 
     Notes
     -----
-    Memory: per slot and proposer one estimator (4 KiB).
+    Memory: per slot and proposer one estimator (4 KiB); per slot the drafts whose outcome is
+    still open (at most 64).
 
     Thread-safety: one policy may serve all slots of a driver; each slot's state is touched
     only by the thread driving that slot (the loop's rule). The counters are plain integers
@@ -115,27 +110,26 @@ class AutoPolicy:
 
     def __init__(self, cost_model: CostModel, *, probe_len: int = 2, probe_min: int = 8,
                  probe_max: int = 128, prior: float = 0.5, prior_weight: float = 2.0,
-                 decay: float = 0.95, use_proposer_probs: bool = True,
-                 proposer_time: bool = True, extend: bool = True):
+                 decay: float = 0.95, depth: float = 0.95, use_proposer_probs: bool = False,
+                 proposer_time: bool = True):
         if not isinstance(cost_model, CostModel):
             raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
         for name, value, lo in (("probe_len", probe_len, 1), ("probe_min", probe_min, 1),
                                 ("probe_max", probe_max, probe_min)):
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
-        AcceptanceEstimator(1, prior=prior, prior_weight=prior_weight, decay=decay)  # checks
+        self._est_args = dict(prior=prior, prior_weight=prior_weight, decay=decay, depth=depth)
+        AcceptanceEstimator(1, **self._est_args)  # checks
         self.cost_model = cost_model
         self.probe_len = probe_len
         self.probe_min = probe_min
         self.probe_max = probe_max
-        self._est_args = dict(prior=prior, prior_weight=prior_weight, decay=decay)
         self.use_proposer_probs = use_proposer_probs
         self.proposer_time = proposer_time
-        self.extend = bool(extend)
         self._slots: Dict[int, _SlotState] = {}
         self._costs: Dict[int, np.ndarray] = {}
         self.n_steps = self.n_drafts_seen = self.n_verified = self.n_truncated = 0
-        self.n_plain = self.n_probes = self.n_skipped_calls = self.n_extended = 0
+        self.n_plain = self.n_probes = self.n_skipped_calls = 0
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -192,20 +186,16 @@ class AutoPolicy:
         """
         return int(np.argmax((expected + 1.0) / costs))
 
-    def _probabilities(self, loop, st: _SlotState, proposer: int, n: int):
-        """(q_1 .. q_n, whether they are the proposer's own for this very draft)."""
+    def _probabilities(self, loop, st: _SlotState, proposer: int, n: int) -> np.ndarray:
+        """q_1 .. q_n of the draft just made by `proposer`."""
         if self.use_proposer_probs and proposer >= 0:
             prop = _proposer(loop.engine, proposer)
             probs = getattr(prop, "draft_probs", None)
             if probs is not None:
                 p, tried = probs(loop.slot)
                 if len(p) >= n:
-                    w = self._est_args["prior_weight"]
-                    return lean_on_previous(p[:n], tried[:n], w), True
-        return self._estimator(st, proposer).conditional(n), False
-
-    def _probe_due(self, st: _SlotState) -> bool:
-        return st.since_verified >= st.probe_interval
+                    return lean_on_previous(p[:n], tried[:n], self._est_args["prior_weight"])
+        return self._estimator(st, proposer).conditional(n)
 
     # -- the loop's hooks ------------------------------------------------------------------
 
@@ -219,7 +209,8 @@ class AutoPolicy:
         Returns
         -------
         int or None
-            0 to skip the call, None to keep the server's bound.
+            0 to skip the call, a bound to ask for a shorter draft, None to keep the
+            server's bound.
         """
         if not self.proposer_time or loop.engine is None:
             return None
@@ -237,12 +228,19 @@ class AutoPolicy:
         q = self._estimator(st, max(st.pending, 0)).conditional(n)
         c = self.costs(n + 1, L) + np.arange(n + 1) * (per_token / t1)
         k = self.best_k(expected_accepted(q), c)
-        if k == 0:
-            if self._probe_due(st):
-                return min(self.probe_len, n)
-            self.n_skipped_calls += 1
-            return 0
-        return k
+        if k > 0:
+            st.since_draft = 0
+            st.probe_interval = self.probe_min
+            return k
+        if st.since_draft >= st.probe_interval:
+            # a probe: the draft is made (and learned from), the next probe waits longer
+            st.since_draft = 0
+            st.probe_interval = min(2 * st.probe_interval, self.probe_max)
+            self.n_probes += 1
+            return min(self.probe_len, n)
+        st.since_draft += 1
+        self.n_skipped_calls += 1
+        return 0
 
     def after_draft(self, loop, draft: np.ndarray) -> int:
         """How many of the draft's tokens to verify.
@@ -256,19 +254,19 @@ class AutoPolicy:
         Returns
         -------
         int
-            0 .. len(draft): the best k under the cost model, or `probe_len` tokens when that
-            is 0 and a probe is due; 0 makes the step a plain decode.
+            0 .. len(draft): the best k under the cost model; 0 makes the step a plain decode.
         """
         self.n_steps += 1
         n = len(draft)
         st = self._state(loop.slot)
-        st.probing = False
+        if st.loop is not loop:           # a new request on this slot
+            st.outcomes.clear()
+            st.loop = loop
         if n == 0:
             st.pending = -1
             return 0
         self.n_drafts_seen += 1
-        engine = loop.engine
-        last = getattr(engine, "last_proposer", None)
+        last = getattr(loop.engine, "last_proposer", None)
         proposer = last(loop.slot) if last is not None else 0
         st.pending = proposer
         if self.proposer_time and st.draft_ns0 >= 0:
@@ -276,25 +274,10 @@ class AutoPolicy:
             avg = st.draft_s_per_token
             st.draft_s_per_token = per_token if avg == 0.0 else 0.8 * avg + 0.2 * per_token
             st.draft_ns0 = -1
-        q, own = self._probabilities(loop, st, proposer, n)
+        # the draft's first token predicts the one after [context, sampled]
+        st.outcomes.add(loop.n_context + 1, draft, self._estimator(st, max(proposer, 0)))
+        q = self._probabilities(loop, st, proposer, n)
         k = self.best_k(expected_accepted(q), self.costs(n + 1, loop.n_context))
-        st.n_drafted = n
-        st.n_past = loop.n_context
-        # A proposer that scores each draft itself needs no probe: its next draft says anew
-        # what it is worth. The position estimates only learn from what is verified.
-        if own:
-            st.extend_to = 0
-        elif st.extend_to > k:
-            # extension: the last verified draft was cut and accepted whole; worth trying
-            # where the longer draft, accepted whole, would pay (never when c(k) = k)
-            m = min(st.extend_to, n)
-            if m > k and m + 1 > self.costs(m + 1, loop.n_context)[m]:
-                k = m
-                self.n_extended += 1
-        if k == 0 and not own and self._probe_due(st):
-            k = min(self.probe_len, n)
-            st.probing = True
-            self.n_probes += 1
         if k == 0:
             self.n_plain += 1
         elif k < n:
@@ -302,7 +285,7 @@ class AutoPolicy:
         return k
 
     def observe(self, loop, n_draft: int, n_accepted: int) -> None:
-        """Learn from the verified step.
+        """Learn from the step: what the output now says of every open draft.
 
         Parameters
         ----------
@@ -313,35 +296,17 @@ class AutoPolicy:
             Of them, accepted.
         """
         st = self._state(loop.slot)
-        if n_draft == 0:
-            st.since_verified += 1
-            return
-        self.n_verified += 1
-        est = self._estimator(st, max(st.pending, 0))
-        est.observe(n_draft, n_accepted)
-        st.since_verified = 0
-        # Extension: a draft cut short (n_draft < drafted) and accepted whole says nothing of
-        # the positions after it; where they are hardly known (less than one observation
-        # reached the next one), verify the next draft twice as far. A rejection ends it.
-        whole = n_accepted == n_draft
-        st.extend_to = (2 * n_draft if self.extend and whole and n_draft < st.n_drafted
-                        and est.tried[min(n_draft, est.n_max - 1)] < 1.0 else 0)
-        if st.probing:
-            # Probe again soon after a probe that was accepted whole (one is not enough to
-            # make a costly draft pay) or that makes drafting pay already; later otherwise.
-            n = max(st.n_drafted, 1)
-            pays = self.best_k(est.expected(n), self.costs(n + 1, st.n_past)) > 0
-            st.probe_interval = (self.probe_min if pays or n_accepted == n_draft
-                                 else min(2 * st.probe_interval, self.probe_max))
-        else:
-            st.probe_interval = self.probe_min
+        if n_draft:
+            self.n_verified += 1
+        if st.loop is loop and st.outcomes.pending:
+            st.outcomes.resolve(loop.context, -1 if loop.done else loop.sampled)
 
     def summary(self) -> dict:
         """The counters (see Attributes) and the cost model's name, as a dict."""
         return {"policy": "auto", "cost_model": self.cost_model.name, "steps": self.n_steps,
                 "drafts": self.n_drafts_seen, "verified": self.n_verified,
                 "truncated": self.n_truncated, "plain": self.n_plain, "probes": self.n_probes,
-                "extended": self.n_extended, "skipped_calls": self.n_skipped_calls}
+                "skipped_calls": self.n_skipped_calls}
 
 
 def _proposer(engine, index: int):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from ngramspec import SpecEngine
-from ngramspec.acceptance import AcceptanceEstimator, expected_accepted
+from ngramspec.acceptance import AcceptanceEstimator, DraftOutcomes, expected_accepted
 from ngramspec.cost import PROFILES, CostModel
 from ngramspec.loop import FixedPolicy, run_recorded
 from ngramspec.policy import AutoPolicy, make_policy
@@ -130,13 +130,13 @@ def test_linear_cost_and_low_acceptance_makes_plain_steps():
     policy = AutoPolicy(linear_cost())
     loop = run(policy, geometric(0.3))
     steps = np.array(loop.steps)
-    verified = steps[:, 0]
-    # c(k) = k: a draft never pays; only the probes verify anything, each short
-    assert (verified <= policy.probe_len).all()
-    assert policy.n_probes == (verified > 0).sum() > 0
-    assert policy.n_plain > 0.8 * len(steps)
-    # probes back off exponentially: far fewer than one per probe_min steps
-    assert policy.n_probes < len(steps) / policy.probe_min / 2
+    # c(k) = k: a draft never pays, so nothing is verified (no probe is needed: every draft's
+    # outcome is read off the output), yet the estimates follow the drafts
+    assert (steps[:, 0] == 0).all()
+    assert policy.n_plain == policy.n_drafts_seen == len(steps)
+    est = policy._slots[0].estimators[0]
+    q1 = est.accepted[0] / est.tried[0]
+    assert abs(q1 - 0.3) < 0.15 and est.n_obs == 0      # learned only from unverified drafts
 
 
 def test_flat_cost_and_high_acceptance_verifies_long_drafts():
@@ -165,8 +165,10 @@ def test_truncates_to_the_profitable_prefix():
     assert modeled(loop) > modeled(run(FixedPolicy(), lambda rng: 3))
 
 
-def test_probe_relearns_when_drafts_turn_good():
-    # rejected drafts for 300 tokens, then perfect ones: the policy goes back to drafting
+def test_plain_slot_sees_when_drafts_turn_good():
+    # rejected drafts for 150 steps, then perfect ones: the policy goes back to drafting within
+    # a few dozen steps (the faded evidence of the rejections must be outweighed), from the
+    # unverified drafts' outcomes alone
     rng_switch = {"n": 0}
 
     def wrong_at(rng):
@@ -176,8 +178,10 @@ def test_probe_relearns_when_drafts_turn_good():
     policy = AutoPolicy(PROFILES["cpu-embedded"])
     loop = run(policy, wrong_at, n=16, n_out=1500)
     steps = np.array(loop.steps)
-    first = next(i for i, s in enumerate(steps) if i > 150 and s[1] >= 8)
-    assert first < 150 + 2 * policy.probe_max
+    assert (steps[:150, 0] == 0).all()               # nothing verified while drafts are wrong
+    first = next(i for i, s in enumerate(steps) if i >= 150 and s[0] > 0)
+    assert first < 150 + 40
+    assert (steps[first:, 0] == steps[first:, 1]).all()   # each verified draft accepted whole
     assert (steps[-20:, 0] == 16).mean() > 0.5
 
 
@@ -263,27 +267,108 @@ def test_expensive_proposer_is_not_called_when_no_draft_would_pay():
     assert policy.n_skipped_calls == 0 and loop.n_draft_calls == len(loop.steps)
 
 
-def test_extension_reaches_whole_drafts_that_are_accepted_whole():
+def test_cut_drafts_still_teach_the_positions_after_the_cut():
     # n-gram copies accepted whole, on the CPU-like curve where only long drafts pay: the
-    # first draft is probed (2 tokens), then each cut draft accepted whole is followed by one
-    # verified (at least) twice as far, so the whole draft is verified within a few steps;
-    # without the extension the estimates never see past the probes' positions.
+    # positions a cut draft did not verify are learned from the output all the same, so the
+    # verified length ramps up within a few steps (the depth discount keeps it a little behind
+    # the evidence) and every verified draft is accepted whole
     cpu = PROFILES["cpu-embedded"]
     policy = AutoPolicy(cpu)
-    loop = run(policy, lambda rng: 99, n=32, n_out=400)
-    verified = [s[0] for s in loop.steps if s[0] > 0]
-    assert verified[:3] == [2, 4, 8] and 32 in verified[3:5]
-    assert policy.n_extended >= 2 and policy.summary()["extended"] == policy.n_extended
-    assert np.median(verified) == 32
-    off = AutoPolicy(cpu, extend=False)
-    loop_off = run(off, lambda rng: 99, n=32, n_out=400)
-    assert off.n_extended == 0 and len(loop_off.steps) > 1.5 * len(loop.steps)
+    loop = run(policy, lambda rng: 99, n=32, n_out=1500)
+    steps = np.array(loop.steps)
+    verified = steps[:-1, 0]
+    first = int(np.flatnonzero(verified)[0])
+    assert first < 8 and (verified[first + 10:] >= 20).all()
+    assert (steps[:, 0] == steps[:, 1]).all()
+    # position 32 was never verified, yet it is known: every draft's tail was read off the output
+    assert verified.max() < 32
+    est = policy._slots[0].estimators[0]
+    assert est.tried[31] > 5 and est.accepted[31] == est.tried[31]
+    # learning only from verified drafts would have left it unknown: that estimate leans on the
+    # previous position, discounted, so it is lower
+    blind = AcceptanceEstimator(decay=0.95, depth=0.95)
+    for d, a, _ in loop.steps:
+        if d:
+            blind.observe(d, a)
+    assert blind.tried[31] == 0
+    assert blind.conditional(32)[31] < est.conditional(32)[31]
 
 
-def test_extension_stops_where_the_next_position_is_known():
-    # the first 3 tokens always right, then wrong: after the first rejection at position 4,
-    # verified drafts of 3 (accepted whole) are not extended to 6 again and again
-    policy = AutoPolicy(PROFILES["cpu-embedded"], decay=0.9)
-    loop = run(policy, lambda rng: 3)
-    late = np.array(loop.steps[len(loop.steps) // 2:])
-    assert (late[:, 0] <= 4).all()
+def test_depth_discounts_positions_beyond_the_evidence():
+    est = AcceptanceEstimator(16, decay=1.0, depth=0.9)
+    for _ in range(20):
+        est.observe(4, 4)
+    q = est.conditional(16)
+    assert q[3] > 0.9
+    # beyond the 4 observed positions each further one is discounted by 0.9
+    assert np.allclose(q[5:] / q[4:-1], 0.9)
+    flat = AcceptanceEstimator(16, decay=1.0, depth=1.0)
+    for _ in range(20):
+        flat.observe(4, 4)
+    assert np.allclose(flat.conditional(16)[4:], flat.conditional(16)[3])
+    with pytest.raises(ValueError, match="depth"):
+        AcceptanceEstimator(4, depth=0.0)
+
+
+def test_draft_outcomes_resolve_position_by_position():
+    est = AcceptanceEstimator(8, decay=1.0)
+    out = DraftOutcomes()
+    tokens = np.arange(100, dtype=np.int32)
+    # a draft predicting positions 50..53 = 50, 51, 52, 99 (wrong at the 4th)
+    out.add(50, np.array([50, 51, 52, 99], dtype=np.int32), est)
+    out.resolve(tokens[:50])                       # nothing known yet
+    assert est.tried.sum() == 0 and len(out.pending) == 1
+    out.resolve(tokens[:51], 51)                   # positions 50 (in tokens) and 51 (next)
+    assert list(est.tried[:3]) == [1, 1, 0] and list(est.accepted[:3]) == [1, 1, 0]
+    out.resolve(tokens[:54])                       # 52 right, 53 wrong: done
+    assert list(est.tried[:5]) == [1, 1, 1, 1, 0] and list(est.accepted[:4]) == [1, 1, 1, 0]
+    assert out.pending == []
+    # a wrong first token is one rejection; a draft whose tokens all match is done at its end
+    out.add(60, np.array([7], dtype=np.int32), est)
+    out.add(60, np.array([60, 61], dtype=np.int32), est)
+    out.resolve(tokens[:62])
+    assert out.pending == []
+    assert est.tried[0] == 3 and est.accepted[0] == 2 and est.accepted[1] == 2
+    # the oldest draft goes when too many are open; clear() forgets them
+    small = DraftOutcomes(max_pending=2)
+    for i in range(3):
+        small.add(10 + i, np.array([1, 2, 3], dtype=np.int32), est)
+    assert [p[0] for p in small.pending] == [11, 12]
+    small.clear()
+    assert small.pending == []
+    with pytest.raises(ValueError, match="max_pending"):
+        DraftOutcomes(0)
+
+
+def test_outcomes_count_every_draft_as_replay_would():
+    # the estimator's counts equal a direct count over every draft the engine made (verified,
+    # cut or dropped): position i tried when the draft's first i - 1 tokens match the output,
+    # accepted when the i-th does too
+    drafts = []
+
+    class Recording(ScriptedEngine):
+        def draft(self, slot, context, sampled, n_max):
+            d = super().draft(slot, context, sampled, n_max)
+            drafts.append((len(context) + 1, d.copy()))
+            return d
+
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(0, 1000, 50).astype(np.int32)
+    output = rng.integers(0, 1000, 300).astype(np.int32)
+    policy = AutoPolicy(PROFILES["cpu-embedded"], decay=1.0, depth=1.0)
+    eng = Recording(len(prompt), output, 8, geometric(0.8), seed=5)
+    loop = run_recorded(eng, 0, prompt, output, policy=policy)
+    assert loop.n_output == len(output)
+    assert 0 < sum(1 for d, _, _ in loop.steps if d) < len(loop.steps)   # some cut, some not
+    tokens = np.concatenate([prompt, output])
+    tried, accepted = np.zeros(8), np.zeros(8)
+    for start, d in drafts:
+        known = tokens[start:start + len(d)]
+        m = len(known)
+        diff = np.flatnonzero(d[:m] != known)
+        a = int(diff[0]) if len(diff) else m
+        accepted[:a] += 1
+        tried[:a + (a < m)] += 1
+    est = policy._slots[0].estimators[0]
+    assert np.array_equal(est.tried[:8], tried) and np.array_equal(est.accepted[:8], accepted)
+    assert not est.tried[8:].any()
