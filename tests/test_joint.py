@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from ngramspec.llama.joint import AcceptanceCounts, StepCost, choose_lengths
+from ngramspec.llama.joint import StepCost, choose_lengths
 
 
 def linear_cost(fixed, per_token):
@@ -57,10 +57,3 @@ def test_step_cost_interpolates_and_extrapolates():
     assert not StepCost().calibrated and cost.calibrated
 
 
-def test_acceptance_counts_learn_per_position():
-    prior, mine = AcceptanceCounts(), AcceptanceCounts()
-    for _ in range(50):
-        mine.observe(4, 1)     # position 1 always accepted, position 2 never
-    q = mine.rates(4, prior)
-    assert q[0] > 0.9 and q[1] < 0.1
-    assert q[2] == pytest.approx(0.5)   # never verified: the prior's 1/2

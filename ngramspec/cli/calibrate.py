@@ -29,8 +29,8 @@ def add_parser(subparsers):
     p.add_argument("--ks", type=_ks, default=None, metavar="K,K,...",
                    help="batch sizes to measure, a comma list of integers >= 1 (default "
                         "1,2,3,4,6,8,12,16,32,64; 1 is always measured)")
-    p.add_argument("--reps", type=positive_int, default=2, metavar="N",
-                   help="decodes per point, the fastest kept (default 2)")
+    p.add_argument("--reps", type=positive_int, default=3, metavar="N",
+                   help="decodes per point, the fastest kept (default 3)")
     p.add_argument("--refresh", action="store_true",
                    help="measure again even when a cached curve exists")
     p.add_argument("--json", action="store_true", help="print the cost model as JSON")

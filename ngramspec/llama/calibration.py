@@ -51,7 +51,7 @@ def _kv_lengths(n_ctx: int, k_max: int) -> list:
 
 
 def calibrate(llm, *, ks: Sequence[int] = DEFAULT_KS, n_pasts: Optional[Sequence[int]] = None,
-              reps: int = 2, budget_s: float = 8.0, seed: int = 0,
+              reps: int = 3, budget_s: float = 8.0, seed: int = 0,
               progress: Optional[Callable[[str], None]] = None) -> CostModel:
     """Measure c(k, n_past) on a loaded llama-cpp-python model (a few seconds).
 
@@ -60,8 +60,10 @@ def calibrate(llm, *, ks: Sequence[int] = DEFAULT_KS, n_pasts: Optional[Sequence
     (ascending and descending in turn, so that a drift of the machine's speed spreads over all
     k) with logits at every position and their argmax, as the verification loop does, and each
     decode is removed from the cache again. The fastest decode per (n_past, k) is kept:
-    interference from other processes only ever adds time. k = 1, the divisor of every c(k), is
-    decoded three times as often.
+    interference from other processes only ever adds time. Every k, k = 1 included, is decoded
+    equally often: the fastest of more tries is lower on a noisy machine, so a divisor t(1) taken
+    from more tries than the t(k) it divides would make every c(k) too high (and the auto
+    policy too shy).
 
     Parameters
     ----------
@@ -132,11 +134,10 @@ def calibrate(llm, *, ks: Sequence[int] = DEFAULT_KS, n_pasts: Optional[Sequence
                 if r and pc() > deadline:
                     break
                 for k in (ks if r % 2 == 0 else ks[::-1]):
-                    for _ in range(3 if k == 1 else 1):
-                        t0 = pc()
-                        np.argmax(dec.decode(follow[:k], p, all_logits=True), axis=1)
-                        best[k] = min(best[k], pc() - t0)
-                        dec.seq_rm(p)
+                    t0 = pc()
+                    np.argmax(dec.decode(follow[:k], p, all_logits=True), axis=1)
+                    best[k] = min(best[k], pc() - t0)
+                    dec.seq_rm(p)
             table.append([best[k] for k in ks])
             if progress:
                 progress(f"KV length {p}: t(1) = {best[1] * 1e3:.2f} ms, "

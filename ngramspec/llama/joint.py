@@ -10,7 +10,8 @@ maximize the expected output tokens per second of the step:
 with N0 the step's tokens that do not depend on the choice (one sampled token per slot, drafts of
 ``"fixed"`` requests, prompt chunks). E[accepted | k] = q_1 + q_1 q_2 + ... + q_1...q_k, where q_i
 is the probability that draft position i is accepted given the earlier ones were (per request,
-learned online, with a scheduler-wide prior per position). The marginal gain of a slot's j-th draft
+learned online from every draft's outcome, verified or not: `ngramspec.acceptance`; the first
+position's prior is what the scheduler's recent drafts achieved). The marginal gain of a slot's j-th draft
 token, q_1...q_j, never grows with j, so for each total M the best split takes the M largest gains
 over all slots (an exchange argument); the choice is the M with the best ratio.
 
@@ -25,7 +26,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-__all__ = ["StepCost", "AcceptanceCounts", "choose_lengths"]
+__all__ = ["StepCost", "choose_lengths"]
 
 #: Batch sizes whose decode time is measured at start (then tracked per power-of-two bucket).
 CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -92,33 +93,6 @@ def _timed(fn, n) -> float:
     t0 = time.perf_counter()
     fn(n)
     return time.perf_counter() - t0
-
-
-class AcceptanceCounts:
-    """Per draft position: how often it was verified with every earlier position accepted, and
-    how often it was accepted then.
-
-    Notes
-    -----
-    Memory: 2 * MAX_POS floats. Thread-safety: not thread-safe (the decode thread's).
-    """
-
-    def __init__(self):
-        self.tried = np.zeros(MAX_POS)
-        self.acc = np.zeros(MAX_POS)
-
-    def observe(self, n_verified: int, n_acc: int) -> None:
-        if n_verified <= 0:
-            return
-        k = min(n_verified, n_acc + 1, MAX_POS)
-        self.tried[:k] += 1
-        self.acc[:min(n_acc, MAX_POS)] += 1
-
-    def rates(self, n: int, prior: "AcceptanceCounts", weight: float = 4.0) -> np.ndarray:
-        """q_1 .. q_n: this request's rates, shrunk towards the prior's (itself shrunk to 1/2)."""
-        idx = np.minimum(np.arange(n), MAX_POS - 1)
-        g = (prior.acc[idx] + 1.0) / (prior.tried[idx] + 2.0)
-        return (self.acc[idx] + weight * g) / (self.tried[idx] + weight)
 
 
 def choose_lengths(gains: Sequence[np.ndarray], n_base: int, e_base: float, cost: StepCost

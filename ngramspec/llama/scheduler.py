@@ -35,13 +35,14 @@ import numpy as np
 from . import admission
 from .batch import MultiSeqBatch
 from .decoder import check_engine_models
-from .joint import CALIBRATION_SIZES, AcceptanceCounts, StepCost, choose_lengths
+from .joint import CALIBRATION_SIZES, MAX_POS, StepCost, choose_lengths
 from .model import default_threads, load_model
 from .params import SamplingParams, SpeculationParams, _integer
 from .request import Chunk, Completion, QueueFull, RequestHandle
 from .sampling import Sampler, sample_run
 from .text import TextStream, token_piece_fn
 
+from ngramspec.acceptance import AcceptanceEstimator, DraftOutcomes
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop
 from ngramspec.registry import parse_types
@@ -55,8 +56,6 @@ log = logging.getLogger("ngramspec.scheduler")
 MAX_SLOTS = 256
 #: Prompt tokens a step keeps for admitted prompts when drafts could fill the whole batch.
 PREFILL_RESERVE = 64
-#: Policy "auto": each request's first PROBES drafts are verified for at least PROBE_LEN tokens.
-PROBES, PROBE_LEN = 3, 2
 #: Seconds per prompt token assumed by admission before any step was timed (a small model on a
 #: CPU core; the measured step cost curve replaces it after the first steps).
 PROMPT_S_PER_TOKEN = 1e-3
@@ -86,7 +85,8 @@ class _Request:
         self.last_idx = -1             # batch index of the prompt's last token (its final chunk)
         self.callback_error: Optional[BaseException] = None
         self.auto = False              # joint cost-aware draft length (policy "auto")
-        self.accept_counts = AcceptanceCounts()
+        self.acceptance: Optional[AcceptanceEstimator] = None   # policy "auto" (_first_token)
+        self.outcomes = DraftOutcomes()
         self.draft_n = self.draft_acc = 0
         self.t_submit = time.perf_counter()
         self.t_admit = self.t_first = 0.0
@@ -224,7 +224,8 @@ class Scheduler:
         self._closed = False
         self._draft_cap = 0
         self._cost = StepCost()
-        self._accept_prior = AcceptanceCounts()
+        # every auto request's draft outcomes; a new request starts from its first position
+        self._accept_prior = AcceptanceEstimator(MAX_POS)
         self._use = 0
         self._stats = {"requests_submitted": 0, "requests_finished": 0,
                        "requests_cancelled": 0, "tokens_predicted": 0, "tokens_prompt": 0,
@@ -605,14 +606,16 @@ class Scheduler:
         n_fixed = sum(len(r.draft) for r in gen if not (r.auto and len(r.draft)))
         n_prompt = min(sum(r.prompt.size - r.n_past for r in pre),
                        max(0, self.n_batch - len(gen) - n_fixed))
-        gains = [np.cumprod(r.accept_counts.rates(len(r.draft), self._accept_prior))
-                 for r in auto]
+        for r in auto:
+            # Every draft is learned from, verified or not (`DraftOutcomes`): the output tells
+            # afterwards how much of it the target would have accepted, so a cut draft still
+            # teaches its tail and a request that decodes plainly sees when drafts turn good.
+            position = r.loop.context.size + 1
+            r.outcomes.add(position, r.draft, r.acceptance)
+            r.outcomes.add(position, r.draft, self._accept_prior)
+        gains = [np.cumprod(r.acceptance.conditional(len(r.draft))) for r in auto]
         ks = choose_lengths(gains, len(gen) + n_fixed + n_prompt, float(len(gen)), self._cost)
         for r, k in zip(auto, ks):
-            # A request whose drafts were never verified probes a short one: without it the
-            # prior alone would decide, and a slot that never drafts never learns.
-            if r.accept_counts.tried[0] < PROBES:
-                k = max(k, min(len(r.draft), PROBE_LEN))
             r.draft = r.draft[:k]
 
     def _first_token(self, r: _Request, row: np.ndarray, idx: int) -> None:
@@ -622,6 +625,11 @@ class Scheduler:
         r.slot.n_cached = int(r.prompt.size)
         spec = r.spec
         r.auto = spec.enabled and (spec.policy or self.policy) == "auto"
+        if r.auto:
+            # first position's prior: what the scheduler's recent drafts achieved
+            q1 = float(self._accept_prior.conditional(1)[0])
+            r.acceptance = AcceptanceEstimator(MAX_POS, prior=min(max(q1, 0.05), 0.95),
+                                               depth=0.95)
         engine = self._engine_for(spec.types) if spec.enabled else None
         r.loop = SlotLoop(engine, r.slot.id, r.prompt, tok, n_ctx=self.n_ctx_slot,
                           n_predict=r.sampling.max_tokens, policy=_RequestPolicy(self, spec),
@@ -640,8 +648,8 @@ class Scheduler:
         L0 = loop.context.size
         # A draft cut by the joint choice: its verified part is what was decoded.
         n_acc = loop.verify(np.asarray(target, dtype=np.int32), n_verified=m)
-        r.accept_counts.observe(m, n_acc)
-        self._accept_prior.observe(m, n_acc)
+        if r.outcomes.pending:
+            r.outcomes.resolve(loop.context, -1 if loop.done else loop.sampled)
         r.draft_n += m
         r.draft_acc += n_acc
         L = loop.context.size
