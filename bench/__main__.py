@@ -27,6 +27,8 @@ COMMANDS = {
                                   "collapse (reindex, cache restart)"),
     "e2e": ("e2e_report", "live generation on the embedded model: tokens/s vs plain greedy, "
                           "batch cost c(k), auto policy, oracle"),
+    "policy": ("policy_report", "modeled speed of every configuration, fixed and auto, on the "
+                                "embedded model's own greedy output (no timing noise)"),
     "repack": ("repack_report", "llama.cpp's weight repacking on/off, and the plug-in's loop"),
     "serve": ("serve_report", "the batched scheduler: aggregate tokens/s of 1-8 concurrent "
                               "clients"),
