@@ -5,7 +5,9 @@ sizes (one short code-edit and one chat prompt, 8 output tokens, one round, batc
 tokens), so CI sees that every configuration still generates plain greedy decoding's output and
 that the report renders. About 10-20 s on two cores.
 """
+import copy
 import json
+import types
 
 import pytest
 
@@ -13,7 +15,10 @@ pytest.importorskip("llama_cpp")
 
 import e2e_report  # noqa: E402
 import llama_server  # noqa: E402
-from ngramspec.cost import PROFILES  # noqa: E402
+from ngramspec import SpecEngine  # noqa: E402
+from ngramspec.cost import PROFILES, step_costs  # noqa: E402
+from ngramspec.llama import generate_speculative, load_model  # noqa: E402
+from ngramspec.llama.model import default_model_path  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +116,77 @@ def test_targets_from_a_result():
     rows = {t: met for t, _, met in e2e_report.targets(res)}
     assert rows["never slower: ngram-mod 8/32 auto >= 0.97× plain on every prompt"] is True
     assert rows["best everywhere, code-edit: auto >= the best fixed configuration"] is False
+
+
+def test_modeled_speedup_prices_the_live_steps():
+    # A real short live run: the modeled figure is (n_output - 1) over the live steps' cost
+    # under the run's cost model, computed here by hand from an independent run's own steps.
+    cm = PROFILES["cpu-embedded"]
+    models = types.SimpleNamespace(ours=load_model(default_model_path(), n_ctx=1024,
+                                                   n_threads=1), cost_model=cm)
+    (_, req), = e2e_report.load_prompts(1, 0, code_range=(300, 700))
+    plain = e2e_report.run_ours(models, e2e_report.PLAIN, req.prompt, 32)
+    assert plain["step_shapes"] is None and plain["modeled"] == 1.0
+    name = "ngram-suffix"     # drafts within 32 tokens of this prompt (ngram-mod does not)
+    rec = e2e_report.run_ours(models, name, req.prompt, 32)
+    types_, params = e2e_report.CONFIGS[name]
+    ref = generate_speculative(models.ours, req.prompt, SpecEngine(types_, **params),
+                               n_predict=32, record_steps=True)
+    assert rec["tokens"] == ref.output_tokens
+    assert any(len(draft) for _, _, draft, _ in ref.steps)   # it drafted: batches above 1
+    assert rec["step_shapes"] == [(len(draft) + 1, L) for L, _, draft, _ in ref.steps]
+    by_hand = sum(cm.cost(len(draft) + 1, L) for L, _, draft, _ in ref.steps)
+    assert rec["modeled_cost"] == pytest.approx(by_hand, rel=1e-12)
+    assert rec["modeled"] == pytest.approx((ref.n_output - 1) / by_hand, rel=1e-12)
+    # the same steps as the replay's records price them (KV lengths derived from the prompt)
+    derived = step_costs(cm, len(req.prompt),
+                         [(len(draft), k, 1) for _, _, draft, k in ref.steps]).sum()
+    assert by_hand == pytest.approx(derived, rel=1e-12)
+    # two identical rounds: the ratio to plain is the modeled figure, the rounds equal
+    cell = e2e_report.modeled_cell([rec, rec], [plain, plain])
+    assert cell == {"modeled_vs_plain": rec["modeled"], "modeled_rounds_equal": True}
+    other = dict(rec, step_shapes=rec["step_shapes"][:-1], modeled=rec["modeled"] * 0.9)
+    cell = e2e_report.modeled_cell([rec, other], [plain, plain])
+    assert cell["modeled_rounds_equal"] is False
+    assert cell["modeled_vs_plain_range"] == [other["modeled"], rec["modeled"]]
+
+
+def test_modeled_figures_in_the_report(small_run):
+    names = small_run["settings"]["names"]
+    ours = [n for n in names if n == e2e_report.PLAIN or n in e2e_report.CONFIGS]
+    for row in small_run["per_prompt"]:
+        assert row["configs"][e2e_report.PLAIN]["modeled_vs_plain"] == 1.0
+        for name in names:
+            cell = row["configs"][name]
+            assert ("modeled_vs_plain" in cell) == (name in ours), name
+            if name in ours:
+                assert cell["modeled_vs_plain"] > 0 and cell["modeled_rounds_equal"], name
+    for fam in small_run["per_family"].values():
+        assert fam[e2e_report.PLAIN]["modeled_vs_plain"] == 1.0
+        assert all("modeled_vs_plain" in fam[n] for n in ours)
+    text = e2e_report.render(small_run)
+    assert "code-edit: × plain (modeled)" in text and "| modeled × plain |" in text
+    worst = [fig for t, fig, _ in e2e_report.targets(small_run) if t.startswith("never slower")]
+    assert worst and all("modeled worst prompt " in f and "—" not in f for f in worst)
+
+
+def test_render_without_modeled_fields(small_run, tmp_path):
+    # a results file written before the modeled figures: rendered with "—" in their place
+    old = copy.deepcopy(e2e_report._jsonable(small_run))
+    for row in old["per_prompt"]:
+        for cell in row["configs"].values():
+            for k in ("modeled_vs_plain", "modeled_rounds_equal", "modeled_vs_plain_range"):
+                cell.pop(k, None)
+    for fam in old["per_family"].values():
+        for cell in fam.values():
+            cell.pop("modeled_vs_plain", None)
+            cell.pop("min_modeled_vs_plain", None)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    md = tmp_path / "old.md"
+    assert e2e_report.main(["--render", str(path), "--md", str(md)]) == 0
+    text = md.read_text()
+    plain = next(line for line in text.splitlines()
+                 if line.startswith(f"| {e2e_report.PLAIN} | ") and line.count("|") > 8)
+    assert "| — |" in plain
+    assert "modeled worst prompt —" in text
