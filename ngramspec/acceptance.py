@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ngramspec.loop import common_prefix
+
 __all__ = ["AcceptanceEstimator", "DraftOutcomes", "expected_accepted", "lean_on_previous"]
 
 
@@ -170,7 +172,7 @@ class AcceptanceEstimator:
         """Positions ``lo + 1 .. hi`` (1-based) of a draft were reached and accepted, and
         position ``hi + 1`` was reached and rejected when `rejected`; no fading.
 
-        `UnverifiedDrafts` resolves a draft position by position as the output grows, so one
+        `DraftOutcomes` resolves a draft position by position as the output grows, so one
         draft's evidence may arrive over several calls (``lo`` = the positions counted before).
 
         Parameters
@@ -202,10 +204,8 @@ class AcceptanceEstimator:
             for i in range(seen):
                 prev = (s[i] + w * prev * self.depth) / (t[i] + w)
                 q[i] = prev
-            if self.depth < 1.0:
-                q[seen:] = prev * self.depth ** np.arange(1, self.n_max - seen + 1)
-            else:
-                q[seen:] = prev           # unseen positions: the last seen one's estimate
+            # unseen positions: the last seen one's estimate, discounted once more per position
+            q[seen:] = prev * self.depth ** np.arange(1, self.n_max - seen + 1)
             self._q = q
         if n <= self.n_max:
             return self._q[:n]
@@ -247,16 +247,16 @@ class DraftOutcomes:
         if not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be an integer >= 1, got {max_pending!r}")
         self.max_pending = max_pending
-        self.pending = []     # [first predicted position, draft, estimator, positions counted]
+        self.pending = []     # [first predicted position, draft, estimators, positions counted]
 
     def clear(self) -> None:
         """Forget the pending drafts (a new request)."""
         self.pending.clear()
 
-    def add(self, position: int, draft: np.ndarray, estimator: AcceptanceEstimator) -> None:
+    def add(self, position: int, draft: np.ndarray, *estimators: AcceptanceEstimator) -> None:
         """Follow `draft`, whose first token predicts output position `position`.
 
-        The estimator fades once per draft (`AcceptanceEstimator.fade`).
+        Each estimator fades once per draft (`AcceptanceEstimator.fade`).
 
         Parameters
         ----------
@@ -265,15 +265,16 @@ class DraftOutcomes:
             first token predicts.
         draft : numpy.ndarray
             Copied.
-        estimator : AcceptanceEstimator
-            Receives the draft's outcome.
+        *estimators : AcceptanceEstimator
+            Each receives the draft's outcome (a request's own and a shared one, say).
         """
         if len(draft) == 0:
             return
-        estimator.fade()
+        for est in estimators:
+            est.fade()
         if len(self.pending) >= self.max_pending:
             del self.pending[0]
-        self.pending.append([int(position), np.array(draft, dtype=np.int32), estimator, 0])
+        self.pending.append([int(position), np.array(draft, dtype=np.int32), estimators, 0])
 
     def resolve(self, tokens: np.ndarray, next_token: int = -1) -> None:
         """Count what the known tokens say of each pending draft.
@@ -290,26 +291,20 @@ class DraftOutcomes:
         end = n_tok + (next_token >= 0)
         keep = []
         for item in self.pending:
-            start, draft, est, done = item
+            start, draft, ests, done = item
             avail = min(len(draft), end - start)
             if avail <= done:
                 keep.append(item)
                 continue
-            upto = min(avail, n_tok - start)
-            if upto > done:
-                seg = draft[done:upto]
-                diff = np.flatnonzero(seg != tokens[start + done:start + upto])
-                if len(diff):
-                    est.count(done, done + int(diff[0]), True)
-                    continue
-            upto = max(upto, done)
-            if avail > upto:                       # position n_tok: the known next token
-                if draft[upto] != next_token:
-                    est.count(done, upto, True)
-                    continue
-                upto += 1
-            est.count(done, upto, False)
-            if upto < len(draft):
-                item[3] = upto
+            upto = max(min(avail, n_tok - start), done)
+            matched = done + common_prefix(draft[done:upto], tokens[start + done:start + upto])
+            # position n_tok, when the draft reaches it: the known next token
+            rejected = matched < upto or (avail > upto and draft[upto] != next_token)
+            if not rejected:
+                matched = avail
+            for est in ests:
+                est.count(done, matched, rejected)
+            if not rejected and matched < len(draft):
+                item[3] = matched
                 keep.append(item)
         self.pending = keep

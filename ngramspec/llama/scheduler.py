@@ -611,8 +611,7 @@ class Scheduler:
             # afterwards how much of it the target would have accepted, so a cut draft still
             # teaches its tail and a request that decodes plainly sees when drafts turn good.
             position = r.loop.context.size + 1
-            r.outcomes.add(position, r.draft, r.acceptance)
-            r.outcomes.add(position, r.draft, self._accept_prior)
+            r.outcomes.add(position, r.draft, r.acceptance, self._accept_prior)
         gains = [np.cumprod(r.acceptance.conditional(len(r.draft))) for r in auto]
         ks = choose_lengths(gains, len(gen) + n_fixed + n_prompt, float(len(gen)), self._cost)
         for r, k in zip(auto, ks):
