@@ -316,6 +316,6 @@ def test_uncompiled_tree_gives_a_clear_import_error(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: ngramspec's compiled kernels (ngramspec._core)")
+    assert last.startswith("ImportError: ngramspec's compiled kernels (ngramspec._map)")
     assert "build_ext --inplace" in last and "pip install -e ." in last
     assert str(pkg) in last
