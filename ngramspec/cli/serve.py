@@ -11,10 +11,12 @@ import signal
 import socket
 import sys
 
-from ngramspec.cli.common import (add_context_flags, add_model_flags, add_spec_flags, bounded,
-                                  int_arg, load_cache_files, positive_int)
+from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
+                                  add_spec_flags, bounded, int_arg, load_cache_files,
+                                  positive_int)
 from ngramspec.cli.generate import (GENERATE_DEFAULTS, generate_params, spec_types,
                                     state_generate_defaults)
+from ngramspec.cost import load_cost_model
 from ngramspec.llama.model import default_model_path
 from ngramspec.llama.scheduler import Scheduler
 
@@ -55,10 +57,6 @@ def add_parser(subparsers):
     p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
                    help="max_tokens of requests that give none; -1 = until EOS or the slot's "
                         "context is full (default %(default)s)")
-    p.add_argument("--policy", choices=("fixed", "auto"), default="fixed",
-                   help="draft-length policy of requests that choose none: llama.cpp's fixed "
-                        "bounds, or auto: the drafts of all slots cut jointly to the most "
-                        "expected tokens per second of the step (default %(default)s)")
     p.add_argument("--timeout-graceful-shutdown", type=bounded(float, 0.0), default=GRACEFUL_S,
                    metavar="S", help="seconds running requests may finish after SIGTERM before "
                                      "they are cancelled (default %(default)s)")
@@ -66,6 +64,8 @@ def add_parser(subparsers):
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default %(default)s)")
     add_spec_flags(p, include_live=True)
+    # the policy of requests that choose none; --policy is its old spelling
+    add_policy_flags(p, default="fixed", old_name="--policy")
     state_generate_defaults(p)
     p.set_defaults(run=run)
     return p
@@ -91,6 +91,8 @@ def build_scheduler(args):
     for flag, path in (("--model", args.model), ("--model-draft", args.model_draft)):
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"{flag}: model file not found: {path}")
+    # a named profile or file replaces the context's own calibration
+    cost_model = load_cost_model(args.cost_model) if args.cost_model is not None else None
     model = args.model
     if model is None:
         model = default_model_path()
@@ -98,7 +100,8 @@ def build_scheduler(args):
                             n_batch=args.batch_size, n_threads=args.threads,
                             spec_type=",".join(t for t in types if t != "draft-simple") or "none",
                             spec_params=params, draft_model=args.model_draft,
-                            queue_size=args.queue_size, policy=args.policy)
+                            queue_size=args.queue_size, policy=args.spec_policy,
+                            cost_model=cost_model)
 
 
 def run(args) -> int:
