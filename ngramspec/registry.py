@@ -438,14 +438,15 @@ def check_slot_memory(types, n_slots: int) -> None:
 
     Raises
     ------
-    ValueError
-        ``n_slots = N is out of range: allowed 1 .. M``, with what a slot needs and the memory.
+    MemoryError
+        ``n_slots = N is out of range: allowed 1 .. M``, with what a slot needs and the memory
+        (a MemoryError as the allocation's own would be: the command line names ``--slots``).
     """
     per_slot = SLOT_BASE_BYTES * (1 + len(types)) + sum(TYPES[t].slot_bytes for t in types)
     memory = _physical_memory()
     if memory is None or n_slots * per_slot <= memory:
         return
-    raise ValueError(f"n_slots = {n_slots} is out of range: allowed 1 .. {memory // per_slot} "
+    raise MemoryError(f"n_slots = {n_slots} is out of range: allowed 1 .. {memory // per_slot} "
                      f"(the proposers' per-slot state takes at least {per_slot} bytes a slot, "
                      f"{n_slots * per_slot / 2**30:.1f} GiB in all, more than this machine's "
                      f"{memory / 2**30:.1f} GiB of memory)")
@@ -473,7 +474,9 @@ def build_proposers(spec_type, n_slots: int, pool, params: dict) -> list:
     Raises
     ------
     TypeError, ValueError
-        As `check_values`; `check_slot_memory`.
+        As `check_values`.
+    MemoryError
+        `check_slot_memory`.
     """
     types = parse_types(spec_type)
     values = check_values(types, params)

@@ -115,14 +115,25 @@ def test_huge_n_slots_is_refused_before_allocating(types):
         pytest.skip("no physical memory figure on this system")
     too_many = memory // MAP_SLOT_BYTES + 1
     for n in (too_many, 10**7, 2**40):
-        with pytest.raises(ValueError, match=rf"^n_slots = {n} is out of range: allowed 1 \.\. "
+        with pytest.raises(MemoryError, match=rf"^n_slots = {n} is out of range: allowed 1 \.\. "
                                              rf"\d+ \(the proposers' per-slot state"):
             SpecEngine(types, n_slots=n)
     assert SpecEngine(types, n_slots=4).n_slots == 4
 
 
+def test_huge_slot_count_on_the_command_line_names_the_flag(tmp_path, capsys):
+    memory = _physical_memory()
+    if memory is None or memory // MAP_SLOT_BYTES + 1 > 65536:   # replay's --slots limit
+        pytest.skip("this machine's memory holds the most slots replay takes")
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"prompt": [1, 2, 3], "output": [4]}) + "\n")
+    r = cli(capsys, "replay", trace, "--spec-type", "ngram-map-k", "--slots", 65536)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "n_slots = 65536 is out of range: allowed 1 .. " in r.stderr and "--slots" in r.stderr
+
+
 def test_huge_n_slots_without_per_slot_tables_is_refused_too():
-    with pytest.raises(ValueError, match=r"^n_slots = 1099511627776 is out of range"):
+    with pytest.raises(MemoryError, match=r"^n_slots = 1099511627776 is out of range"):
         SpecEngine("ngram-simple", n_slots=2**40)
 
 
