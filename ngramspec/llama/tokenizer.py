@@ -79,6 +79,13 @@ def render_chat_parts(llm, messages: Sequence[Dict[str, Any]], *,
     Returns
     -------
     list of (str, bool)
+
+    Notes
+    -----
+    Memory: the rendering and one copy of the contents.
+
+    Thread-safety: as `render_chat` (the template is rendered on the calling thread; the
+    ``llm`` is only read).
     """
     if special_in_content:
         return [(render_chat(llm, messages), True)]

@@ -139,6 +139,12 @@ class HeaderTimeoutH11Protocol(H11Protocol):
     An idle kept-alive connection is left to uvicorn's own ``timeout_keep_alive``. Set
     ``header_timeout`` on a subclass (`with_header_timeout`); uvicorn builds one protocol object
     per connection.
+
+    Notes
+    -----
+    Memory: one timer per connection; h11 bounds the headers themselves (16 KiB).
+
+    Thread-safety: runs on the event loop, as uvicorn's protocol does.
     """
 
     header_timeout: float = READ_TIMEOUT_S
@@ -198,6 +204,8 @@ class PromptTextBound:
 
     Notes
     -----
+    Memory: none kept; a check encodes the text once (its UTF-8 size, freed at once).
+
     Thread-safety: immutable.
     """
 
