@@ -12,20 +12,18 @@ Records are loaded in file order, which fixes the tie order of the drafts
 written by llama.cpp (``llama-lookup-create``, ``llama-lookup-merge``, ``llama-lookup``) load
 as they are. Saving writes llama.cpp's record order.
 
-Saves go through the one atomic writer (`ngramspec.atomic`): a save never leaves a broken file
+Saves go through the one atomic writer (`ngramspec.files`): a save never leaves a broken file
 in place of a good one, writes regular files only, and removes the temporaries of killed saves.
 """
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import stat
 from typing import Iterable, Iterator, Sequence, Union
 
 from ngramspec._cache import CacheFileError, NgramCache
-from ngramspec.atomic import (_FILE_KINDS, NotRegularFileError, PathLike, _resolve_target,
-                              _write_regular, atomic_write_bytes)
+from ngramspec.files import (NotRegularFileError, PathLike, _resolve_target, _write_regular,
+                             atomic_write_bytes, open_regular)
 
 try:
     import fcntl
@@ -94,20 +92,7 @@ def load_cache(path: PathLike) -> NgramCache:
     Thread-safety: parsing runs without the GIL; the returned cache is new and unshared.
     """
     path = os.fspath(path)
-    # O_NONBLOCK: opening a FIFO must not wait for a writer; then only regular files are read
-    # (a FIFO, /dev/zero or /dev/urandom would block or never end)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = _FILE_KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
-            raise NotRegularFileError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
-                                      f"is a {kind}: n-gram caches are read from regular "
-                                      f"files only", path)
-    except BaseException:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as f:
+    with open_regular(path, "n-gram caches") as f:
         data = f.read()
     return NgramCache.from_bytes(data, source=path)
 

@@ -30,7 +30,7 @@ from typing import Callable, Dict, Iterator, Optional, Sequence
 import numpy as np
 import platformdirs
 
-from ngramspec.atomic import atomic_write_bytes
+from ngramspec.files import atomic_write_bytes
 from ngramspec.embedded import default_model_path
 
 __all__ = ["CostModel", "PROFILES", "FORMAT", "load_cost_model", "cached_calibration",

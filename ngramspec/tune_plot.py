@@ -15,7 +15,7 @@ import io
 import os
 from typing import Sequence
 
-from ngramspec.atomic import atomic_write_bytes
+from ngramspec.files import atomic_write_bytes
 
 __all__ = ["speedup_figure", "pareto_figure", "pareto_front", "save_plots", "PLOT_FILES",
            "require_matplotlib"]

@@ -208,10 +208,10 @@ def _defining(pattern: str):
 
 def test_one_policy_one_writer():
     """One draft-length policy (policy.py; loop.py's FixedPolicy is llama.cpp's no-op), whose
-    batch method is the scheduler's joint choice; one atomic writer (atomic.py)."""
+    batch method is the scheduler's joint choice; one atomic writer (files.py)."""
     policies = _defining(r"^\s*class \w*Policy\b")
     assert sorted(policies) == sorted(_defining(r"^class (AutoPolicy|FixedPolicy)\b")), policies
     assert all(p.startswith(("ngramspec/policy.py", "ngramspec/loop.py")) for p in policies)
     assert not [p for p in _defining(r"\bStepCost\b|\bdef choose_lengths\b")
                 if not p.startswith("ngramspec/policy.py")]
-    assert [p.split(":")[0] for p in _defining(r"\bos\.replace\(")] == ["ngramspec/atomic.py"]
+    assert [p.split(":")[0] for p in _defining(r"\bos\.replace\(")] == ["ngramspec/files.py"]

@@ -20,7 +20,7 @@ import shlex
 import sys
 import tempfile
 
-from ngramspec.atomic import atomic_write_bytes
+from ngramspec.files import atomic_write_bytes
 from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_model_flags,
                                   add_progress_flags, positive_int)
 from ngramspec.cost import load_cost_model

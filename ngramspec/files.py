@@ -1,11 +1,22 @@
-"""The one atomic file writer: every file ngramspec writes is replaced whole or not at all.
+"""Reading and writing files: the one regular-file opener for inputs and the one atomic writer
+for outputs.
 
-The data goes to a temporary file in the same directory (rename(2) is atomic only within one
-file system), is flushed and fsync'ed, then renamed over the target, and the directory is
+An input that must be a regular file (a cache file, a trace, a chat log) is opened with
+`open_regular`: a FIFO, a device or a directory is refused at once instead of blocking forever
+(a FIFO with no writer) or never ending (``/dev/zero``).
+
+Every file ngramspec writes goes through `atomic_write_bytes`, so it is replaced whole or not at
+all: the data goes to a temporary file in the same directory (rename(2) is atomic only within
+one file system), is flushed and fsync'ed, then renamed over the target, and the directory is
 fsync'ed so the rename itself survives a power loss. On failure the temporary file is removed;
 the temporaries that killed writers left behind are removed by the next write to the same file.
 Only regular files are written: a symbolic link's target is replaced, a device or directory is
 refused (`NotRegularFileError`).
+
+Notes
+-----
+Thread-safety: stateless; concurrent writers to one path each leave a complete file (the last
+rename wins).
 """
 from __future__ import annotations
 
@@ -14,16 +25,75 @@ import errno
 import os
 import stat
 import tempfile
-from typing import Union
+from typing import BinaryIO, Union
 
 try:
     import fcntl
 except ImportError:     # pragma: no cover - non-POSIX
     fcntl = None
 
-__all__ = ["NotRegularFileError", "atomic_write_bytes"]
+__all__ = ["NotRegularFileError", "atomic_write_bytes", "file_kind", "open_regular"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+_FILE_KINDS = {stat.S_IFDIR: "directory", stat.S_IFCHR: "character device",
+               stat.S_IFBLK: "block device", stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket"}
+
+
+class NotRegularFileError(OSError):
+    """A path names something other than a regular file.
+
+    A directory, a device, a FIFO or a socket, which a load would block on and a save must not
+    replace. An `OSError` with the errno, message and path.
+    """
+
+
+def file_kind(mode: int) -> str:
+    """What a ``stat`` mode that is not a regular file's names (``"FIFO"``, ``"directory"``)."""
+    return _FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def not_regular(mode: int, message: str, path: str) -> NotRegularFileError:
+    """The error for a non-regular file of ``mode`` at ``path``: ``is a FIFO: <message>``."""
+    return NotRegularFileError(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL,
+                               f"is a {file_kind(mode)}: {message}", path)
+
+
+def open_regular(path, what: str) -> BinaryIO:
+    """``open(path, "rb")`` for a regular file only.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    what : str
+        What the file holds, for the message (``"traces"``: "traces are read from regular
+        files only").
+
+    Returns
+    -------
+    binary file object
+
+    Raises
+    ------
+    FileNotFoundError, OSError
+        The file cannot be opened.
+    NotRegularFileError
+        A directory, FIFO, device or socket.
+    """
+    path = os.fspath(path)
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; then only regular files are read
+    # (a FIFO, /dev/zero or /dev/urandom would block or never end)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(st.st_mode, f"{what} are read from regular files only", path)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
@@ -58,14 +128,6 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     _write_regular(_resolve_target(path), data)
 
 
-class NotRegularFileError(OSError):
-    """A path to save to (or load from) names something other than a regular file.
-
-    A directory, a device, a FIFO or a socket, which a load would block on and a save must not
-    replace. An `OSError` with the errno, message and path.
-    """
-
-
 def _resolve_target(path: PathLike, what: str = "outputs") -> str:
     """The real path a save to ``path`` writes: symbolic links resolved (a dangling link gives
     its target, which the save creates). Raises `NotRegularFileError` if something other than a
@@ -77,16 +139,9 @@ def _resolve_target(path: PathLike, what: str = "outputs") -> str:
     except FileNotFoundError:
         return real
     if not stat.S_ISREG(st.st_mode):
-        kind = _FILE_KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
         where = path if real == os.path.abspath(path) else f"{path} (-> {real})"
-        raise NotRegularFileError(
-            errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
-            f"is a {kind}: {what} are saved to regular files only", where)
+        raise not_regular(st.st_mode, f"{what} are saved to regular files only", where)
     return real
-
-
-_FILE_KINDS = {stat.S_IFDIR: "directory", stat.S_IFCHR: "character device",
-               stat.S_IFBLK: "block device", stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket"}
 
 
 def _temp_prefix(real: str) -> str:
