@@ -571,7 +571,7 @@ class Scheduler:
             else:
                 draft = r.loop.propose(n_max, n_min)
             r.draft = draft
-        self._choose_lengths(gen, pre)
+        self._cut_auto_drafts(gen, pre)
         for r in gen:
             toks = np.empty(len(r.draft) + 1, dtype=np.int32)
             toks[0] = r.loop.sampled
@@ -604,7 +604,7 @@ class Scheduler:
             if r.last_idx >= 0:
                 self._first_token(r, rows[int(row_of[r.last_idx])], r.last_idx)
 
-    def _choose_lengths(self, gen: List[_Request], pre: List[_Request]) -> None:
+    def _cut_auto_drafts(self, gen: List[_Request], pre: List[_Request]) -> None:
         """Cut the drafts of ``"auto"`` requests to the lengths the policy chooses for the whole
         step (`AutoPolicy.choose_lengths`)."""
         policy = self.auto_policy
