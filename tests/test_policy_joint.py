@@ -95,3 +95,12 @@ def test_choose_lengths_learns_and_cuts_every_slot(cost, long):
     assert ks == ([8, 8, 8] if long else [0, 0, 0])
     s = policy.summary()
     assert s["drafts"] == 90 and (s["plain"] == 0 if long else s["plain"] == 90)
+
+
+def test_scheduler_takes_a_cost_model_only():
+    """Scheduler(cost_model=) replaces the context's calibration: a name or path is refused
+    before the model loads (serve resolves --cost-model with load_cost_model)."""
+    pytest.importorskip("llama_cpp")
+    from ngramspec.llama.scheduler import Scheduler
+    with pytest.raises(TypeError, match="cost_model must be a CostModel, got str"):
+        Scheduler(None, n_threads=1, cost_model="gpu")

@@ -43,6 +43,7 @@ from .request import Chunk, Completion, QueueFull, RequestHandle
 from .sampling import Sampler, sample_run
 from .text import TextStream, token_piece_fn
 
+from ngramspec.cost import CostModel
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop
 from ngramspec.policy import POLICIES, AutoPolicy
@@ -165,6 +166,8 @@ class Scheduler:
             raise ValueError(f"policy = {policy!r} is not allowed: "
                              f"{' or '.join(map(repr, POLICIES))}")
         self.policy = policy
+        if cost_model is not None and not isinstance(cost_model, CostModel):
+            raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
         threads = _integer("n_threads", n_threads, 1) if n_threads is not None \
             else default_threads()
         self.n_threads = threads
