@@ -10,8 +10,8 @@ returns every step it finished, and a failed step is recorded with its output's 
 against llama.cpp's own decode time (its perf counters).
 
 Environment (run_device.sh sets it): GPU_KIT_STATE, OUT, GPU_KIT_CPU (1: tiny sizes),
-GPU_KIT_BUDGET (seconds for the phase, default 540: a call has 600), NGRAMSPEC_SHARED,
-LLAMA_ARG_N_GPU_LAYERS.
+GPU_KIT_T0 and GPU_KIT_BUDGET (the call's start, epoch seconds, and the seconds it may use,
+default 540: a call has at most 600), NGRAMSPEC_SHARED, LLAMA_ARG_N_GPU_LAYERS.
 """
 from __future__ import annotations
 
@@ -68,13 +68,16 @@ class Run:
     def __init__(self, phase: str):
         self.phase = phase
         self.t0 = time.time()
+        # the phase's clock starts with the device call (run_device.sh's GPU_KIT_T0), so the
+        # build's minutes count against it
+        self.start = float(os.environ.get("GPU_KIT_T0") or self.t0)
         self.budget = float(os.environ.get("GPU_KIT_BUDGET", 540))
         path = STATE / "gpu.json"
         self.res = json.loads(path.read_text()) if path.exists() and phase == "live" else {
             "format": FORMAT, "dry_run": CPU, "steps": {}, "curves": {}}
 
     def left(self) -> float:
-        return self.budget - (time.time() - self.t0)
+        return self.budget - (time.time() - self.start)
 
     def save(self) -> None:
         STATE.mkdir(parents=True, exist_ok=True)
@@ -176,11 +179,19 @@ def _cpu_model() -> str:
 def phase_build(run: Run) -> None:
     run.res["device"] = device_facts()
     run.save()
+    shape_curves(run)
+
+
+def shape_curves(run: Run) -> None:
+    """The random-shape curves not measured yet, in SHAPE_RUNS order, while time is left (the
+    build call measures what its budget allows, the live call the rest after its own steps)."""
     models = STATE / "models"
     models.mkdir(parents=True, exist_ok=True)
     for shape, wtype in SHAPE_RUNS:
-        name = ("tiny" if shape.endswith("1b") else "tiny-untied") if CPU else shape
         key = f"{shape}-{wtype}"
+        if key in run.res["curves"] or run.left() < 40:
+            continue
+        name = ("tiny" if shape.endswith("1b") else "tiny-untied") if CPU else shape
         path = models / f"{key}.gguf"
         if not run.step(f"write {key}", [PY, HERE / "shapes.py", name, wtype, path], 120):
             continue
@@ -247,14 +258,16 @@ def phase_live(run: Run) -> None:
     if not curve.exists():
         run.res["steps"]["replay"] = {"phase": "live", "skipped": f"no {curve.name} (build)"}
         run.save()
-        return
-    from e2e_report import CONFIGS  # bench/ is on sys.path through `python bench`'s modules
-    policy_json = STATE / "policy.json"
-    if run.step("replay", [PY, "bench", "policy", *SIZES["replay"], "--cost-model", curve,
-                           "--configs", ",".join(CONFIGS), "--json", policy_json,
-                           "--md", STATE / "policy.md"], 150):
-        run.res["replay"] = report.policy_summary(json.loads(policy_json.read_text()))
-        run.save()
+    else:
+        # bench policy's default configurations: llama.cpp's types as llama-server runs them
+        # (its defaults), ngram-mod 8/32, the chain, ngram-suffix, and three auto ones
+        policy_json = STATE / "policy.json"
+        if run.step("replay", [PY, "bench", "policy", *SIZES["replay"], "--cost-model", curve,
+                               "--json", policy_json,
+                               "--md", STATE / "policy.md"], 150):
+            run.res["replay"] = report.policy_summary(json.loads(policy_json.read_text()))
+            run.save()
+    shape_curves(run)
 
 
 def driver() -> dict:

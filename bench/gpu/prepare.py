@@ -98,12 +98,13 @@ def main(argv=None) -> int:
     if not args.llama_version:
         ap.error("--llama-version: llama-cpp-python is not installed here; name a version")
     out = pathlib.Path(args.kit)
+    sys.path.insert(0, str(HERE.parent))
+    import benchlib  # first: it puts the checkout's ngramspec on sys.path, and knows ../shared
     if args.model is None:
         from ngramspec.llama.model import default_model_path
         args.model = default_model_path()
     model = pathlib.Path(args.model)
     if args.traces is None:
-        import benchlib
         args.traces = str(benchlib.TRACES)
     traces = pathlib.Path(args.traces)
     if not model.is_file():

@@ -32,6 +32,7 @@ PY=${GPU_KIT_PYTHON:-python3}
 STATE=$GPU_KIT_STATE
 mkdir -p "$STATE" "$OUT"
 export PYTHONUNBUFFERED=1
+export GPU_KIT_T0=${GPU_KIT_T0:-$(date +%s)}   # the call's clock (measure.py's budget)
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 # the carried wheels and the built llama_cpp, ahead of the interpreter's own packages
 export PYTHONPATH=$STATE/llama:$STATE/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}
