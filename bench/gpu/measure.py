@@ -153,6 +153,9 @@ def device_facts() -> dict:
                                            capture_output=True, text=True).stdout.strip() or None
     except OSError:
         facts["revision"] = None
+    carried = kit.KIT / "src" / "revision.txt"     # written by prepare (no .git on the device)
+    if not facts["revision"] and carried.exists():
+        facts["revision"] = carried.read_text().strip()
     info = subprocess.run([PY, "-c", "import llama_cpp as l; print(l.__version__); "
                            "print(l.llama_print_system_info().decode())"],
                           capture_output=True, text=True)

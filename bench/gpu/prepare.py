@@ -117,6 +117,10 @@ def main(argv=None) -> int:
     for old in (out / "src").glob("*.tar.gz"):
         old.unlink()
     trimmed = kit.trim_sdist(sdist, out / "src" / sdist.name)
+    # the device's copy of the checkout has no .git: the revision travels with the source
+    rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=kit.ROOT,
+                         capture_output=True, text=True).stdout.strip()
+    (out / "src" / "revision.txt").write_text(rev + "\n")
     print(f"src: {trimmed['files']} files, {trimmed['bytes'] / 2**20:.1f} MiB unpacked, "
           f"{trimmed['packed'] / 2**20:.1f} MiB packed (sdist {sdist.stat().st_size / 2**20:.1f}"
           " MiB)")
