@@ -50,10 +50,10 @@ E2E_CONFIGS = "ngram-mod 8/32,ngram-mod 8/32 auto,ngram-suffix,ngram-suffix auto
 #: sizes of each step: the GPU run's, then the dry run's
 SIZES = {
     False: {"e2e": ["--code", "2", "--chat", "1", "--reasoning", "1", "--agentic", "0",
-                    "--runs", "2", "--n-predict", "256"],
+                    "--runs", "1", "--n-predict", "256"],
             "serve": ["--clients", "1,4,8", "--requests", "16", "--rounds", "1",
                       "--max-tokens", "128"],
-            "replay": ["--recorded", "10"], "calibrate_ctx": "4096", "driver_n": 256},
+            "replay": ["--recorded", "5"], "calibrate_ctx": "4096", "driver_n": 256},
     # the dry run proves the pipeline, not speed: the smallest run of each step (on this project's
     # shared 2-core machine a 1k-token code-edit prompt per configuration took minutes)
     True: {"e2e": ["--code", "0", "--chat", "1", "--reasoning", "0", "--agentic", "0",

@@ -43,6 +43,44 @@ export NGRAMSPEC_SHARED=$ROOT/$KIT      # bench's trace folder: $KIT/traces
 
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 
+# What ggml-cuda links besides the runtime: cuBLAS and the driver (libcuda). An image whose CUDA
+# toolkit is the compiler and runtime alone (as this project's CPU host has: no cuBLAS, no driver
+# stubs) still has them elsewhere: cuBLAS in the Python packages' nvidia/*/lib (PyTorch's
+# nvidia-cublas), the driver where ldconfig or /usr/local/nvidia finds it. CMake then gets the
+# files (and cuBLAS's headers) explicitly, and the loader cuBLAS's folder. Sets CUDA_LIB_ARGS;
+# GPU_KIT_CUBLAS_DIR / GPU_KIT_LIBCUDA name them by hand.
+cuda_libs() {
+  CUDA_LIB_ARGS=""
+  local cuda lib=${GPU_KIT_CUBLAS_DIR:-} drv=${GPU_KIT_LIBCUDA:-}
+  cuda=$(dirname "$(dirname "$(command -v nvcc)")")
+  if [ -z "$lib" ] && ! ls "$cuda"/lib64/libcublas.so* "$cuda"/targets/*/lib/libcublas.so* \
+       >/dev/null 2>&1; then
+    lib=$("$PY" -c 'import glob, os, site
+for d in site.getsitepackages():
+    for f in sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib", "libcublas.so.*"))):
+        print(os.path.dirname(f)); raise SystemExit' 2>/dev/null)
+    [ -n "$lib" ] || log "no libcublas in the CUDA toolkit nor in the Python packages"
+  fi
+  if [ -n "$lib" ]; then
+    local inc=$STATE/cublas-include
+    mkdir -p "$inc" && ln -sf "$lib"/../include/cublas*.h "$inc"/
+    CUDA_LIB_ARGS="-DCUDA_cublas_LIBRARY=$(ls "$lib"/libcublas.so.* | head -1) -DCUDA_cublasLt_LIBRARY=$(ls "$lib"/libcublasLt.so.* | head -1) -DCMAKE_CUDA_FLAGS=-I$inc -DCMAKE_CXX_FLAGS=-I$inc"
+    export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    log "cuBLAS from $lib"
+  fi
+  if [ -z "$drv" ] && ! ls "$cuda"/lib64/stubs/libcuda.so "$cuda"/targets/*/lib/stubs/libcuda.so \
+       >/dev/null 2>&1; then
+    drv=$( (ldconfig -p 2>/dev/null | awk '/libcuda\.so/ {print $NF}'; \
+            ls /usr/local/nvidia/lib64/libcuda.so* /usr/lib/x86_64-linux-gnu/libcuda.so* \
+            2>/dev/null) | head -1)
+  fi
+  if [ -n "$drv" ]; then
+    CUDA_LIB_ARGS="$CUDA_LIB_ARGS -DCUDA_cuda_driver_LIBRARY=$drv"
+    log "CUDA driver library $drv"
+  fi
+}
+[ "$GPU_KIT_CPU" = 1 ] || cuda_libs
+
 build() {
   local t0=$SECONDS
   local sdist
@@ -59,7 +97,7 @@ build() {
     else
       # FA kernels off: they are most of the CUDA compile (minutes of the 10 a call has); the
       # verify batches here are short. NCCL: one GPU, and the device image may lack it.
-      export CMAKE_ARGS="$args -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${GPU_KIT_CUDA_ARCH:-90} -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_FA=${GPU_KIT_CUDA_FA:-OFF}"
+      export CMAKE_ARGS="$args -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${GPU_KIT_CUDA_ARCH:-90} -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_FA=${GPU_KIT_CUDA_FA:-OFF} $CUDA_LIB_ARGS"
     fi
     log "building llama-cpp-python ($CMAKE_ARGS) on $CMAKE_BUILD_PARALLEL_LEVEL jobs"
     "$PY" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir --no-compile \
