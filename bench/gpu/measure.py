@@ -47,6 +47,8 @@ SHAPE_RUNS = [("llama-3.1-8b", "q4_0"), ("llama-3.2-1b", "q4_0"), ("llama-3.1-8b
 REPLAY_CURVE = "llama-3.1-8b-q4_0"
 E2E_CONFIGS = "ngram-mod 8/32,ngram-mod 8/32 auto,ngram-suffix,ngram-suffix auto,chain,chain auto"
 
+#: the reports of bench's own subcommands that a phase copies to $OUT beside gpu.json/gpu.md
+STEP_REPORTS = ("e2e.md", "serve-load.md", "policy.md")
 #: sizes of each step: the GPU run's, then the dry run's
 SIZES = {
     False: {"e2e": ["--code", "2", "--chat", "1", "--reasoning", "1", "--agentic", "0",
@@ -59,7 +61,7 @@ SIZES = {
     True: {"e2e": ["--code", "0", "--chat", "1", "--reasoning", "0", "--agentic", "0",
                    "--runs", "1", "--n-predict", "8"],
            "serve": ["--slots", "2", "--clients", "1,2", "--requests", "2", "--rounds", "1",
-                     "--max-tokens", "8", "--max-prompt", "128"],
+                     "--max-tokens", "8", "--max-prompt", "400"],
            "replay": ["--recorded", "1"], "calibrate_ctx": "1024", "driver_n": 8},
 }[CPU]
 
@@ -88,6 +90,11 @@ class Run:
         (STATE / "gpu.json").write_text(text)
         (OUT / "gpu.json").write_text(text)
         (OUT / "gpu.md").write_text(report.render(self.res))
+        # the steps' own reports come back too (the tool returns at most 8 files: these 3, the
+        # two above and the phase's log)
+        for name in STEP_REPORTS:
+            if (STATE / name).exists():
+                shutil.copyfile(STATE / name, OUT / name)
 
     def step(self, name: str, argv, timeout: float, **env) -> bool:
         """Run ``argv`` with at most ``timeout`` seconds (less when the phase's budget is
@@ -241,7 +248,9 @@ def phase_live(run: Run) -> None:
     run.res["embedded_model"] = str(join_model())
     run.res["steps"]["join"] = {"phase": "live", "rc": 0, "seconds": round(time.time() - t, 1)}
     run.save()
-    _calibrate(run, "smollm2-135m-q4_1", None, 60, shape="SmolLM2-135M (embedded)", type="q4_1")
+    # the dry run's 135M calibration on a busy 2-core host takes minutes, on a GPU seconds
+    _calibrate(run, "smollm2-135m-q4_1", None, 240 if CPU else 60,
+               shape="SmolLM2-135M (embedded)", type="q4_1")
     embedded_curve = STATE / "curve-smollm2-135m-q4_1.json"
     cm = ["--cost-model", str(embedded_curve)] if embedded_curve.exists() else []
     if run.step("driver", [PY, HERE / "measure.py", "driver"], 90):
