@@ -39,7 +39,7 @@ COMMANDS = {
     "gpu-prepare": ("gpu.prepare", "the GPU device kit: trimmed llama-cpp-python source, "
                                    "wheels, model parts, traces in bench/gpu/kit/"),
     "gpu-report": ("gpu.report", "render a GPU kit result (gpu.json) as gpu.md"),
-    "gpu.profile_entry": ("gpu.profile", "a measured curve of gpu.json as cost.py's gpu profile"),
+    "gpu-profile": ("gpu.profile_entry", "a measured curve of gpu.json as cost.py's gpu profile"),
 }
 
 

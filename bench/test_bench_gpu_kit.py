@@ -214,10 +214,10 @@ def test_live_call_on_a_fresh_machine_says_to_rerun_the_build_call(tmp_path):
     assert "did not run the build call" in p.stderr
 
 
-def test_device_script_parses_and_names_its_phases():
+def test_device_script_parses_and_names_its_phases(tmp_path):
     script = HERE / "gpu" / "run_device.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     p = subprocess.run(["bash", str(script), "nonsense"], capture_output=True, text=True,
-                       env={**os.environ, "OUT": "/tmp/unused-gpu-kit-out",
-                            "GPU_KIT_STATE": "/tmp/unused-gpu-kit-state"})
+                       env={**os.environ, "OUT": str(tmp_path / "out"), "GPU_KIT_CPU": "1",
+                            "GPU_KIT_STATE": str(tmp_path / "state")})
     assert p.returncode == 2 and "build|live|all" in p.stderr
