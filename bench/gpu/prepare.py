@@ -27,12 +27,14 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import kit  # noqa: E402
 
-#: Runtime packages of ngramspec (serve extra) and llama-cpp-python that the device image does
-#: not hold (its package list: DEVELOPERS.md's device notes); the rest (numpy, jinja2, httpx,
-#: anyio, click, h11, typing-extensions, prometheus-client, xxhash, tqdm, Cython,
+#: Runtime packages of ngramspec (serve extra) and llama-cpp-python, and their requirements, that
+#: the device image does not hold (its package list: DEVELOPERS.md's device notes), or may hold
+#: older than they require (typing-extensions: pydantic wants >= 4.16); the rest (numpy, jinja2,
+#: httpx, anyio, click, h11, annotated-doc, prometheus-client, xxhash, tqdm, Cython,
 #: scikit-build-core, cmake, ninja) is there.
 DEVICE_WHEELS = ("platformdirs", "diskcache", "fastapi", "starlette", "pydantic", "pydantic-core",
-                 "annotated-types", "typing-inspection", "uvicorn")
+                 "annotated-types", "typing-inspection", "uvicorn", "opentelemetry-api",
+                 "typing-extensions")
 #: The device's interpreter (CPython 3.12, x86-64 manylinux).
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")
