@@ -90,7 +90,12 @@ build() {
        && [ "$(cat "$STATE/built-from")" = "$(basename "$sdist") cpu=$GPU_KIT_CPU" ]; then
     log "llama-cpp-python already built in $STATE/llama"
   else
-    rm -rf "$STATE/src" && mkdir -p "$STATE/src" && tar xzf "$sdist" -C "$STATE/src"
+    # unpacked once per kit: unpacking again would give every file a new time, and a rerun
+    # after a call that ran out mid-build would compile everything again instead of the rest
+    if [ "$(cat "$STATE/src/.from" 2>/dev/null)" != "$(basename "$sdist")" ]; then
+      rm -rf "$STATE/src" && mkdir -p "$STATE/src" && tar xzf "$sdist" -C "$STATE/src" \
+        && basename "$sdist" > "$STATE/src/.from"
+    fi
     local args="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
     if [ "$GPU_KIT_CPU" = 1 ]; then
       export CMAKE_ARGS="$args"
@@ -100,12 +105,13 @@ build() {
       export CMAKE_ARGS="$args -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${GPU_KIT_CUDA_ARCH:-90} -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_FA=${GPU_KIT_CUDA_FA:-OFF} $CUDA_LIB_ARGS"
     fi
     log "building llama-cpp-python ($CMAKE_ARGS) on $CMAKE_BUILD_PARALLEL_LEVEL jobs"
-    "$PY" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir --no-compile \
-      --target "$STATE/llama" --upgrade -C build-dir="$STATE/build" \
+    # -v: the compile's progress goes to the returned log, also when the call runs out
+    "$PY" -m pip install -v --no-build-isolation --no-deps --no-index --no-cache-dir \
+      --no-compile --target "$STATE/llama" --upgrade -C build-dir="$STATE/build" \
       "$STATE"/src/llama_cpp_python-* || return 1
     echo "$(basename "$sdist") cpu=$GPU_KIT_CPU" > "$STATE/built-from"
+    echo $((SECONDS - t0)) > "$STATE/build-seconds"
   fi
-  echo $((SECONDS - t0)) > "$STATE/build-seconds"
   if [ "$GPU_KIT_CPU" = 1 ]; then
     log "dry run: the interpreter's own packages stand in for the carried wheels (cp312)"
   elif ls "$KIT"/wheels/*.whl >/dev/null 2>&1; then
