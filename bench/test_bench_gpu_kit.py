@@ -221,3 +221,30 @@ def test_device_script_parses_and_names_its_phases(tmp_path):
                        env={**os.environ, "OUT": str(tmp_path / "out"), "GPU_KIT_CPU": "1",
                             "GPU_KIT_STATE": str(tmp_path / "state")})
     assert p.returncode == 2 and "build|live|all" in p.stderr
+
+
+def test_steps_are_time_boxed_by_the_calls_budget_and_recorded(tmp_path, monkeypatch):
+    """A step's time box is cut to the call's budget, a timeout and a failure are recorded with
+    the output's tail, a step with no time left is skipped, and gpu.json/gpu.md are written to
+    $OUT after every step."""
+    import importlib
+    import time
+    monkeypatch.setenv("GPU_KIT_STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.setenv("GPU_KIT_T0", str(time.time()))
+    monkeypatch.setenv("GPU_KIT_BUDGET", "18")   # the last 10 s stay for the report
+    import measure
+    measure = importlib.reload(measure)    # it reads the environment at import
+    run = measure.Run("build")
+    py = sys.executable
+    assert run.step("ok", [py, "-c", "print('hi')"], 100)
+    assert not run.step("fails", [py, "-c", "import sys; print('boom'); sys.exit(3)"], 100)
+    assert not run.step("slow", [py, "-c", "import time; time.sleep(60)"], 100)
+    assert not run.step("late", [py, "-c", "print('never')"], 100)
+    steps = json.loads((tmp_path / "out" / "gpu.json").read_text())["steps"]
+    assert steps["ok"]["rc"] == 0 and "tail" not in steps["ok"]
+    assert steps["fails"]["rc"] == 3 and "boom" in steps["fails"]["tail"]
+    assert steps["slow"]["rc"] == "timeout" and steps["slow"]["seconds"] < 9
+    assert "no time left" in steps["late"]["skipped"]
+    md = (tmp_path / "out" / "gpu.md").read_text()
+    assert "| slow | build | timeout |" in md and "| late | build | no time left" in md
