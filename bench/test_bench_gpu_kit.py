@@ -41,7 +41,8 @@ DROPPED = ["vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf", "vendor/llama.cp
            "vendor/llama.cpp/ggml/src/ggml-vulkan/ggml-vulkan.cpp",
            "vendor/llama.cpp/ggml/src/ggml-metal/CMakeLists.txt",
            "vendor/llama.cpp/ggml/src/ggml-cuda/README.md",
-           "vendor/llama.cpp/vendor/miniaudio/miniaudio.h", "vendor/llama.cpp/vendor/stb/stb_image.h",
+           "vendor/llama.cpp/vendor/miniaudio/miniaudio.h",
+           "vendor/llama.cpp/vendor/stb/stb_image.h",
            "vendor/llama.cpp/gguf-py/tests/test_quants.py", "docs/index.md",
            "llama_cpp/__pycache__/llama.cpython-312.pyc", "vendor/llama.cpp/CONTRIBUTING.md"]
 
