@@ -100,8 +100,9 @@ build() {
     if [ "$GPU_KIT_CPU" = 1 ]; then
       export CMAKE_ARGS="$args"
     else
-      # FA kernels off: they are most of the CUDA compile (minutes of the 10 a call has); the
-      # verify batches here are short. NCCL: one GPU, and the device image may lack it.
+      # FA off: 39 of the 144 CUDA objects are FlashAttention's templates, compiled then with
+      # empty kernel bodies (GGML_CUDA_NO_FA): less compile time in a call of at most 10
+      # minutes, and the verify batches here are short. NCCL: one GPU; the image may lack it.
       export CMAKE_ARGS="$args -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${GPU_KIT_CUDA_ARCH:-90} -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_FA=${GPU_KIT_CUDA_FA:-OFF} $CUDA_LIB_ARGS"
     fi
     log "building llama-cpp-python ($CMAKE_ARGS) on $CMAKE_BUILD_PARALLEL_LEVEL jobs"
