@@ -154,10 +154,19 @@ GPU_LAYERS_ENV = "LLAMA_ARG_N_GPU_LAYERS"
 def gpu_layers_from_env(environ=None) -> Optional[int]:
     """``n_gpu_layers`` from `GPU_LAYERS_ENV`, or None when it is unset or empty.
 
+    Parameters
+    ----------
+    environ : Mapping, optional
+        Where to read it (default ``os.environ``; tests pass a dict).
+
     Raises
     ------
     ValueError
         When the value is not an integer >= -1, naming the variable.
+
+    Notes
+    -----
+    Memory: none kept. Thread-safety: reads the environment only; safe from any thread.
     """
     text = (os.environ if environ is None else environ).get(GPU_LAYERS_ENV, "").strip()
     if not text:
