@@ -17,8 +17,8 @@ import importlib as _importlib
 # Public names -> their module, imported on first use: `import ngramspec.llama.repack` (the
 # command line's flags) then loads that module only, not the scheduler and the drivers.
 _EXPORTS = {
-    "live": ("DivergenceReport", "GenerationResult", "divergence_report", "first_divergence",
-             "generate_plain", "generate_speculative"),
+    "live": ("DivergenceReport", "GenerationInterrupted", "GenerationResult",
+             "divergence_report", "first_divergence", "generate_plain", "generate_speculative"),
     "model": ("ModelNotFoundError", "default_model_path", "load_model"),
     "params": ("SamplingParams", "SpeculationParams"),
     "scheduler": ("Chunk", "Completion", "QueueFull", "RequestHandle", "Scheduler"),
