@@ -92,7 +92,8 @@ def test_prompt_file_stdin_is_documented(capsys):
     (lambda tmp: os.devnull, "is a character device, not a GGUF file"),
     (lambda tmp: str(tmp / "missing.gguf"), "model file not found"),
 ])
-@pytest.mark.parametrize("command", [["generate", "-p", "x"], ["calibrate"], ["serve", "--port", "0"]])
+@pytest.mark.parametrize("command", [["generate", "-p", "x"], ["calibrate"],
+                                     ["serve", "--port", "0"]])
 def test_model_path_that_is_no_file(capsys, tmp_path, make, needle, command):
     path = make(tmp_path)
     r = cli(capsys, *command, "--model", path)

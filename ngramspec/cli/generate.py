@@ -7,7 +7,8 @@ import sys
 from ngramspec import cost, registry
 from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
                                   add_repack_flag, add_spec_flags, check_model_file,
-                                  check_spec_flags, check_writable, engine_params, int_arg, load_cache_files)
+                                  check_spec_flags, check_writable, engine_params, int_arg,
+                                  load_cache_files)
 from ngramspec.engine import SpecEngine
 from ngramspec.llama import calibration
 from ngramspec.llama.decoder import check_engine_models
@@ -15,7 +16,7 @@ from ngramspec.llama.draft_model import check_draft_model_file
 from ngramspec.llama.live import (GenerationInterrupted, divergence_report, generate_plain,
                                   generate_speculative)
 from ngramspec.llama.model import load_model
-from ngramspec.llama.text import TextStream, token_piece_fn
+from ngramspec.llama.text import text_stream
 from ngramspec.llama.tokenizer import tokenize_prompt
 from ngramspec.tokens import token_array
 
@@ -256,8 +257,7 @@ class _Stream:
     (UTF-8 never split: `TextStream`)."""
 
     def __init__(self, llm):
-        import llama_cpp
-        self.text = TextStream(token_piece_fn(llama_cpp.llama_model_get_vocab(llm.model)))
+        self.text = text_stream(llm)
         self.n_tokens = 0
 
     def __call__(self, tokens):

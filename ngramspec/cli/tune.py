@@ -23,6 +23,7 @@ import tempfile
 from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_model_flags,
                                   add_progress_flags, check_model_file, positive_int)
 from ngramspec.cost import load_cost_model
+from ngramspec.llama.model import gpu_offload_available
 from ngramspec.llama.tokenizer import Tokenizer
 from ngramspec.logs import FORMATS, read_logs
 from ngramspec.tune import (GRIDS, MOD_N_MIN_FRACTIONS, NGRAMSPEC_GRIDS, Config, parse_types,
@@ -39,12 +40,7 @@ STATIC_FILE = "static.bin"
 
 def default_cost_model() -> str:
     """``gpu`` where this llama.cpp build offloads to a GPU, else ``cpu-embedded``."""
-    try:
-        import llama_cpp
-        gpu = bool(llama_cpp.llama_supports_gpu_offload())
-    except (ImportError, AttributeError):   # no live extra: nothing says there is a GPU
-        gpu = False
-    return GPU_COST_MODEL if gpu else CPU_COST_MODEL
+    return GPU_COST_MODEL if gpu_offload_available() else CPU_COST_MODEL
 
 
 def _fraction(text):
@@ -84,7 +80,8 @@ def add_parser(subparsers):
     p.add_argument("logs", nargs="+", metavar="LOG", help="log files (.jsonl, .jsonl.gz)")
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="log format: trace (token ids), chat (OpenAI messages + reply), text "
-                        "(prompt/response strings); auto decides from the first line (default: %(default)s)")
+                        "(prompt/response strings); auto decides from the first line "
+                        "(default: %(default)s)")
     add_model_flags(p, draft=False, help="target model whose tokenizer reads chat logs and "
                                          "text pairs (loaded vocabulary-only)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N",
