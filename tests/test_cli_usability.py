@@ -148,14 +148,14 @@ def test_vocab_only_load_is_quiet(tmp_path):
     assert "n_ctx" not in r.stderr and "llama" not in r.stderr.lower(), r.stderr
 
 
-def _generate(*extra):
-    return ngramspec("generate", "-f", EXAMPLE, "-n", "100000", "-c", "8192", "-t", "1",
-                     "--spec-policy", "fixed", *extra, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+def _generate(*prompt):
+    return ngramspec("generate", *prompt, "-n", "100000", "-c", "8192", "-t", "1",
+                     "--spec-policy", "fixed", env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
 @pytest.mark.slow
 def test_generate_streams_and_ctrl_c_keeps_the_output():
-    p = _generate()
+    p = _generate("-f", EXAMPLE)
     first = p.stdout.read1(1 << 16)        # text arrives while the run goes on
     assert first and p.poll() is None
     time.sleep(1.0)
@@ -172,8 +172,9 @@ def test_generate_streams_and_ctrl_c_keeps_the_output():
 
 @pytest.mark.slow
 def test_generate_json_on_ctrl_c_is_one_object():
-    p = _generate("--json")
-    time.sleep(10.0)     # the model loaded and decoding (nothing is printed before the end)
+    # a short prompt (its pass takes no time) that the model continues for thousands of tokens
+    p = _generate("--json", "-p", ", ".join(map(str, range(1, 30))))
+    time.sleep(15.0)     # the model loaded and decoding (nothing is printed before the end)
     assert p.poll() is None
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)

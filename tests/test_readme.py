@@ -25,6 +25,7 @@ import dataclasses
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -191,6 +192,11 @@ class Sandbox:
     def start_server(self, block: Block) -> None:
         port = re.search(r"--port[ =](\d+)", block.code)
         port = int(port.group(1)) if port else 8080
+        with socket.socket() as probe:   # /health must be our server's, not another's
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                pytest.fail(f"{block.label}: port {port} is in use by another process; the "
+                            f"README's server example needs it")
         log = open(self.server_log, "w")
         self.server = subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", block.code],
                                        cwd=self.repo, env=self.env, stdout=log,
@@ -203,7 +209,7 @@ class Sandbox:
                             f"{self.server_log.read_text()[-3000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
+                    if r.status == 200 and self.server.poll() is None:
                         return
             except OSError:
                 pass

@@ -35,7 +35,9 @@ def add_parser(subparsers):
                     "the proposer chain verified in one batch per step (llama-server's loop). The "
                     "output is plain greedy decoding's, except where the best candidates tie "
                     "within float noise; --compare measures the speed-up and explains any "
-                    "difference. Defaults of generate only (on a CPU, verifying long drafts costs "
+                    "difference. The text streams to stdout as it is produced, the statistics "
+                    "follow; Ctrl-C keeps the text and prints the statistics so far (exit code "
+                    "130). Defaults of generate only (on a CPU, verifying long drafts costs "
                     "almost as much as decoding them one by one): "
                     + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
                                 for k, v in GENERATE_DEFAULTS.items())
