@@ -131,10 +131,9 @@ def run(args) -> int:
         types = parse_types(args.types)
         if not types:
             raise ValueError(f"--types {args.types!r}: name at least one spec type")
-    if args.cost_model is None:
+    chosen = args.cost_model is None
+    if chosen:
         args.cost_model = default_cost_model()
-        sys.stderr.write(f"tune: cost model {args.cost_model} (the default on this machine; "
-                         f"--cost-model {GPU_COST_MODEL} prices drafts for a GPU server)\n")
     cost_model = load_cost_model(args.cost_model)
     check_model_file("--model", args.model)
     requests, tokenizer = read_logs(args.logs, args.format, args.limit,
@@ -153,6 +152,10 @@ def run(args) -> int:
                           static_path=static_path, n_ctx=args.ctx_size,
                           jobs=args.jobs or _default_jobs(), progress=progress,
                           cost_name=args.cost_model)
+        if chosen:   # said after the sweep's own checks, so that an error stays one line
+            sys.stderr.write(f"tune: cost model {args.cost_model} (the default on this "
+                             f"machine; --cost-model {GPU_COST_MODEL} prices drafts for a GPU "
+                             f"server)\n")
         if out_dir is None:   # the cache file goes away with the temporary folder
             report.static_cache = STATIC_FILE
             _relabel_static(report, static_path, STATIC_FILE)
