@@ -145,6 +145,11 @@ class GenerationInterrupted(KeyboardInterrupt):
     result : GenerationResult
         The tokens emitted before the interrupt, ``stop_reason == "interrupted"``, the timings
         and proposer statistics so far.
+
+    Notes
+    -----
+    Memory: the partial result. Thread-safety: raised in the generating thread (Python
+    delivers Ctrl-C to the main thread only).
     """
 
     def __init__(self, result: "GenerationResult"):
