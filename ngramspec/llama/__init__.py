@@ -19,7 +19,7 @@ import importlib as _importlib
 # command line's flags) then loads that module only, not the scheduler and the drivers.
 _EXPORTS = {
     "divergence": ("DivergenceReport", "divergence_report", "first_divergence"),
-    "live": ("GenerationResult", "generate_plain", "generate_speculative"),
+    "live": ("GenerationInterrupted", "GenerationResult", "generate_plain", "generate_speculative"),
     "model": ("ModelNotFoundError", "default_model_path", "load_model"),
     "params": ("SamplingParams", "SpeculationParams"),
     "scheduler": ("Chunk", "Completion", "QueueFull", "RequestHandle", "Scheduler"),
