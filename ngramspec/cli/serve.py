@@ -50,11 +50,11 @@ def add_parser(subparsers):
                         "or blank key is refused (default: $NGRAMSPEC_API_KEY, else no key)")
     p.add_argument("--max-body-size", type=int_arg(1024), default=None, metavar="BYTES",
                    help="largest request body; a larger one is answered 413 before it is read "
-                        "(default 8 MiB)")
+                        "(default: 8 MiB)")
     p.add_argument("--read-timeout", type=bounded(float, 0.001), default=None, metavar="S",
                    help="seconds a client may take to send a request's headers, and then its "
                         "body, before the connection is closed (headers) or answered 408 "
-                        "(body) (default 30)")
+                        "(body) (default: 30)")
     p.add_argument("--escape-special-in-input", action="store_true",
                    help="tokenize chat messages' content as plain text: '<|im_start|>' in a "
                         "message stays text instead of becoming the special token, so a user "
