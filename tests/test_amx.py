@@ -170,8 +170,11 @@ def test_generate_cli_loads_every_model_with_the_choice(monkeypatch, llama_loads
     """Target, the draft model's vocabulary check and the draft model itself."""
     from ngramspec.cli import main
     monkeypatch.setattr(repack, "CPUINFO_PATH", str(amx_file))
-    rc = main(["generate", "-p", "def f(x): return x + 1\ndef g(x): return x + 1\n", "-n", "4",
-               "-c", "256", "-t", "1", "--spec-type", "ngram-simple", "-md", model_path, *flags])
+    # -n 0 and the fixed policy: every model is loaded, nothing is decoded (with extra buffer
+    # types on, a real AMX host would crash in the first multi-token batch: issue 14).
+    rc = main(["generate", "-p", "def f(x): return x + 1\ndef g(x): return x + 1\n", "-n", "0",
+               "-c", "256", "-t", "1", "--spec-type", "ngram-simple", "--spec-policy", "fixed",
+               "-md", model_path, *flags])
     assert rc == 0, capsys.readouterr().err
     want = False if want is None else want   # auto on the injected AMX host
     assert llama_loads == [(want, False), (want, True), (want, False)]
@@ -221,13 +224,22 @@ def _plugin_run(model_path, choice, flags_file, monkeypatch):
             and "AMX" in str(w.message)]
 
 
+# These runs decode multi-token batches with llama.cpp's extra buffer types on: on a real AMX
+# host that is the crash of issue 14 (the whole test process dies), so they run elsewhere only.
+CRASHES_HERE = pytest.mark.skipif(
+    host_has_amx(), reason="decodes with AMX repacking on, which crashes llama.cpp on this "
+                           "AMX host (llama.cpp issue 20824; ngramspec's auto choice avoids it)")
+
+
+@CRASHES_HERE
 def test_plugin_warns_once_on_amx_host_with_extra_buffers(model_path, monkeypatch, amx_file):
     got = _plugin_run(model_path, "on", amx_file, monkeypatch)
     assert len(got) == 1
     assert "load_llama" in str(got[0].message)
 
 
-@pytest.mark.parametrize("choice, host", [("off", "amx"), ("on", "plain")])
+@pytest.mark.parametrize("choice, host", [("off", "amx"),
+                                          pytest.param("on", "plain", marks=CRASHES_HERE)])
 def test_plugin_silent_otherwise(model_path, monkeypatch, amx_file, plain_file, choice, host):
     assert _plugin_run(model_path, choice, amx_file if host == "amx" else plain_file,
                        monkeypatch) == []

@@ -120,6 +120,17 @@ def test_live_steps_equal_a_replay_of_its_output(llm, prompt):
     assert (loop.n_draft_tokens, loop.n_acc_tokens) == (res.n_drafted, res.n_accepted)
 
 
+def test_on_tokens_streams_the_output_step_by_step(llm, prompt):
+    """``on_tokens`` gets each step's emitted tokens as they come: the first token, then per
+    target decode the accepted draft and the target's token; together exactly the output."""
+    chunks = []
+    res = generate_speculative(llm, prompt, SpecEngine("ngram-simple,ngram-mod"),
+                               n_predict=N_PREDICT, on_tokens=lambda t: chunks.append(list(t)))
+    assert [t for c in chunks for t in c] == res.output_tokens
+    assert len(chunks) == res.n_target_decodes + 1 and chunks[0] == res.output_tokens[:1]
+    assert max(map(len, chunks)) > 1        # accepted drafts arrive as one chunk
+
+
 def test_context_limit_stops_like_plain(llm, prompt):
     """n_predict = -1: the run ends when the KV cache is full, drafts bounded by n_ctx - L - 2."""
     n_ctx = llm.n_ctx()
@@ -395,7 +406,7 @@ def test_generate_defaults_apply_to_generate_only(tmp_path, prompt, monkeypatch,
     help_text = " ".join(gen_parser.format_help().split())
     for name, value in GENERATE_DEFAULTS.items():
         assert f"--spec-{name.replace('_', '-')} {value}" in gen_parser.description
-    assert "(default 32 for generate, llama.cpp's 64; 0..1024)" in help_text
+    assert "(default: 32 for generate, llama.cpp's 64; 0..1024)" in help_text
 
     # The CLI really builds its ngram-mod with them.
     seen = []

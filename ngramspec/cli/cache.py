@@ -1,4 +1,4 @@
-"""``ngramspec cache``: build, inspect and merge llama.cpp n-gram cache files.
+"""``ngramspec cache``: create, merge and inspect (``info``) llama.cpp n-gram cache files.
 
 * ``cache create (--traces FILE | --text FILE --model GGUF) --output FILE`` builds a static
   cache (2-grams) as ``llama-lookup-create`` does, for ``--lookup-cache-static``.
@@ -15,8 +15,8 @@ import sys
 import numpy as np
 
 from ngramspec.cache_file import NGRAM_STATIC, build_static_cache, load_cache, save_cache
-from ngramspec.cli.common import (Progress, add_model_flags, add_progress_flags, check_writable,
-                                  int_arg)
+from ngramspec.cli.common import (Progress, add_model_flags, add_progress_flags,
+                                  check_model_file, check_writable, int_arg)
 from ngramspec.files import open_regular
 from ngramspec.llama.model import default_model_path, require_llama_cpp
 from ngramspec.llama.tokenizer import tokenize_corpus
@@ -25,7 +25,7 @@ from ngramspec.traces import read_requests
 
 def add_parser(subparsers):
     p = subparsers.add_parser(
-        "cache", help="build, inspect and merge llama.cpp n-gram cache files",
+        "cache", help="create, merge and inspect (info) llama.cpp n-gram cache files",
         description="llama.cpp n-gram cache files (--lookup-cache-static / --lookup-cache-dynamic "
                     "of ngram-cache).")
     sub = p.add_subparsers(dest="cache_command", required=True, metavar="{create,merge,info}")
@@ -42,7 +42,7 @@ def add_parser(subparsers):
     add_model_flags(c, draft=False, help="model whose tokenizer --text uses")
     c.add_argument("--output", "-o", required=True, metavar="FILE", help="cache file to write")
     c.add_argument("--skip", type=int_arg(0), default=0, metavar="N",
-                   help="--traces: leave out the first N requests")
+                   help="--traces: leave out the first N requests (default: %(default)s)")
     c.add_argument("--limit", type=int_arg(0), default=None, metavar="N",
                    help="--traces: use at most N requests (after --skip)")
     add_progress_flags(c)
@@ -113,6 +113,7 @@ def _text_sequences(text_path, model_path):
         require_llama_cpp()
     except ImportError:
         raise ValueError("--text needs llama-cpp-python (pip install 'ngramspec[live]')") from None
+    check_model_file("--model", model_path)
     if model_path is None:
         model_path = default_model_path()   # ModelNotFoundError says to pass --model
     with open_regular(text_path, "texts") as f:

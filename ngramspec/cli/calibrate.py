@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from ngramspec import cost
-from ngramspec.cli.common import add_context_flags, add_model_flags, positive_int
+from ngramspec.cli.common import (add_context_flags, add_model_flags, check_model_file,
+                                  positive_int)
 from ngramspec.llama import calibration
 from ngramspec.llama.model import load_model
 
@@ -24,13 +24,13 @@ def add_parser(subparsers):
                     "count, batch size and llama.cpp backend (a platform cache dir, or "
                     "$NGRAMSPEC_CACHE_DIR); a cached curve is printed as it is unless --refresh.")
     add_model_flags(p, draft=False, help="model")
-    add_context_flags(p, ctx_help="context size (default %(default)s, as generate); bounds the "
+    add_context_flags(p, ctx_help="context size (default: %(default)s, as generate); bounds the "
                                   "KV lengths measured")
     p.add_argument("--ks", type=_ks, default=None, metavar="K,K,...",
-                   help="batch sizes to measure, a comma list of integers >= 1 (default "
+                   help="batch sizes to measure, a comma list of integers >= 1 (default: "
                         "1,2,3,4,6,8,12,16,32,64; 1 is always measured)")
     p.add_argument("--reps", type=positive_int, default=3, metavar="N",
-                   help="decodes per point, the fastest kept (default 3)")
+                   help="decodes per point, the fastest kept (default: 3)")
     p.add_argument("--refresh", action="store_true",
                    help="measure again even when a cached curve exists")
     p.add_argument("--json", action="store_true", help="print the cost model as JSON")
@@ -39,8 +39,7 @@ def add_parser(subparsers):
 
 
 def _execute(args):
-    if args.model is not None and not os.path.isfile(args.model):
-        raise ValueError(f"--model: file not found: {args.model}")
+    check_model_file("--model", args.model)
     k_max = max(args.ks or calibration.DEFAULT_KS)
     if k_max > args.batch_size:
         raise ValueError(f"--ks: batches of up to {k_max} tokens need --batch-size >= {k_max}")

@@ -103,7 +103,7 @@ def add_context_flags(parser: argparse.ArgumentParser, *, ctx_help: str,
     parser.add_argument("-c", "--ctx-size", type=int_arg(8), default=ctx_default, metavar="N",
                         help=ctx_help)
     parser.add_argument("-b", "--batch-size", type=int_arg(1), default=512, metavar="N",
-                        help="largest decode batch (default 512)")
+                        help="largest decode batch (default: 512)")
     parser.add_argument("-t", "--threads", type=int_arg(1, MAX_THREADS), default=None,
                         metavar="N",
                         help="CPU threads for every decode (default: half the usable cores, at "
@@ -132,7 +132,12 @@ def add_spec_flags(parser: argparse.ArgumentParser, include_live: bool = False) 
                 rng = f", {p.lo}..{p.hi}" if p.hi is not None else f", >= {p.lo}"
             group.add_argument(p.flag, dest=p.name, type=kind, default=None, metavar="N"
                                if p.kind is int else ("X" if kind is float else "FILE"),
-                               help=f"{spec.name}: {p.help} (default {p.default}{rng})")
+                               help=f"{spec.name}: {p.help} (default: {_shown(p.default)}{rng})")
+
+
+def _shown(default) -> str:
+    """A default as the help texts show it: ``none`` for an unset value (not Python's None)."""
+    return "none" if default is None else str(default)
 
 
 def add_draft_bound_flag(parser: argparse.ArgumentParser) -> None:
@@ -198,6 +203,32 @@ def load_cache_files(spec_type: str, params: dict) -> tuple:
     return spec_type, params
 
 
+def _special_kind(path: str) -> str:
+    """What a path that exists but is no regular file or folder is, in words."""
+    return {stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
+            stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket"}.get(
+                stat.S_IFMT(os.stat(path).st_mode), "special file")
+
+
+def check_model_file(flag: str, path: Optional[str]) -> None:
+    """Fail now, naming ``flag``, unless ``path`` (a GGUF given on the command line) is a
+    regular file; None (the embedded model) passes.
+
+    Raises
+    ------
+    FileNotFoundError, IsADirectoryError, ValueError
+        ``--model DIR: is a directory, not a GGUF file`` and the like.
+    """
+    if path is None:
+        return
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{flag} {path}: model file not found")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{flag} {path}: is a directory, not a GGUF file")
+    if not os.path.isfile(path):
+        raise ValueError(f"{flag} {path}: is a {_special_kind(path)}, not a GGUF file")
+
+
 def check_writable(flag: str, path: str, streams: bool = False) -> None:
     """Fail now, naming ``flag``, if ``path`` cannot be written (its folder included).
 
@@ -210,10 +241,7 @@ def check_writable(flag: str, path: str, streams: bool = False) -> None:
         raise IsADirectoryError(f"{flag} {path}: is a directory, not a file")
     if os.path.exists(path) and not os.path.isfile(path):  # a pipe or device
         if not streams:
-            kind = {stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
-                    stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket"}.get(
-                        stat.S_IFMT(os.stat(path).st_mode), "special file")
-            raise ValueError(f"{flag} {path}: is a {kind}, not a regular file")
+            raise ValueError(f"{flag} {path}: is a {_special_kind(path)}, not a regular file")
         if not os.access(path, os.W_OK):
             raise PermissionError(f"{flag} {path}: not writable")
         return
@@ -301,9 +329,10 @@ class _DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def add_policy_flags(parser: argparse.ArgumentParser, default: str,
+def add_policy_flags(parser: argparse.ArgumentParser, default: str, cost_default: str,
                      old_name: Optional[str] = None) -> None:
-    """``--spec-policy`` (`ngramspec.policy.POLICIES`) and ``--cost-model FILE|NAME``; with
+    """``--spec-policy`` (`ngramspec.policy.POLICIES`) and ``--cost-model FILE|NAME``;
+    ``cost_default`` says in words what the command uses without ``--cost-model``; with
     `old_name`, a deprecated alias of ``--spec-policy`` (serve's ``--policy``)."""
     group = parser.add_argument_group("draft-length policy")
     group.add_argument("--spec-policy", choices=POLICIES, default=default,
@@ -318,7 +347,8 @@ def add_policy_flags(parser: argparse.ArgumentParser, default: str,
     group.add_argument("--cost-model", metavar="FILE|NAME", default=None,
                        help="verify-cost curve for --spec-policy auto: a JSON file of "
                             "`ngramspec calibrate --json`, or a profile: gpu, cpu-embedded, "
-                            "local (this machine's cached calibration of the embedded model)")
+                            f"local (this machine's cached calibration of the embedded model) "
+                            f"(default: {cost_default})")
 
 
 def check_spec_flags(spec_type: str, params: dict) -> None:

@@ -2,20 +2,21 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from ngramspec import cost, registry
 from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
-                                  add_repack_flag, add_spec_flags, check_spec_flags,
-                                  check_writable, engine_params, int_arg, load_cache_files)
+                                  add_repack_flag, add_spec_flags, check_model_file,
+                                  check_spec_flags, check_writable, engine_params, int_arg,
+                                  load_cache_files)
 from ngramspec.engine import SpecEngine
 from ngramspec.llama import calibration
 from ngramspec.llama.decoder import check_engine_models
 from ngramspec.llama.draft_model import check_draft_model_file
 from ngramspec.llama.divergence import divergence_report
-from ngramspec.llama.live import generate_plain, generate_speculative
+from ngramspec.llama.live import GenerationInterrupted, generate_plain, generate_speculative
 from ngramspec.llama.model import load_model
+from ngramspec.llama.text import text_stream
 from ngramspec.llama.tokenizer import tokenize_prompt
 from ngramspec.tokens import token_array
 
@@ -34,7 +35,9 @@ def add_parser(subparsers):
                     "the proposer chain verified in one batch per step (llama-server's loop). The "
                     "output is plain greedy decoding's, except where the best candidates tie "
                     "within float noise; --compare measures the speed-up and explains any "
-                    "difference. Defaults of generate only (on a CPU, verifying long drafts costs "
+                    "difference. The text streams to stdout as it is produced, the statistics "
+                    "follow; Ctrl-C keeps the text and prints the statistics so far (exit code "
+                    "130). Defaults of generate only (on a CPU, verifying long drafts costs "
                     "almost as much as decoding them one by one): "
                     + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
                                 for k, v in GENERATE_DEFAULTS.items())
@@ -42,22 +45,29 @@ def add_parser(subparsers):
     add_model_flags(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", metavar="TEXT", help="prompt text (special tokens parsed)")
-    src.add_argument("-f", "--prompt-file", metavar="FILE", help="read the prompt text from FILE")
+    src.add_argument("-f", "--prompt-file", metavar="FILE",
+                     help="read the prompt text from FILE ('-': stdin); the whole file is one "
+                          "prompt, so a JSONL file is refused")
     src.add_argument("--prompt-tokens", metavar="FILE",
-                     help="JSON list of token ids, used as-is (or '-' for stdin)")
+                     help="JSON list of token ids, used as-is ('-': stdin)")
     p.add_argument("--chat", action="store_true",
-                   help="render the text prompt as one user message with the model's chat template")
+                   help="render the text prompt as one user message with the model's chat "
+                        "template (an instruct model such as the embedded one needs it to "
+                        "answer a question instead of continuing the text)")
     p.add_argument("-n", "--n-predict", type=int_arg(-1), default=256, metavar="N",
-                   help="maximum output tokens, -1 = until EOS or a full context (default 256)")
-    add_context_flags(p, ctx_help="context size in tokens (default %(default)s); bounds drafts "
+                   help="maximum output tokens, -1 = until EOS or a full context (default: 256)")
+    add_context_flags(p, ctx_help="context size in tokens (default: %(default)s); bounds drafts "
                                   "as n_ctx - L - 2")
     p.add_argument("--compare", action="store_true",
                    help="also run plain greedy decoding; report both speeds, the speed-up and "
                         "whether the outputs match")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object at the end (the text is not streamed)")
     add_repack_flag(p)
     add_spec_flags(p, include_live=True)
-    add_policy_flags(p, default="auto")
+    add_policy_flags(p, default="auto",
+                     cost_default="the loaded model's calibration on this machine, "
+                                  "measured at first use and cached")
     state_generate_defaults(p)
     p.set_defaults(run=run)
     return p
@@ -67,10 +77,11 @@ def state_generate_defaults(parser):
     """Show GENERATE_DEFAULTS instead of llama.cpp's defaults in the flags' help."""
     for action in parser._actions:
         if action.dest in GENERATE_DEFAULTS and action.help:
-            head, _, rest = action.help.rpartition("(default ")
+            head, _, rest = action.help.rpartition("(default: ")
             rng = rest.partition(",")[2].rstrip(")")
-            action.help = (f"{head}(default {GENERATE_DEFAULTS[action.dest]} for generate, "
-                           f"llama.cpp's {rest.partition(',')[0].rstrip(')')};{rng})")
+            action.help = (f"{head}(default: {GENERATE_DEFAULTS[action.dest]} for "
+                           f"{parser.prog.split()[-1]}, llama.cpp's "
+                           f"{rest.partition(',')[0].rstrip(')')};{rng})")
 
 
 def generate_params(args) -> dict:
@@ -106,6 +117,22 @@ def _read_text(flag, path):
         raise ValueError(f"{flag} {path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise OSError(f"{flag} {path}: {exc.strerror or exc}") from None
+
+
+def _refuse_jsonl(path, text):
+    """A prompt file that is JSONL (one request per line) is not one prompt: say so."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    name = path.lower()
+    looks = name.endswith((".jsonl", ".jsonl.gz", ".ndjson"))
+    if not looks and len(lines) >= 2:
+        try:
+            looks = all(isinstance(json.loads(ln), dict) for ln in lines)
+        except ValueError:
+            looks = False
+    if looks:
+        raise ValueError(f"--prompt-file {path}: a JSONL file (one JSON object per line), while "
+                         f"generate reads the whole file as one prompt text; pass one prompt's "
+                         f"text (-f FILE or -p TEXT), or run one generate per request")
 
 
 def _read_prompt_tokens(path):
@@ -158,16 +185,15 @@ def _execute(args):
     # Cache files are loaded before the model (a bad file fails fast); one adds ngram-cache.
     args.spec_type, params = load_cache_files(args.spec_type, generate_params(args))
     types = spec_types(args)
-    if args.model is not None and not os.path.isfile(args.model):
-        raise ValueError(f"model file not found: {args.model}")
-    if args.model_draft is not None and not os.path.isfile(args.model_draft):
-        raise ValueError(f"draft model file not found: {args.model_draft}")
+    check_model_file("--model", args.model)
+    check_model_file("--model-draft", args.model_draft)
     # Inputs are read before the model load, so that a bad file fails fast.
     prompt_ids, text = None, args.prompt
     if args.prompt_tokens:
         prompt_ids = _read_prompt_tokens(args.prompt_tokens)
     elif args.prompt_file is not None:
         text = _read_text("--prompt-file", args.prompt_file)
+        _refuse_jsonl(args.prompt_file, text)
     cost_model = None
     if args.cost_model is not None:
         cost_model = cost.load_cost_model(args.cost_model)
@@ -186,8 +212,16 @@ def _execute(args):
     if engine is not None and args.spec_policy == "auto":
         policy = _auto_policy(llm, cost_model, quiet=args.json)
 
-    spec = generate_speculative(llm, prompt, engine, n_predict=args.n_predict,
-                                update_dynamic_cache=args.lookup_cache_dynamic, policy=policy)
+    stream = None if args.json else _Stream(llm)
+    interrupted = False
+    try:
+        spec = generate_speculative(llm, prompt, engine, n_predict=args.n_predict,
+                                    update_dynamic_cache=args.lookup_cache_dynamic,
+                                    policy=policy, on_tokens=stream)
+    except GenerationInterrupted as exc:
+        spec, interrupted = exc.result, True
+    if stream is not None:
+        stream.finish(spec.output_tokens)
     res = spec.to_dict()
     if args.lookup_cache_dynamic is not None:
         res["dynamic_cache_ngrams"] = spec.dynamic_cache_ngrams
@@ -197,8 +231,13 @@ def _execute(args):
         res["policy"] = policy.summary()
     res["stats_lines"] = spec.stats_lines
     plain = None
-    if args.compare:
-        plain = generate_plain(llm, prompt, n_predict=args.n_predict)
+    if args.compare and not interrupted:
+        try:
+            plain = generate_plain(llm, prompt, n_predict=args.n_predict)
+        except KeyboardInterrupt:
+            interrupted = True
+            res["plain_interrupted"] = True
+    if plain is not None:
         match = plain.output_tokens == spec.output_tokens
         res.update({
             "plain_output_tokens": plain.output_tokens,
@@ -211,7 +250,32 @@ def _execute(args):
         if not match:
             rep = divergence_report(llm, prompt, spec.output_tokens, plain.output_tokens)
             res["divergence"] = None if rep is None else rep.to_dict()
+    res["interrupted"] = interrupted
     return res, spec, plain
+
+
+class _Stream:
+    """``on_tokens`` of the generation: the text on stdout as it is produced, flushed per step
+    (UTF-8 never split: `TextStream`)."""
+
+    def __init__(self, llm):
+        self.text = text_stream(llm)
+        self.n_tokens = 0
+
+    def __call__(self, tokens):
+        self.n_tokens += len(tokens)
+        self._write(self.text.push(tokens)[1])
+
+    def finish(self, output_tokens):
+        """Write what the generation emitted but did not stream (a Ctrl-C between the two)."""
+        self(output_tokens[self.n_tokens:])
+        self._write(self.text.finish())
+
+    @staticmethod
+    def _write(chunk):
+        if chunk:
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
 
 
 def _auto_policy(llm, cost_model, quiet):
@@ -225,8 +289,7 @@ def _auto_policy(llm, cost_model, quiet):
 
 def _print_text(res, spec, plain):
     out = sys.stdout
-    out.write(res["text"])
-    out.write("\n\n")
+    out.write("\n\n")     # after the streamed text
     t = res["timings"]
     lines = [
         f"spec-type {res['spec_type']}: prompt {res['n_prompt']} tokens, "
@@ -254,16 +317,33 @@ def _print_text(res, spec, plain):
         lines.append(f"policy auto (cost model {pol['cost_model']}): {pol['drafts']} drafts, "
                      f"{pol['verified']} verified, {pol['truncated']} shortened, "
                      f"{pol['plain']} plain steps, {pol['probes']} probes")
-    lines.extend(res["stats_lines"])
-    if "dynamic_cache_ngrams" in res:
+    if res["stats_lines"]:
+        lines.append("llama.cpp's statistics (#mean acc len = 1 + #acc tokens / #calls a: the "
+                     "target's own token of each verified draft is counted too):")
+        lines.extend(res["stats_lines"])
+    if res.get("dynamic_cache_ngrams") is not None:
         lines.append(f"dynamic cache: {res['dynamic_cache_ngrams']} n-grams saved")
+    if res["interrupted"]:
+        lines.append("interrupted: the statistics cover the output so far"
+                     + ("; the plain run was cut short" if res.get("plain_interrupted") else "")
+                     + ("; the dynamic cache file was left as it was"
+                        if res.get("dynamic_cache_ngrams", 0) is None else ""))
     out.write("\n".join(lines) + "\n")
 
 
 def run(args) -> int:
+    """Generate; the text streams to stdout as it is produced (not with ``--json``).
+
+    Ctrl-C keeps what was generated: the statistics so far are printed (one JSON object with
+    ``--json``) and the exit code is 130, as for any interrupted command.
+    """
     res, spec, plain = _execute(args)
     if args.json:
         sys.stdout.write(json.dumps(res) + "\n")
     else:
         _print_text(res, spec, plain)
+    sys.stdout.flush()
+    if res["interrupted"]:
+        sys.stderr.write("interrupted\n")
+        return 130
     return 0

@@ -26,7 +26,8 @@ def add_parser(subparsers):
                     "llama.cpp's statistics.")
     p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files (.jsonl, .jsonl.gz)")
     add_spec_flags(p)
-    add_policy_flags(p, default="fixed")
+    add_policy_flags(p, default="fixed",
+                     cost_default="none: no modeled speed-up, and auto needs one")
     p.add_argument("--state", choices=("shared", "fresh"), default="shared",
                    help="shared: one engine for all requests (a server); fresh: one per request "
                         "(default: shared)")
@@ -158,7 +159,9 @@ def _print_report(path, result):
             continue
         share = ""
         if oracle and oracle["speedup"] > 1:
-            share = f", {(m['speedup'] - 1) / (oracle['speedup'] - 1):.0%} of the oracle's gain"
+            # a share of the gain only where there is a gain: a slow-down is no negative share
+            share = (f", {(m['speedup'] - 1) / (oracle['speedup'] - 1):.0%} of the oracle's gain"
+                     if m["speedup"] > 1 else ", no gain over plain decoding")
         print(f"  modeled speed-up ({name}, cost model {m['cost_model']}): {m['speedup']:.3f}x "
               f"({m['tokens']} tokens for {m['cost']:.1f} single-token decodes, "
               f"{m['tokens_per_step']:.3f} tokens per step{share})")

@@ -12,8 +12,8 @@ import socket
 import sys
 
 from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
-                                  add_spec_flags, bounded, int_arg, load_cache_files,
-                                  positive_int)
+                                  add_spec_flags, bounded, check_model_file, int_arg,
+                                  load_cache_files, positive_int)
 from ngramspec.cli.generate import (GENERATE_DEFAULTS, generate_params, spec_types,
                                     state_generate_defaults)
 from ngramspec.cost import load_cost_model
@@ -36,27 +36,27 @@ def add_parser(subparsers):
                                 for k, v in GENERATE_DEFAULTS.items()) + ").")
     add_model_flags(p)
     add_context_flags(p, ctx_help="context size in tokens for all slots together, split evenly "
-                                  "between them as llama-server does (default %(default)s)")
+                                  "between them as llama-server does (default: %(default)s)")
     p.add_argument("-np", "--slots", "--parallel", dest="slots", type=positive_int, default=4,
-                   metavar="N", help="requests decoded together (default %(default)s)")
+                   metavar="N", help="requests decoded together (default: %(default)s)")
     p.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
                    help="requests waiting for a slot before new ones get 503 "
-                        "(default %(default)s)")
+                        "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default %(default)s: this machine only)")
+                   help="address to bind (default: %(default)s: this machine only)")
     p.add_argument("--port", type=int_arg(0, 65535), default=8080,
-                   help="port to bind, 0 = any free port (default %(default)s)")
+                   help="port to bind, 0 = any free port (default: %(default)s)")
     p.add_argument("--api-key", metavar="KEY", default=os.environ.get("NGRAMSPEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on the API and its /openapi.json "
                         "(the /docs pages are then off); comma list for several keys, an empty "
                         "or blank key is refused (default: $NGRAMSPEC_API_KEY, else no key)")
     p.add_argument("--max-body-size", type=int_arg(1024), default=None, metavar="BYTES",
                    help="largest request body; a larger one is answered 413 before it is read "
-                        "(default 8 MiB)")
+                        "(default: 8 MiB)")
     p.add_argument("--read-timeout", type=bounded(float, 0.001), default=None, metavar="S",
                    help="seconds a client may take to send a request's headers, and then its "
                         "body, before the connection is closed (headers) or answered 408 "
-                        "(body) (default 30)")
+                        "(body) (default: 30)")
     p.add_argument("--escape-special-in-input", action="store_true",
                    help="tokenize chat messages' content as plain text: '<|im_start|>' in a "
                         "message stays text instead of becoming the special token, so a user "
@@ -65,20 +65,23 @@ def add_parser(subparsers):
     p.add_argument("-a", "--alias", metavar="NAME", default=None,
                    help="model id reported by /v1/models (default: the GGUF's file name)")
     p.add_argument("--temp", type=bounded(float, 0.0), default=0.8, metavar="X",
-                   help="temperature of requests that give none (default %(default)s, "
+                   help="temperature of requests that give none (default: %(default)s, "
                         "llama-server's; 0 = greedy)")
     p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
                    help="max_tokens of requests that give none; -1 = until EOS or the slot's "
-                        "context is full (default %(default)s)")
+                        "context is full (default: %(default)s)")
     p.add_argument("--timeout-graceful-shutdown", type=bounded(float, 0.0), default=GRACEFUL_S,
                    metavar="S", help="seconds running requests may finish after SIGTERM before "
-                                     "they are cancelled (default %(default)s)")
+                                     "they are cancelled (default: %(default)s)")
     p.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"),
-                   help="uvicorn's log level (default %(default)s)")
+                   help="uvicorn's log level (default: %(default)s)")
     add_spec_flags(p, include_live=True)
     # the policy of requests that choose none; --policy is its old spelling
-    add_policy_flags(p, default="fixed", old_name="--policy")
+    add_policy_flags(p, default="fixed", old_name="--policy",
+                     cost_default="the server's own calibration of its context: measured at "
+                                  "start with --spec-policy auto, cached per model, threads "
+                                  "and batch size")
     state_generate_defaults(p)
     p.set_defaults(run=run)
     return p
@@ -101,9 +104,8 @@ def build_scheduler(args):
     """The scheduler of the parsed flags (model loaded, not started)."""
     args.spec_type, params = load_cache_files(args.spec_type, generate_params(args))
     types = spec_types(args)
-    for flag, path in (("--model", args.model), ("--model-draft", args.model_draft)):
-        if path is not None and not os.path.isfile(path):
-            raise ValueError(f"{flag}: model file not found: {path}")
+    check_model_file("--model", args.model)
+    check_model_file("--model-draft", args.model_draft)
     # a named profile or file replaces the context's own calibration
     cost_model = load_cost_model(args.cost_model) if args.cost_model is not None else None
     model = args.model

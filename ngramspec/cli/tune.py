@@ -22,18 +22,26 @@ import tempfile
 
 from ngramspec.files import atomic_write_bytes
 from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_model_flags,
-                                  add_progress_flags, positive_int)
+                                  add_progress_flags, check_model_file, positive_int)
 from ngramspec.cost import load_cost_model
+from ngramspec.llama.model import gpu_offload_available
 from ngramspec.llama.tokenizer import Tokenizer
 from ngramspec.logs import FORMATS, read_logs
 from ngramspec.tune import (GRIDS, MOD_N_MIN_FRACTIONS, NGRAMSPEC_GRIDS, Config, parse_types,
                             split_requests, tune)
 from ngramspec.tune_plot import require_matplotlib, save_plots
 
-DEFAULT_COST_MODEL = "gpu"
+# --cost-model's default follows the machine (`default_cost_model`): a GPU's curve priced on a
+# CPU recommends drafts that lose there.
+GPU_COST_MODEL, CPU_COST_MODEL = "gpu", "cpu-embedded"
 REPORT_FILE = "report.json"
 HELDOUT_FILE = "heldout.jsonl.gz"
 STATIC_FILE = "static.bin"
+
+
+def default_cost_model() -> str:
+    """``gpu`` where this llama.cpp build offloads to a GPU, else ``cpu-embedded``."""
+    return GPU_COST_MODEL if gpu_offload_available() else CPU_COST_MODEL
 
 
 def _fraction(text):
@@ -73,16 +81,17 @@ def add_parser(subparsers):
     p.add_argument("logs", nargs="+", metavar="LOG", help="log files (.jsonl, .jsonl.gz)")
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="log format: trace (token ids), chat (OpenAI messages + reply), text "
-                        "(prompt/response strings); auto decides from the first line")
+                        "(prompt/response strings); auto decides from the first line "
+                        "(default: %(default)s)")
     add_model_flags(p, draft=False, help="target model whose tokenizer reads chat logs and "
                                          "text pairs (loaded vocabulary-only)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N",
                    help="use the first N requests of each file")
     p.add_argument("--holdout", type=_fraction, default=0.5, metavar="F",
                    help="fraction of the requests, the last ones, held out for scoring; the "
-                        "rest builds the static cache (default %(default)s)")
+                        "rest builds the static cache (default: %(default)s)")
     p.add_argument("--slots", type=_slot_list, default=(1, 4), metavar="K[,K...]",
-                   help="server slot counts to sweep (default 1,4)")
+                   help="server slot counts to sweep (default: 1,4)")
     p.add_argument("--types", metavar="LIST",
                    help="sweep only these spec types (comma list; default all)")
     p.add_argument("--llama-only", action="store_true",
@@ -92,14 +101,16 @@ def add_parser(subparsers):
                    help="do not try chains of the best configuration of each type")
     p.add_argument("--no-auto", action="store_true",
                    help="do not try the auto draft-length policy (--spec-policy auto)")
-    p.add_argument("--cost-model", default=DEFAULT_COST_MODEL, metavar="FILE|NAME",
-                   help="verification cost model: a calibration JSON file (ngramspec "
-                        "calibrate) or a named profile (default %(default)s)")
+    p.add_argument("--cost-model", default=None, metavar="FILE|NAME",
+                   help=f"verification cost model: a calibration JSON file (ngramspec "
+                        f"calibrate) or a named profile: {GPU_COST_MODEL}, {CPU_COST_MODEL}, "
+                        f"local (default: {GPU_COST_MODEL} where llama.cpp here offloads to a "
+                        f"GPU, else {CPU_COST_MODEL}; said on stderr)")
     add_draft_bound_flag(p)
     p.add_argument("--jobs", "-j", type=positive_int, default=None, metavar="N",
                    help="worker processes (default: the cores this process may use)")
     p.add_argument("--top", type=positive_int, default=20, metavar="N",
-                   help="table rows to print (default %(default)s)")
+                   help="table rows to print (default: %(default)s)")
     p.add_argument("--output", metavar="DIR",
                    help="write report.json, the plots, static.bin and heldout.jsonl.gz here")
     add_progress_flags(p)
@@ -120,7 +131,11 @@ def run(args) -> int:
         types = parse_types(args.types)
         if not types:
             raise ValueError(f"--types {args.types!r}: name at least one spec type")
+    chosen = args.cost_model is None
+    if chosen:
+        args.cost_model = default_cost_model()
     cost_model = load_cost_model(args.cost_model)
+    check_model_file("--model", args.model)
     requests, tokenizer = read_logs(args.logs, args.format, args.limit,
                                     lambda: Tokenizer(args.model))
     train, heldout = split_requests(requests, args.holdout)
@@ -137,6 +152,10 @@ def run(args) -> int:
                           static_path=static_path, n_ctx=args.ctx_size,
                           jobs=args.jobs or _default_jobs(), progress=progress,
                           cost_name=args.cost_model)
+        if chosen:   # said after the sweep's own checks, so that an error stays one line
+            sys.stderr.write(f"tune: cost model {args.cost_model} (the default on this "
+                             f"machine; --cost-model {GPU_COST_MODEL} prices drafts for a GPU "
+                             f"server)\n")
         if out_dir is None:   # the cache file goes away with the temporary folder
             report.static_cache = STATIC_FILE
             _relabel_static(report, static_path, STATIC_FILE)

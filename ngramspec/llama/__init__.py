@@ -19,7 +19,8 @@ from ngramspec.lazy import lazy_exports
 # command line's flags) then loads that module only, not the scheduler and the drivers.
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".divergence": ("DivergenceReport", "divergence_report", "first_divergence"),
-    ".live": ("GenerationResult", "generate_plain", "generate_speculative"),
+    ".live": ("GenerationInterrupted", "GenerationResult", "generate_plain",
+              "generate_speculative"),
     ".model": ("ModelNotFoundError", "default_model_path", "load_model"),
     ".params": ("SamplingParams", "SpeculationParams"),
     ".scheduler": ("Chunk", "Completion", "QueueFull", "RequestHandle", "Scheduler"),

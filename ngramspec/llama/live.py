@@ -28,7 +28,7 @@ from ngramspec.registry import TYPES
 from .decoder import check_engine_models, finish_request, prompt_pass, target_and_prompt
 from .tokenizer import detokenize
 
-__all__ = ["GenerationResult", "generate_speculative", "generate_plain"]
+__all__ = ["GenerationResult", "GenerationInterrupted", "generate_speculative", "generate_plain"]
 
 # Proposers that run a model of their own (draft-simple): their time is the draft model's.
 _MODEL_TYPES = frozenset(name for name, spec in TYPES.items() if spec.live)
@@ -47,7 +47,8 @@ class GenerationResult:
     n_prompt : int
         Prompt length in tokens.
     stop_reason : str
-        ``"eos"``, ``"n_predict"`` or ``"n_ctx"`` (KV cache full).
+        ``"eos"``, ``"n_predict"``, ``"n_ctx"`` (KV cache full) or ``"interrupted"`` (Ctrl-C;
+        the result of `GenerationInterrupted`).
     t_prompt_s : float
         Prompt pass, first token and ``engine.begin`` (the proposers' prompt ingestion, a draft
         model's own prompt pass) included.
@@ -129,6 +130,29 @@ class GenerationResult:
                 "stats": self.stats}
 
 
+class GenerationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a generation, with what was generated until then.
+
+    A KeyboardInterrupt, so code that does not look for it stops as on any Ctrl-C; the command
+    line prints the partial output's statistics from `result`.
+
+    Attributes
+    ----------
+    result : GenerationResult
+        The tokens emitted before the interrupt, ``stop_reason == "interrupted"``, the timings
+        and proposer statistics so far.
+
+    Notes
+    -----
+    Memory: the partial result. Thread-safety: raised in the generating thread (Python
+    delivers Ctrl-C to the main thread only).
+    """
+
+    def __init__(self, result: "GenerationResult"):
+        super().__init__("interrupted")
+        self.result = result
+
+
 def _draft_time_us(stats) -> int:
     return sum(int(s["t_begin_us"]) + int(s["t_draft_us"]) + int(s["t_accept_us"])
                for s in stats if s.get("type") in _MODEL_TYPES)
@@ -136,7 +160,7 @@ def _draft_time_us(stats) -> int:
 
 def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slot: int = 0,
                          record_steps: bool = False, update_dynamic_cache=None,
-                         policy=None) -> GenerationResult:
+                         policy=None, on_tokens=None) -> GenerationResult:
     """Greedy generation verified against drafts from ``engine`` (llama-server's loop).
 
     Parameters
@@ -163,10 +187,20 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         `ngramspec.loop.FixedPolicy` (the default: llama.cpp's behaviour) or
         `ngramspec.policy.AutoPolicy` (cost-aware: verifies only the part of each draft that is
         expected to pay). The output is the same greedy output either way.
+    on_tokens : callable, optional
+        Called with the list of tokens emitted by each step (the first token, then the accepted
+        draft and the target's next token), as they are produced: streaming. Its time counts as
+        the generation's.
 
     Returns
     -------
     GenerationResult
+
+    Raises
+    ------
+    GenerationInterrupted
+        On Ctrl-C (KeyboardInterrupt) after the prompt pass, carrying the partial result; the
+        dynamic cache file is then left as it was.
 
     Notes
     -----
@@ -204,40 +238,49 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
     if stop is None and 0 < n_predict <= len(out):
         stop = "n_predict"
 
-    while stop is None:
-        L = loop.n_context
-        if L >= n_ctx:  # no position left for `sampled`
-            stop = "n_ctx"
-            break
-        sampled = loop.sampled
-        draft = loop.propose()
-        m = len(draft)
-
-        # The live target: one decode of [sampled] + draft, the argmax at every position.
-        tt = pc()
-        batch = np.empty(m + 1, dtype=np.int32)
-        batch[0] = sampled
-        batch[1:] = draft
-        target = np.argmax(dec.decode(batch, L, all_logits=True), axis=1)
-        t_target += pc() - tt
-        n_decodes += 1
-
-        k = loop.verify(target)
-        if steps is not None:
-            steps.append((L, sampled, [int(t) for t in draft], k))
-        if k < m:
-            dec.seq_rm(loop.n_context)  # rejected draft positions
-
-        for t in list(draft[:k]) + [int(target[k])]:
-            out.append(int(t))
-            # Tokens after a stop inside the accepted draft are dropped (llama-server's
-            # process_token stops the slot there).
-            if dec.is_eog(t):
-                stop = "eos"
+    try:
+        if on_tokens is not None:
+            on_tokens(out[:])
+        while stop is None:
+            L = loop.n_context
+            if L >= n_ctx:  # no position left for `sampled`
+                stop = "n_ctx"
                 break
-            if 0 < n_predict <= len(out):
-                stop = "n_predict"
-                break
+            sampled = loop.sampled
+            draft = loop.propose()
+            m = len(draft)
+
+            # The live target: one decode of [sampled] + draft, the argmax at every position.
+            tt = pc()
+            batch = np.empty(m + 1, dtype=np.int32)
+            batch[0] = sampled
+            batch[1:] = draft
+            target = np.argmax(dec.decode(batch, L, all_logits=True), axis=1)
+            t_target += pc() - tt
+            n_decodes += 1
+
+            k = loop.verify(target)
+            if steps is not None:
+                steps.append((L, sampled, [int(t) for t in draft], k))
+            if k < m:
+                dec.seq_rm(loop.n_context)  # rejected draft positions
+
+            n_before = len(out)
+            for t in list(draft[:k]) + [int(target[k])]:
+                out.append(int(t))
+                # Tokens after a stop inside the accepted draft are dropped (llama-server's
+                # process_token stops the slot there).
+                if dec.is_eog(t):
+                    stop = "eos"
+                    break
+                if 0 < n_predict <= len(out):
+                    stop = "n_predict"
+                    break
+            if on_tokens is not None:
+                on_tokens(out[n_before:])
+    except KeyboardInterrupt:
+        # Keep what was generated: the caller reports it (the KV cache is released below).
+        stop = "interrupted"
 
     t2 = pc()
     t_engine = (loop.draft_ns + loop.accept_ns) / 1e9
@@ -252,6 +295,8 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         stats=stats, stats_lines=list(engine.stats_lines()) if engine is not None else [],
         steps=steps, prompt_reused=reused)
     finish_request(llm, dec, prompt.size)
+    if stop == "interrupted":
+        raise GenerationInterrupted(res)
     _save_dynamic(res, update_dynamic_cache, prompt)
     return res
 

@@ -15,7 +15,8 @@ from ngramspec.embedded import (DEFAULT_MODEL_FILE, DEFAULT_MODEL_PACKAGE, Model
 from .repack import load_llama, use_extra_bufts
 
 __all__ = ["DEFAULT_MODEL_PACKAGE", "DEFAULT_MODEL_FILE", "ModelNotFoundError",
-           "default_model_path", "default_threads", "load_model", "require_llama_cpp"]
+           "default_model_path", "default_threads", "gpu_offload_available", "load_model",
+           "require_llama_cpp"]
 
 
 def require_llama_cpp():
@@ -29,6 +30,15 @@ def require_llama_cpp():
         raise ImportError("live generation needs llama-cpp-python: "
                           "pip install 'ngramspec[live]'") from exc
     return llama_cpp
+
+
+def gpu_offload_available() -> bool:
+    """Whether this llama.cpp build offloads to a GPU (False without llama-cpp-python)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return False
+    return bool(llama_cpp.llama_supports_gpu_offload())
 
 
 def default_threads() -> int:

@@ -12,7 +12,7 @@ import codecs
 import ctypes
 from typing import Callable, Optional, Sequence, Tuple
 
-__all__ = ["TextStream", "token_piece_fn"]
+__all__ = ["TextStream", "text_stream", "token_piece_fn"]
 
 
 def token_piece_fn(vocab) -> Callable[[int], bytes]:
@@ -28,6 +28,12 @@ def token_piece_fn(vocab) -> Callable[[int], bytes]:
             return big.raw[:n]
         return buf.raw[:n]
     return piece
+
+
+def text_stream(llm, stop: Sequence[str] = ()) -> "TextStream":
+    """A `TextStream` over the vocabulary of a loaded ``llama_cpp.Llama``."""
+    import llama_cpp as lc
+    return TextStream(token_piece_fn(lc.llama_model_get_vocab(llm.model)), stop)
 
 
 class TextStream:

@@ -3,10 +3,12 @@ GGUF's chat template, and `Tokenizer`, a vocabulary-only model for reading text 
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
 import secrets
+import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -16,6 +18,24 @@ from .repack import load_llama
 
 __all__ = ["Tokenizer", "detokenize", "max_token_bytes", "render_chat", "render_chat_parts",
            "tokenize_chat", "tokenize_corpus", "tokenize_parts", "tokenize_prompt"]
+
+
+@contextlib.contextmanager
+def _quiet_vocab_load():
+    """stderr (the file descriptor) muted while a vocabulary-only model loads: llama.cpp's
+    context then logs ``n_ctx_seq (512) > n_ctx_train (0)`` at error level, since no
+    hyper-parameters are read, which llama-cpp-python prints whatever ``verbose`` says. A load
+    that fails still raises, with llama-cpp-python's message."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def tokenize_prompt(llm, text: str, *, chat: bool = False) -> np.ndarray:
@@ -182,7 +202,8 @@ def tokenize_corpus(model_path: str, data: bytes) -> np.ndarray:
     if not os.path.exists(model_path):
         raise FileNotFoundError(2, "No such file or directory", model_path)
     try:
-        llm = load_llama(model_path, vocab_only=True, verbose=False)
+        with _quiet_vocab_load():
+            llm = load_llama(model_path, vocab_only=True, verbose=False)
     except Exception as exc:   # llama_cpp raises ValueError/RuntimeError for unreadable files
         raise ValueError(f"{model_path}: cannot load the tokenizer ({exc})") from None
     return np.asarray(llm.tokenize(data, add_bos=True, special=True), dtype=np.int32)
@@ -222,7 +243,9 @@ class Tokenizer:
         if not os.path.isfile(model_path):
             raise FileNotFoundError(2, "--model: no such file", model_path)
         try:
-            self.llm = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
+            with _quiet_vocab_load():
+                self.llm = llama_cpp.Llama(model_path=model_path, vocab_only=True,
+                                           verbose=False)
         except Exception as exc:    # llama_cpp raises ValueError/RuntimeError for bad files
             raise ValueError(f"--model {model_path}: cannot load the tokenizer ({exc})") from None
         self.model_path = model_path

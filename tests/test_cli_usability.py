@@ -1,0 +1,184 @@
+"""The command line as a new user meets it (issue 26): usage, help texts, errors, pipes,
+streaming and Ctrl-C.
+
+In-process (`clitools.cli`) where the parser is the point; a fresh interpreter where stdout,
+signals or llama.cpp's own logging are.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from clitools import cli
+from conftest import ROOT, TRACES
+
+from ngramspec.cli import SUBCOMMANDS, build_parser
+
+EXAMPLE = ROOT / "ngramspec" / "examples" / "code_edit_prompt.txt"
+
+
+def ngramspec(*argv, **kw):
+    return subprocess.Popen([sys.executable, "-m", "ngramspec", *map(str, argv)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def test_bare_command_prints_usage_and_commands(capsys):
+    r = cli(capsys)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("usage: ngramspec")
+    for name in SUBCOMMANDS:
+        assert name in r.stderr
+
+
+def test_unknown_flag_names_the_subcommand(capsys):
+    r = cli(capsys, "serve", "--draft-policy", "gpu")
+    assert r.returncode == 2
+    assert r.stderr == "ngramspec serve: error: unrecognized arguments: --draft-policy gpu\n"
+    r = cli(capsys, "cache", "info", "x.bin", "--bogus")
+    assert r.stderr.startswith("ngramspec cache info: error: unrecognized arguments: --bogus")
+
+
+def test_serve_takes_generates_policy_flag():
+    args = build_parser().parse_args(["serve", "--spec-policy", "auto", "--cost-model", "gpu"])
+    assert args.spec_policy == "auto" and args.cost_model == "gpu"
+
+
+def _subparsers(parser):
+    for action in parser._actions:
+        if action.__class__.__name__ == "_SubParsersAction":
+            for sub in action.choices.values():
+                yield sub
+                yield from _subparsers(sub)
+
+
+def test_help_texts_state_defaults_one_way():
+    parsers = list(_subparsers(build_parser()))
+    assert {p.prog.split()[1] for p in parsers} == set(SUBCOMMANDS)
+    for p in parsers:
+        text = p.format_help()
+        flat = " ".join(text.split())
+        assert "(default " not in flat and "default None" not in flat \
+            and "default: None" not in flat, (p.prog, text)
+        for action in p._actions:
+            if action.option_strings and action.nargs != 0 and action.default is not None and \
+                    action.help and action.dest != "help" and "%(default)" not in action.help:
+                # a flag with a default says it ("(default: X" or "(default: X for ...")
+                assert "default:" in action.help or action.default == "==SUPPRESS==", \
+                    (p.prog, action.option_strings, action.help)
+    gen = next(p for p in parsers if p.prog == "ngramspec generate")
+    cost = next(a for a in gen._actions if "--cost-model" in a.option_strings)
+    assert "(default: the loaded model's calibration" in cost.help
+
+
+def test_cache_help_names_its_verbs(capsys):
+    r = cli(capsys, "--help")
+    line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("cache"))
+    for verb in ("create", "merge", "info"):
+        assert verb in line
+
+
+def test_prompt_file_stdin_is_documented(capsys):
+    r = cli(capsys, "generate", "--help")
+    flat = " ".join(r.stdout.split())
+    assert "read the prompt text from FILE ('-': stdin)" in flat
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda tmp: str(tmp), "is a directory, not a GGUF file"),
+    (lambda tmp: os.devnull, "is a character device, not a GGUF file"),
+    (lambda tmp: str(tmp / "missing.gguf"), "model file not found"),
+])
+@pytest.mark.parametrize("command", [["generate", "-p", "x"], ["calibrate"],
+                                     ["serve", "--port", "0"]])
+def test_model_path_that_is_no_file(capsys, tmp_path, make, needle, command):
+    path = make(tmp_path)
+    r = cli(capsys, *command, "--model", path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert f"--model {path}: {needle}" in r.stderr, r.stderr
+
+
+def test_jsonl_prompt_file_is_refused(capsys, tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    r = cli(capsys, "generate", "-f", path)
+    assert r.returncode == 2 and "a JSONL file" in r.stderr and "one prompt" in r.stderr
+    other = tmp_path / "prompts.txt"          # the content decides too, not only the name
+    other.write_text(path.read_text())
+    r = cli(capsys, "generate", "-f", other)
+    assert r.returncode == 2 and "a JSONL file" in r.stderr
+
+
+def test_closed_pipe_ends_quietly(tmp_path):
+    cache = tmp_path / "static.bin"
+    r = subprocess.run([sys.executable, "-m", "ngramspec", "cache", "create", "--traces",
+                        TRACES / "code-edit.jsonl.gz", "--limit", "20", "--output", cache],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    p = ngramspec("cache", "info", cache)
+    p.stdout.close()                      # the reader is gone before the report is written
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141, err
+    assert err == "", err
+
+
+def test_oracle_share_is_never_negative(capsys):
+    r = cli(capsys, "replay", TRACES / "chat.jsonl.gz", "--spec-type", "ngram-suffix",
+            "--limit", "5", "--cost-model", "cpu-embedded")
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if "modeled speed-up (fixed" in ln]
+    assert lines, r.stdout
+    for ln in lines:
+        assert "-" not in ln.split("decodes,")[1], ln
+        speedup = float(ln.split("):")[1].split("x")[0])
+        assert ("of the oracle's gain" in ln) == (speedup > 1), ln
+
+
+@pytest.mark.slow
+def test_vocab_only_load_is_quiet(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("def f(x):\n    return x + 1\n" * 20)
+    r = subprocess.run([sys.executable, "-m", "ngramspec", "cache", "create", "--text", text,
+                        "--output", tmp_path / "c.bin"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "n_ctx" not in r.stderr and "llama" not in r.stderr.lower(), r.stderr
+
+
+def _generate(*prompt):
+    return ngramspec("generate", *prompt, "-n", "100000", "-c", "8192", "-t", "1",
+                     "--spec-policy", "fixed", env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+@pytest.mark.slow
+def test_generate_streams_and_ctrl_c_keeps_the_output():
+    p = _generate("-f", EXAMPLE)
+    first = p.stdout.read1(1 << 16)        # text arrives while the run goes on
+    assert first and p.poll() is None
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    out = (first + out).decode()
+    assert p.returncode == 130, err
+    text, _, report = out.partition("\n\nspec-type ")
+    assert len(text) > len(first.decode()) - 1 and "(stop: interrupted)" in report
+    assert "statistics        ngram-mod:" in report
+    assert "interrupted: the statistics cover the output so far" in report
+    assert err.decode().strip().endswith("interrupted")
+
+
+@pytest.mark.slow
+def test_generate_json_on_ctrl_c_is_one_object():
+    # a short prompt (its pass takes no time) that the model continues for thousands of tokens
+    p = _generate("--json", "-p", ", ".join(map(str, range(1, 30))))
+    time.sleep(15.0)     # the model loaded and decoding (nothing is printed before the end)
+    assert p.poll() is None
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    res = json.loads(out)
+    assert res["interrupted"] is True and res["stop_reason"] == "interrupted"
+    assert res["n_output"] == len(res["output_tokens"]) > 0
