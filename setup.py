@@ -13,7 +13,7 @@ from setuptools import Extension, setup
 DEBUG = os.environ.get("NGRAMSPEC_DEBUG") == "1"
 ASAN = os.environ.get("NGRAMSPEC_ASAN") == "1"
 CPP_MODULES = {"_cache", "_suffix"}  # these use libcpp containers
-# NGRAMSPEC_ONLY=_core,_cache builds just those modules (a quicker rebuild while developing).
+# NGRAMSPEC_ONLY=_engine,_cache builds just those modules (a quicker rebuild while developing).
 ONLY = set(filter(None, os.environ.get("NGRAMSPEC_ONLY", "").split(",")))
 
 compile_args = ["-O3"] if not ASAN else ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"]

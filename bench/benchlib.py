@@ -55,7 +55,7 @@ def _tree() -> pathlib.Path | None:
             _usage_error(f"{TREE_ENV}={named}: no ngramspec package there (a checkout's root, "
                          f"with its kernels built in place, is expected)")
         return tree
-    return BENCH.parent if any((BENCH.parent / "ngramspec").glob("_core*.so")) else None
+    return BENCH.parent if any((BENCH.parent / "ngramspec").glob("_engine*.so")) else None
 
 
 # The only sys.path edit of the benchmarks: every script imports this module before ngramspec.

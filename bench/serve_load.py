@@ -7,7 +7,7 @@ Servers (all with the same model file, ``-np/--slots N``, ``-c`` (the whole cont
 
 - ``ngramspec``: one ``ngramspec serve`` process. Its modes are per request: ``spec`` (the
   ``"fixed"`` policy: llama.cpp's draft bounds, what llama-server does), ``auto`` (the joint
-  cost-aware draft lengths of the scheduler, ``--policy auto`` at start so its cost curve is
+  cost-aware draft lengths of the scheduler, ``--spec-policy auto`` at start so its cost curve is
   measured before the first request) and ``plain`` (``"speculative": {"enabled": false}``).
 - ``llama-server`` (bench/llama_server.py, built from the llama.cpp that llama-cpp-python
   vendors): llama-server has no per-request switch, so ``spec`` is one process with the
@@ -263,7 +263,7 @@ def main(argv=None):
         if any(s.startswith("ngramspec") for s in systems):
             srv = ServerProcess("--slots", args.slots, *common,
                                 *ngramspec_spec_args(args.spec_type, params),
-                                "--policy", "auto" if "ngramspec auto" in systems else "fixed",
+                                "--spec-policy", "auto" if "ngramspec auto" in systems else "fixed",
                                 "--queue-size", max(64, args.requests), "--log-level", "warning",
                                 cwd=str(ROOT), timeout=600)
             stops.append(srv.stop)

@@ -5,13 +5,13 @@ bit-exact, in Cython kernels; ngramspec's own ngram-suffix proposer; an engine t
 as llama-server does; the one draft -> verify -> accept loop (`ngramspec.loop`) with its replay
 and live targets (everything that talks to llama-cpp-python is in `ngramspec.llama`).
 """
-import importlib as _importlib
-
 __version__ = "0.1.0"
 
 try:
-    from ngramspec._core import (MapProposer, ModPool, ModProposer, Proposer, PyProposer,
-                                 SimpleProposer)
+    from ngramspec._map import MapProposer
+    from ngramspec._mod import ModPool, ModProposer
+    from ngramspec._proposer import Proposer, PyProposer
+    from ngramspec._simple import SimpleProposer
     from ngramspec._cache import CacheFileError, NgramCache, NgramCacheProposer
     from ngramspec._suffix import SuffixProposer
 except ModuleNotFoundError as _exc:
@@ -32,21 +32,15 @@ from ngramspec.policy import AutoPolicy
 from ngramspec.replay import replay
 from ngramspec.stats import acceptance_line, statistics_line
 
+from ngramspec.lazy import lazy_exports as _lazy_exports
+
 # Live generation needs llama-cpp-python (the ``live`` extra): imported on first use.
-_LAZY = {"generate_speculative": "ngramspec.llama.live",
-         "generate_plain": "ngramspec.llama.live", "load_model": "ngramspec.llama.model"}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(_importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'ngramspec' has no attribute {name!r}")
-
-
-__all__ = [
+__all__, __getattr__, __dir__ = _lazy_exports(__name__, {
+    "ngramspec.llama.live": ("generate_plain", "generate_speculative"),
+    "ngramspec.llama.model": ("load_model",),
+}, eager=(
     "AutoPolicy", "CacheFileError", "CostModel", "FixedPolicy", "MapProposer", "ModPool",
     "ModProposer", "NgramCache", "NgramCacheProposer", "Proposer", "PyProposer",
     "SimpleProposer", "SlotLoop", "SpecEngine", "SuffixProposer", "__version__",
-    "acceptance_line", "generate_plain", "generate_speculative", "load_cost_model",
-    "load_model", "replay", "statistics_line",
-]
+    "acceptance_line", "load_cost_model", "replay", "statistics_line",
+))

@@ -4,7 +4,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import numpy as np
 import numpy.typing as npt
 
-from ngramspec._core import Proposer
+from ngramspec._proposer import Proposer
 
 _Tokens = Union[Sequence[int], npt.NDArray[np.integer]]
 

@@ -2,7 +2,7 @@
 #
 # Every proposer is a `Proposer` subclass, one per llama.cpp speculative type: c_begin /
 # c_draft / c_accept are llama.cpp's common_speculative_impl_*::begin / draft / accept (the
-# engine, `ngramspec._core.Engine`, is common_speculative_begin / _draft / _accept around them).
+# engine, `ngramspec._engine.Engine`, is common_speculative_begin / _draft / _accept around them).
 #
 # Arguments: the engine validates slot indices and token arrays once (as_tokens / as_token
 # below, the kernels' one validator), then calls the `c_*` methods with raw pointers; a `c_*`
@@ -61,7 +61,7 @@ cdef class Proposer:
 
 
 # The kernels' allocator: libc's, plus a fault-injection hook for tests (see
-# `ngramspec._core._fail_allocation`). Memory from it is released with libc's free().
+# `ngramspec._proposer._fail_allocation`). Memory from it is released with libc's free().
 cdef void* malloc(size_t n) noexcept nogil
 cdef void* calloc(size_t count, size_t size) noexcept nogil
 cdef void* realloc(void* p, size_t n) noexcept nogil

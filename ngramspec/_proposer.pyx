@@ -1,8 +1,8 @@
 # cython: language_level=3
 """The proposers' common ground: the kernels' allocator (with the tests' fault-injection hook),
 argument validation (the one boundary every public entry goes through) and the `Proposer` /
-`PyProposer` base classes that `ngramspec._core.Engine` chains. The C-level contracts are
-declared in ``_proposer.pxd``; ``ngramspec._core`` re-exports the public names.
+`PyProposer` base classes that `ngramspec._engine.Engine` chains. The C-level contracts are
+declared in ``_proposer.pxd``; `ngramspec` re-exports the public names.
 """
 import operator
 import sys

@@ -124,13 +124,21 @@ cdef inline size_t sam_bytes_for(size_t cap, int32_t hbits) noexcept nogil:
     return (2 * cap + 1) * 5 * 4 + 3 * cap * 4 * 4 + ((<size_t>1) << hbits) * 4 + cap * 4
 
 
+cdef inline int sam_resize(void** array, size_t size) noexcept nogil:
+    """realloc `*array` to `size` bytes: 0 ok, -1 out of memory (`*array` left as it was)."""
+    cdef void* p = realloc(array[0], size)
+    if p == NULL:
+        return -1
+    array[0] = p
+    return 0
+
+
 cdef inline int sam_reserve(Sam* S, int32_t need) noexcept nogil:
     """Grow the arrays to hold `need` <= max_cap tokens (doubling). 0 ok, -1 out of memory."""
     cdef int32_t cap = S.cap
     cdef int32_t hbits = 1
     cdef int32_t e
     cdef size_t ns, ne, nh
-    cdef void* p
     if need <= cap:
         return 0
     if need > S.max_cap:
@@ -146,39 +154,19 @@ cdef inline int sam_reserve(Sam* S, int32_t need) noexcept nogil:
     while (<size_t>1 << hbits) < 4 * <size_t>cap:      # load factor <= 3/4
         hbits += 1
     nh = <size_t>1 << hbits
-    p = realloc(S.slen, ns * sizeof(int32_t))
-    if p == NULL: return -1
-    S.slen = <int32_t*>p
-    p = realloc(S.slink, ns * sizeof(int32_t))
-    if p == NULL: return -1
-    S.slink = <int32_t*>p
-    p = realloc(S.scnt, ns * sizeof(int32_t))
-    if p == NULL: return -1
-    S.scnt = <int32_t*>p
-    p = realloc(S.spos, ns * sizeof(int32_t))
-    if p == NULL: return -1
-    S.spos = <int32_t*>p
-    p = realloc(S.sedge, ns * sizeof(int32_t))
-    if p == NULL: return -1
-    S.sedge = <int32_t*>p
-    p = realloc(S.efrom, ne * sizeof(int32_t))
-    if p == NULL: return -1
-    S.efrom = <int32_t*>p
-    p = realloc(S.etok, ne * sizeof(token_t))
-    if p == NULL: return -1
-    S.etok = <token_t*>p
-    p = realloc(S.eto, ne * sizeof(int32_t))
-    if p == NULL: return -1
-    S.eto = <int32_t*>p
-    p = realloc(S.enext, ne * sizeof(int32_t))
-    if p == NULL: return -1
-    S.enext = <int32_t*>p
-    p = realloc(S.text, <size_t>cap * sizeof(token_t))
-    if p == NULL: return -1
-    S.text = <token_t*>p
-    p = realloc(S.htab, nh * sizeof(int32_t))
-    if p == NULL: return -1
-    S.htab = <int32_t*>p
+    # each array is kept as soon as it is resized: on failure sam_free releases them all
+    if (sam_resize(<void**>&S.slen, ns * sizeof(int32_t))
+            or sam_resize(<void**>&S.slink, ns * sizeof(int32_t))
+            or sam_resize(<void**>&S.scnt, ns * sizeof(int32_t))
+            or sam_resize(<void**>&S.spos, ns * sizeof(int32_t))
+            or sam_resize(<void**>&S.sedge, ns * sizeof(int32_t))
+            or sam_resize(<void**>&S.efrom, ne * sizeof(int32_t))
+            or sam_resize(<void**>&S.etok, ne * sizeof(token_t))
+            or sam_resize(<void**>&S.eto, ne * sizeof(int32_t))
+            or sam_resize(<void**>&S.enext, ne * sizeof(int32_t))
+            or sam_resize(<void**>&S.text, <size_t>cap * sizeof(token_t))
+            or sam_resize(<void**>&S.htab, nh * sizeof(int32_t))):
+        return -1
     memset(S.htab, 0xFF, nh * sizeof(int32_t))
     S.hbits = hbits
     if S.cap == 0:

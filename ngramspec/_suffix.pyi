@@ -2,7 +2,7 @@
 import numpy as np
 import numpy.typing as npt
 
-from ngramspec._core import Proposer
+from ngramspec._proposer import Proposer
 
 N_CALIBRATION_CELLS: int
 

@@ -30,6 +30,9 @@ from typing import Callable, Dict, Iterator, Optional, Sequence
 import numpy as np
 import platformdirs
 
+from ngramspec.files import atomic_write_bytes
+from ngramspec.embedded import default_model_path
+
 __all__ = ["CostModel", "PROFILES", "FORMAT", "load_cost_model", "cached_calibration",
            "calibration_key", "cache_dir", "cache_path", "model_identity", "step_costs",
            "modeled_speedup", "oracle_speedup"]
@@ -587,17 +590,8 @@ def cache_path(key: str) -> Path:
     return cache_dir() / f"{key}.json"
 
 
-def _write_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1)
-        fh.write("\n")
-    os.replace(tmp, path)  # readers see the old file or the new one, never half of one
-
-
-def cached_calibration(key: str, measure: Callable[[], CostModel], *,
-                       refresh: bool = False) -> CostModel:
+def cached_calibration(key: str, measure: Optional[Callable[[], CostModel]] = None, *,
+                       refresh: bool = False) -> Optional[CostModel]:
     """The cached cost model of `key`, or ``measure()`` stored under it.
 
     A cache file that cannot be read or parsed is measured again, with a `RuntimeWarning` naming
@@ -607,15 +601,15 @@ def cached_calibration(key: str, measure: Callable[[], CostModel], *,
     Parameters
     ----------
     key : str
-    measure : callable
-        Returns a new `CostModel`.
+    measure : callable, optional
+        Returns a new `CostModel`; None only looks the key up.
     refresh : bool
         Always measure.
 
     Returns
     -------
-    CostModel
-        Its ``meta["key"]`` is `key`.
+    CostModel or None
+        Its ``meta["key"]`` is `key`; None when nothing is cached and `measure` is None.
 
     Notes
     -----
@@ -635,10 +629,15 @@ def cached_calibration(key: str, measure: Callable[[], CostModel], *,
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             warnings.warn(f"cost model cache {path} is unusable ({exc}); calibrating again",
                           RuntimeWarning, stacklevel=2)
+    if measure is None:
+        return None
     model = measure()
     model.meta["key"] = key
     try:
-        _write_atomic(path, model.to_dict())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(model.to_dict(), indent=1) + "\n"
+        # readers see the old file or the new one, never half of one
+        atomic_write_bytes(path, text.encode("utf-8"))
     except OSError as exc:
         warnings.warn(f"cannot write the cost model cache {path}: {exc}", RuntimeWarning,
                       stacklevel=2)
@@ -648,9 +647,6 @@ def cached_calibration(key: str, measure: Callable[[], CostModel], *,
 def _local_calibration() -> Optional[CostModel]:
     """The most recent cached calibration of the embedded model (any thread count)."""
     try:
-        # The embedded model belongs to the llama layer (the live extra): asked for only here,
-        # when the "local" profile is looked up.
-        from ngramspec.llama.model import default_model_path
         embedded = os.path.realpath(default_model_path())
     except FileNotFoundError:
         return None

@@ -1,12 +1,14 @@
 """`SpecEngine`: llama-server's proposer chain, built from ``--spec-type`` and its parameters.
 
-The compiled `ngramspec._core.Engine` drives a chain of proposers; this layer builds the chain
+The compiled `ngramspec._engine.Engine` drives a chain of proposers; this layer builds the chain
 from the registry (`ngramspec.registry`: names, parameters, ranges), so the kernels import
 nothing from the Python layer.
 """
 from __future__ import annotations
 
-from ngramspec._core import Engine, ModPool, check_int
+from ngramspec._engine import Engine
+from ngramspec._mod import ModPool
+from ngramspec._proposer import check_int
 from ngramspec.registry import build_proposers
 from ngramspec.stats import statistics_line
 

@@ -158,8 +158,8 @@ class SlotLoop:
     n_output : int
         Output tokens so far, `sampled` included.
     n_draft_max : int or None
-        The server's bound of the current step (None: unbounded), set by `propose` before the
-        policy's ``before_draft`` runs.
+        The bound of the current step, the server's and the driver's `propose` ``n_max``
+        (None: unbounded), set by `propose` before the policy's ``before_draft`` runs.
     steps : list of [n_draft, n_accepted, draft_called]
         One entry per verified step, as the golden files list them.
     drafts : list of list of int
@@ -250,8 +250,17 @@ class SlotLoop:
         """The draft `propose` returned that `verify` has not consumed yet (empty if none)."""
         return _EMPTY if self._draft is None else self._draft
 
-    def propose(self) -> np.ndarray:
+    def propose(self, n_max: int | None = None, n_min: int = 0) -> np.ndarray:
         """Steps 1-2: bound the draft, then draft (timed).
+
+        Parameters
+        ----------
+        n_max : int, optional
+            The driver's own bound of this step's draft, beside the server's (a request's
+            ``speculation.n_max``, a batch's token budget); part of `n_draft_max`.
+        n_min : int
+            A draft shorter than this is dropped (llama.cpp's ``n_min``), before the policy
+            sees it.
 
         Returns
         -------
@@ -268,14 +277,15 @@ class SlotLoop:
         if self._draft is not None:
             raise RuntimeError("propose() twice without verify()")
         L = self._len
-        bound = None
+        bound = n_max
         if self._bounded:
             if self.n_ctx > 0:
-                bound = self.n_ctx - L - 2
+                room = self.n_ctx - L - 2
+                bound = room if bound is None else min(bound, room)
             if self.n_predict >= 0:
                 remaining = self.n_predict - self.n_output - 1
                 bound = remaining if bound is None else min(bound, remaining)
-            self.n_draft_max = bound
+        self.n_draft_max = bound
         hooks = self._hooks
         if hooks and (bound is None or bound > 0):
             lower = self.policy.before_draft(self)
@@ -295,6 +305,8 @@ class SlotLoop:
             self._called = 1
             if type(draft) is not np.ndarray or draft.dtype is not _INT32:
                 draft = np.asarray(draft, dtype=np.int32)
+            if len(draft) < n_min:
+                draft = _EMPTY
         if hooks:
             k = self.policy.after_draft(self, draft)
             if not 0 <= k <= len(draft):

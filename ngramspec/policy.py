@@ -30,10 +30,24 @@
   cost and is not called at all when no draft would pay, except for a probe now and then (after
   8 skipped calls, then 16, 32, ... up to 128 while its drafts keep not paying): a draft that is
   never made teaches nothing.
+
+  A driver that decodes several slots' drafts in one batch (the scheduler) makes the policy
+  ``joint``: every slot drafts and the estimates learn as above, then
+  :meth:`AutoPolicy.choose_lengths` cuts all the step's drafts together. One step decodes every
+  slot's ``[sampled] + draft`` (and prompt chunks) in one decode, whose cost depends on the total
+  token count N, not on how it is split among slots, and yields per slot 1 + the accepted draft
+  tokens, so the lengths k_s maximize
+
+      (sum_s 1 + E[accepted_s | k_s]) / c(N0 + sum_s k_s, L),
+
+  N0 the step's tokens that do not depend on the choice. The marginal gain of a slot's j-th draft
+  token, q_1...q_j, never grows with j, so for each total M the best split takes the M largest
+  gains over all slots (an exchange argument); the choice is the M with the best ratio
+  (:meth:`AutoPolicy.best_split`).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -44,7 +58,7 @@ from ngramspec.loop import FixedPolicy
 
 __all__ = ["AutoPolicy", "FixedPolicy", "POLICIES", "make_policy"]
 
-#: Policy names of ``--spec-policy``.
+#: Policy names: ``--spec-policy``, a request's ``speculation.policy``, ``Scheduler(policy=)``.
 POLICIES = ("auto", "fixed")
 
 
@@ -83,6 +97,9 @@ class AutoPolicy:
     proposer_time : bool
         Count the proposer's own time (meaningful only when the cost model was measured on the
         machine that runs the proposer; ``replay`` against a profile turns it off).
+    joint : bool
+        The driver decodes several slots in one batch and cuts their drafts together with
+        `choose_lengths` after every slot drafted; ``after_draft`` then keeps the whole draft.
 
     Attributes
     ----------
@@ -111,7 +128,7 @@ class AutoPolicy:
     def __init__(self, cost_model: CostModel, *, probe_len: int = 2, probe_min: int = 8,
                  probe_max: int = 128, prior: float = 0.5, prior_weight: float = 2.0,
                  decay: float = 0.95, depth: float = 0.95, use_proposer_probs: bool = False,
-                 proposer_time: bool = True):
+                 proposer_time: bool = True, joint: bool = False):
         if not isinstance(cost_model, CostModel):
             raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
         for name, value, lo in (("probe_len", probe_len, 1), ("probe_min", probe_min, 1),
@@ -126,6 +143,7 @@ class AutoPolicy:
         self.probe_max = probe_max
         self.use_proposer_probs = use_proposer_probs
         self.proposer_time = proposer_time
+        self.joint = bool(joint)
         self._slots: Dict[int, _SlotState] = {}
         self._costs: Dict[int, np.ndarray] = {}
         self.n_steps = self.n_drafts_seen = self.n_verified = self.n_truncated = 0
@@ -185,6 +203,40 @@ class AutoPolicy:
         int
         """
         return int(np.argmax((expected + 1.0) / costs))
+
+    @staticmethod
+    def best_split(gains: Sequence[np.ndarray], n_base: int, e_base: float,
+                   costs: np.ndarray) -> List[int]:
+        """The k_s maximizing ``(e_base + sum_s gains[s][:k_s].sum()) / costs[N - 1]``, where
+        N = n_base + sum k_s.
+
+        Parameters
+        ----------
+        gains : sequence of numpy.ndarray
+            Per slot, the expected gain of its 1st, 2nd, ... draft token (non-increasing).
+        n_base : int
+            The step's tokens that do not depend on the choice, >= 1.
+        e_base : float
+            The step's expected output tokens that do not depend on the choice.
+        costs : numpy.ndarray
+            ``costs[n - 1]``: the cost of a decode of n tokens, for n up to ``n_base`` plus
+            every gain.
+
+        Returns
+        -------
+        list of int
+            One length per slot; fewer tokens on ties.
+        """
+        if not gains or all(len(g) == 0 for g in gains):
+            return [0] * len(gains)
+        owner = np.concatenate([np.full(len(g), s) for s, g in enumerate(gains)])
+        allg = np.concatenate(gains)
+        pos = np.concatenate([np.arange(len(g)) for g in gains])
+        order = np.lexsort((pos, -allg))       # largest gains first, earlier positions on ties
+        cum = np.concatenate([[0.0], np.cumsum(allg[order])])
+        ratio = (e_base + cum) / costs[n_base - 1:n_base + len(allg)]
+        best = int(np.argmax(ratio))
+        return np.bincount(owner[order[:best]], minlength=len(gains)).tolist()
 
     def _probabilities(self, loop, st: _SlotState, proposer: int, n: int) -> np.ndarray:
         """q_1 .. q_n of the draft just made by `proposer`."""
@@ -276,6 +328,8 @@ class AutoPolicy:
             st.draft_ns0 = -1
         # the draft's first token predicts the one after [context, sampled]
         st.outcomes.add(loop.n_context + 1, draft, self._estimator(st, max(proposer, 0)))
+        if self.joint:
+            return n                      # choose_lengths cuts it with the step's other drafts
         q = self._probabilities(loop, st, proposer, n)
         k = self.best_k(expected_accepted(q), self.costs(n + 1, loop.n_context))
         if k == 0:
@@ -283,6 +337,44 @@ class AutoPolicy:
         elif k < n:
             self.n_truncated += 1
         return k
+
+    def choose_lengths(self, loops: Sequence, n_base: int, e_base: float) -> List[int]:
+        """The joint choice: how many of each slot's pending draft one batched step verifies.
+
+        Parameters
+        ----------
+        loops : sequence of SlotLoop
+            The slots whose drafts (``pending_draft``, non-empty, after this policy's
+            ``after_draft``) are decoded in the step.
+        n_base : int
+            The step's tokens that do not depend on the choice (one sampled token per generating
+            slot, other policies' drafts, prompt chunks), >= 1.
+        e_base : float
+            The step's expected output tokens that do not depend on the choice (one per
+            generating slot).
+
+        Returns
+        -------
+        list of int
+            One length per loop, 0 .. len(its draft) (module docstring).
+        """
+        if not loops:
+            return []
+        gains = []
+        for loop in loops:
+            st = self._state(loop.slot)
+            q = self._probabilities(loop, st, st.pending, len(loop.pending_draft))
+            gains.append(np.cumprod(q))
+        # c varies slowly with the KV length: the step's slots are taken at their mean
+        n_past = sum(loop.n_context for loop in loops) // len(loops)
+        total = n_base + sum(len(g) for g in gains)
+        ks = self.best_split(gains, n_base, e_base, self.costs(total, n_past))
+        for g, k in zip(gains, ks):
+            if k == 0:
+                self.n_plain += 1
+            elif k < len(g):
+                self.n_truncated += 1
+        return ks
 
     def observe(self, loop, n_draft: int, n_accepted: int) -> None:
         """Learn from the step: what the output now says of every open draft.

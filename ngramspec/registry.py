@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ngramspec._cache import NgramCacheProposer
-from ngramspec._core import MapProposer, ModPool, ModProposer, SimpleProposer
+from ngramspec._map import MapProposer
+from ngramspec._mod import ModPool, ModProposer
+from ngramspec._simple import SimpleProposer
 from ngramspec._suffix import SuffixProposer
 from ngramspec.cache_file import NgramCache, as_path, load_cache
 

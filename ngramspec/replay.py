@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ngramspec._core import ModPool
+from ngramspec._mod import ModPool
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import Timers, run_recorded  # noqa: F401 (Timers re-exported)
 from ngramspec.registry import TYPES, parse_types

@@ -11,8 +11,11 @@ backend switch, so plotting works headless and from any thread that owns its fig
 """
 from __future__ import annotations
 
+import io
 import os
 from typing import Sequence
+
+from ngramspec.files import atomic_write_bytes
 
 __all__ = ["speedup_figure", "pareto_figure", "pareto_front", "save_plots", "PLOT_FILES",
            "require_matplotlib"]
@@ -192,6 +195,8 @@ def save_plots(entries: Sequence, directory: str, cost_model: str = "") -> list:
     paths = []
     for name, make, title in zip(PLOT_FILES, (speedup_figure, pareto_figure), titles):
         path = os.path.join(directory, name)
-        make(entries, title).savefig(path)
+        png = io.BytesIO()
+        make(entries, title).savefig(png, format="png")
+        atomic_write_bytes(path, png.getvalue())
         paths.append(path)
     return paths

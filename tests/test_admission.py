@@ -4,7 +4,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ngramspec.llama.admission import MIN_GAIN, best_slot, common_prefix, plan
+from ngramspec.llama.admission import MIN_GAIN, best_slot, plan
+from ngramspec.loop import common_prefix
 
 RNG = np.random.default_rng(7)
 PROMPTS = [RNG.integers(0, 1000, size=n).astype(np.int32) for n in (300, 200, 250, 120)]
@@ -25,12 +26,13 @@ def per_token(seconds):
 
 
 def test_common_prefix():
+    # the loop's one prefix function, as admission uses it on a slot's cached tokens
     a = np.array([1, 2, 3, 4, 5], dtype=np.int32)
-    assert common_prefix(a, 5, np.array([1, 2, 3, 9], dtype=np.int32)) == 3
-    assert common_prefix(a, 2, np.array([1, 2, 3], dtype=np.int32)) == 2   # only n_cached counts
-    assert common_prefix(a, 5, np.array([1, 2], dtype=np.int32)) == 2
-    assert common_prefix(a, 0, a) == 0
-    assert common_prefix(a, 5, np.array([7], dtype=np.int32)) == 0
+    assert common_prefix(a, np.array([1, 2, 3, 9], dtype=np.int32)) == 3
+    assert common_prefix(a[:2], np.array([1, 2, 3], dtype=np.int32)) == 2   # only n_cached counts
+    assert common_prefix(a, np.array([1, 2], dtype=np.int32)) == 2
+    assert common_prefix(a[:0], a) == 0
+    assert common_prefix(a, np.array([7], dtype=np.int32)) == 0
 
 
 def test_best_slot_longest_prefix_then_least_recently_used():

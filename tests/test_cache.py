@@ -24,12 +24,11 @@ from ngramspec.cache_file import (atomic_write_bytes, build_static_cache, load_c
                                   merge_into_dynamic, save_cache)
 from ngramspec.loop import run_recorded
 from ngramspec.registry import build_proposers
-from ngramspec.replay import COUNTERS, replay
 from ngramspec.traces import read_requests
 
 from conftest import GOLDEN, TRACES
 from clitools import cli
-from golden import read_golden, replay_args
+from golden import check_golden, read_golden
 
 @pytest.fixture(scope="module")
 def code_edit():
@@ -53,26 +52,7 @@ def test_cache_golden_files_present():
 def test_cache_golden(path):
     """Through the engine and the replay driver: drafts, steps, per-request figures, summary and
     llama.cpp's counters."""
-    header, expected = read_golden(path)
-    args, params = replay_args(header, GOLDEN, TRACES)
-    requests = read_requests(args.traces[0], args.limit)
-    result = replay(requests, args.spec_type, params, state=args.state, n_slots=args.slots,
-                    record_drafts=True)
-    assert len(result.requests) == len(expected)
-    for got, want in zip(result.requests, expected):
-        assert got["id"] == want["id"]
-        for t, (gd, wd) in enumerate(zip(got["drafts"], want["drafts"])):
-            assert gd == wd, f"request {want['trace']} step {t}: draft differs"
-        assert got["steps"] == want["steps"], f"request {want['trace']}: steps differ"
-        for key in ("n_steps", "n_drafts", "n_draft_tokens", "n_acc_drafts", "n_acc_tokens",
-                    "acc_rate", "tokens_per_step"):
-            assert got[key] == want[key], f"request {want['trace']}: {key}"
-    summary, want_summary = result.summary, header["summary"]
-    for key in ("n_traces", "n_output", "n_steps", "n_draft_calls", "n_drafts",
-                "n_draft_tokens", "n_acc_drafts", "n_acc_tokens", "n_accept_calls", "acc_rate"):
-        assert summary[key] == want_summary[key], key
-    got_stats = [{k: s[k] for k in ("type", *COUNTERS)} for s in summary["llama_stats"]]
-    assert got_stats == want_summary["llama_stats"]
+    check_golden(path, GOLDEN, TRACES)
 
 
 @pytest.mark.parametrize("state", ["shared", "fresh"])

@@ -318,6 +318,21 @@ def test_uncompiled_tree_gives_a_clear_import_error(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: ngramspec's compiled kernels (ngramspec._core)")
+    assert last.startswith("ImportError: ngramspec's compiled kernels (ngramspec._map)")
     assert "build_ext --inplace" in last and "pip install -e ." in last
     assert str(pkg) in last
+
+
+def test_serve_policy_flag_is_spec_policy_and_the_old_one_warns(capsys):
+    """serve's draft-length policy flag is --spec-policy, as in every other command; --policy
+    still works for old command lines, with a note on stderr."""
+    from ngramspec.cli import build_parser
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).spec_policy == "fixed"
+    assert parser.parse_args(["serve", "--spec-policy", "auto"]).spec_policy == "auto"
+    assert "deprecated" not in capsys.readouterr().err
+    assert parser.parse_args(["serve", "--policy", "auto"]).spec_policy == "auto"
+    assert "--policy is deprecated, use --spec-policy" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--spec-policy", "greedy"])
+    assert "invalid choice: 'greedy'" in capsys.readouterr().err

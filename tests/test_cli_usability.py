@@ -35,16 +35,16 @@ def test_bare_command_prints_usage_and_commands(capsys):
 
 
 def test_unknown_flag_names_the_subcommand(capsys):
-    r = cli(capsys, "serve", "--cost-model", "gpu")
+    r = cli(capsys, "serve", "--draft-policy", "gpu")
     assert r.returncode == 2
-    assert r.stderr == "ngramspec serve: error: unrecognized arguments: --cost-model gpu\n"
+    assert r.stderr == "ngramspec serve: error: unrecognized arguments: --draft-policy gpu\n"
     r = cli(capsys, "cache", "info", "x.bin", "--bogus")
     assert r.stderr.startswith("ngramspec cache info: error: unrecognized arguments: --bogus")
 
 
 def test_serve_takes_generates_policy_flag():
-    args = build_parser().parse_args(["serve", "--spec-policy", "auto"])
-    assert args.policy == "auto"
+    args = build_parser().parse_args(["serve", "--spec-policy", "auto", "--cost-model", "gpu"])
+    assert args.spec_policy == "auto" and args.cost_model == "gpu"
 
 
 def _subparsers(parser):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from ngramspec import ModPool, SpecEngine, acceptance_line, statistics_line
-from ngramspec._core import Engine
-from ngramspec._core import MapProposer, ModProposer, PyProposer, SimpleProposer
+from ngramspec import MapProposer, ModProposer, PyProposer, SimpleProposer
+from ngramspec._engine import Engine
 
 
 def test_token_type_is_int32():

@@ -11,7 +11,7 @@ Two ways to make allocations fail:
   allocation needs new address space fails, in any module, ngram-cache's C++ containers
   included; but only large allocations reliably hit it, and not under ASan, whose allocator
   reserves its own address space up front);
-* the kernels' fault-injection hook (``ngramspec._core._fail_allocation``): exactly the k-th
+* the kernels' fault-injection hook (``ngramspec._proposer._fail_allocation``): exactly the k-th
   allocation through _proposer's allocator (every kernel module but _cache's C++ containers)
   fails, so random k over the allocations a workload makes reaches every allocation site, small
   ones included, on any build (ASan too).
@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 
 from ngramspec import SpecEngine
-from ngramspec._core import MapProposer, ModPool, ModProposer, PyProposer, SimpleProposer
-from ngramspec._core import _fail_allocation
+from ngramspec import MapProposer, ModPool, ModProposer, PyProposer, SimpleProposer
+from ngramspec._proposer import _fail_allocation
 from ngramspec._suffix import SuffixProposer
 
 from conftest import ROOT
@@ -52,7 +52,8 @@ PRELUDE = """
 import json, resource, sys, threading
 import numpy as np
 from ngramspec import SpecEngine
-from ngramspec._core import MapProposer, _fail_allocation
+from ngramspec import MapProposer
+from ngramspec._proposer import _fail_allocation
 
 SOFT, HARD = resource.getrlimit(resource.RLIMIT_AS)
 
@@ -347,7 +348,7 @@ def test_huge_n_slots_every_proposer(n_slots):
     """SuffixProposer(n_slots=2**62) used to overflow malloc's size and crash: every proposer
     and the engine give an error naming n_slots."""
     out = run_child(f"""
-        from ngramspec._core import MapProposer, ModProposer, SimpleProposer
+        from ngramspec import MapProposer, ModProposer, SimpleProposer
         from ngramspec._suffix import SuffixProposer
         from ngramspec._cache import NgramCacheProposer
         n = {n_slots}

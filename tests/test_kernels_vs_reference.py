@@ -18,50 +18,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference import PRIORITY, STAT_KEYS, RefChain, RefPool, ref_replay  # noqa: E402
+from strategies import alphabets, configs  # noqa: E402
 
-ngramspec = pytest.importorskip("ngramspec._core", reason="extension not built "
+ngramspec = pytest.importorskip("ngramspec._engine", reason="extension not built "
                                 "(python setup.py build_ext --inplace)")
 from ngramspec import ModPool, SpecEngine  # noqa: E402
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                        HealthCheck.data_too_large])
 COMPARED = ("type",) + STAT_KEYS + ("acc_per_pos",)
-
-
-# ---------------------------------------------------------------------------------------------
-# strategies
-# ---------------------------------------------------------------------------------------------
-
-@st.composite
-def alphabets(draw):
-    k = draw(st.integers(2, 6))
-    kind = draw(st.sampled_from(["small", "small", "wide", "colliding", "many"]))
-    if kind == "small":
-        return list(range(k))
-    if kind == "many":  # few chance matches: drafts come from copied spans only
-        return list(range(draw(st.integers(20, 60))))
-    if kind == "wide":  # large ids exercise the uint32 / uint64 wraparound
-        return draw(st.lists(st.integers(0, 2**31 - 1), min_size=k, max_size=k, unique=True))
-    # Adding a multiple of 2^22 to any token of a window changes neither the low 18 bits of the
-    # map hash nor the low 22 bits of the mod hash: these alphabets force hash-slot collisions.
-    bases = draw(st.lists(st.integers(0, 2**22 - 1), min_size=1, max_size=3, unique=True))
-    return [b + j * 2**22 for j in range(4) for b in bases][:k]
-
-
-@st.composite
-def configs(draw):
-    types = draw(st.lists(st.sampled_from(PRIORITY), min_size=1, max_size=4, unique=True))
-    params = {}
-    for pre in ("ngram_simple", "ngram_map_k", "ngram_map_k4v"):
-        params[pre + "_size_n"] = draw(st.integers(1, 4))
-        params[pre + "_size_m"] = draw(st.integers(1, 8))
-    for pre in ("ngram_map_k", "ngram_map_k4v"):
-        params[pre + "_min_hits"] = draw(st.integers(1, 3))
-    params["ngram_mod_n_match"] = draw(st.integers(1, 6))
-    params["ngram_mod_n_min"] = draw(st.integers(0, 8))
-    # n_min > n_max together is refused by the registry (it would never draft)
-    params["ngram_mod_n_max"] = draw(st.integers(params["ngram_mod_n_min"], 12))
-    return types, params
 
 
 # ---------------------------------------------------------------------------------------------

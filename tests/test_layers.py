@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 PKG = ROOT / "ngramspec"
-# _core (the engine), one module per proposer, and the header-only .pxd helpers (_types, _hash, ...)
+# _engine (the chain), one module per proposer, and the header-only .pxd helpers (_types, ...)
 KERNELS = tuple(sorted({p.stem for p in PKG.glob("*.pyx")} | {p.stem for p in PKG.glob("*.pxd")}))
 CIMPORT = re.compile(r"^\s*(?:from\s+(\.+\w*|ngramspec(?:\.\w+)?)\s+c?import\s+([\w, ()]+)"
                      r"|c?import\s+(ngramspec(?:\.\w+)?))", re.M)
@@ -23,9 +23,9 @@ SUBPACKAGES = ("llama", "server", "cli")
 RANK = {"kernel": 0, "core": 1, "llama": 2, "server": 3, "cli": 4}
 # Function-local imports are for optional dependencies only (imported when a feature is used):
 # llama-cpp-python and its jinja2 (the live extra), fastapi/uvicorn (serve), matplotlib (tune's
-# plots), fcntl (POSIX), and the embedded model of the live extra (cost's "local" profile).
+# plots), fcntl (POSIX).
 OPTIONAL = ("llama_cpp", "jinja2", "matplotlib", "uvicorn", "fastapi", "starlette", "fcntl",
-            "ngramspec.server", "ngramspec.llama.model")
+            "ngramspec.server")
 
 
 def _name(path: pathlib.Path) -> str:
@@ -163,7 +163,7 @@ def test_llama_cpp_is_imported_in_the_llama_subpackage_only():
 
 
 def test_kernels_import_no_python_layer():
-    assert {"_core", "_proposer", "_simple", "_map", "_mod", "_suffix", "_cache"} <= set(KERNELS)
+    assert {"_engine", "_proposer", "_simple", "_map", "_mod", "_suffix", "_cache"} <= set(KERNELS)
     for path in sorted(PKG.glob("*.pyx")) + sorted(PKG.glob("*.pxd")):
         deps = set()
         for frm, names, plain in CIMPORT.findall(path.read_text(encoding="utf-8")):
@@ -196,3 +196,22 @@ def test_importing_the_package_loads_no_llama_cpp():
                          check=True).stdout.split()
     assert out[0] == "False"                    # live generation is imported on first use
     assert out[1:] == ["True", "True"]
+
+
+def _defining(pattern: str):
+    """``path:line`` of each package source line that matches `pattern`."""
+    rx = re.compile(pattern)
+    return [f"{path.relative_to(ROOT)}:{i}" for path in MODULES.values()
+            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            if rx.search(line)]
+
+
+def test_one_policy_one_writer():
+    """One draft-length policy (policy.py; loop.py's FixedPolicy is llama.cpp's no-op), whose
+    batch method is the scheduler's joint choice; one atomic writer (files.py)."""
+    policies = _defining(r"^\s*class \w*Policy\b")
+    assert sorted(policies) == sorted(_defining(r"^class (AutoPolicy|FixedPolicy)\b")), policies
+    assert all(p.startswith(("ngramspec/policy.py", "ngramspec/loop.py")) for p in policies)
+    assert not [p for p in _defining(r"StepCost|def \w*choose_lengths\b")
+                if not p.startswith("ngramspec/policy.py")]
+    assert [p.split(":")[0] for p in _defining(r"\bos\.replace\(")] == ["ngramspec/files.py"]

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ngramspec import SpecEngine
-from ngramspec._core import MapProposer
+from ngramspec import MapProposer
 
 NEVER = 2**40
 

@@ -354,7 +354,7 @@ def test_auto_policy_keeps_greedy_output(llm, prompts):
                    spec_params=dict(ngram_simple_size_n=3, ngram_simple_size_m=8,
                                     ngram_mod_n_match=8, ngram_mod_n_min=2,
                                     ngram_mod_n_max=16)) as s:
-        assert s._cost.calibrated  # measured at start
+        assert s.cost_model is not None  # measured (or found cached) at start
         ps = [prompts[4], prompts[3]]
         hs = [s.submit(p, SamplingParams(max_tokens=n)) for p, n in ps]
         for (p, n), h in zip(ps, hs):
@@ -363,7 +363,9 @@ def test_auto_policy_keeps_greedy_output(llm, prompts):
         st = s.stats()
         # the proposers' drafts (whole) against what the steps verified (cut)
         drafted = sum(v["drafted"] for v in st["proposers"].values())
-        assert st["draft_tokens"] <= drafted and s._accept_prior.tried[0] > 0
+        assert st["draft_tokens"] <= drafted
+        # every step's drafts went through the one policy's joint choice
+        assert s.auto_policy.summary()["drafts"] > 0
 
 
 def test_logit_bias_and_ignore_eos(sched, prompts):

@@ -20,43 +20,13 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference import PRIORITY, RefChain  # noqa: E402
+from strategies import alphabets, configs  # noqa: E402
 
 from ngramspec import SpecEngine  # noqa: E402
 
 MAX_SLOTS = 3
 STAT_KEYS = ("type", "calls_b", "calls_g", "calls_a", "gen_drafts", "acc_drafts", "gen_tokens",
              "acc_tokens", "acc_per_pos")
-
-
-@st.composite
-def alphabets(draw):
-    """Few distinct ids, so n-grams repeat; sometimes huge ids (hash wraparound) or ids that
-    differ by multiples of 2^22 (the same ngram-mod pool entry and ngram-map index slot)."""
-    k = draw(st.integers(2, 5))
-    kind = draw(st.sampled_from(["small", "small", "huge", "colliding"]))
-    if kind == "small":
-        return list(range(k))
-    if kind == "huge":
-        return draw(st.lists(st.integers(2**31 - 64, 2**31 - 1), min_size=k, max_size=k,
-                             unique=True))
-    base = draw(st.integers(0, 2**22 - 1))
-    return [base + j * 2**22 for j in range(k)]
-
-
-@st.composite
-def configs(draw):
-    types = draw(st.lists(st.sampled_from(PRIORITY), min_size=1, max_size=4, unique=True))
-    params = {}
-    for pre in ("ngram_simple", "ngram_map_k", "ngram_map_k4v"):
-        params[pre + "_size_n"] = draw(st.integers(1, 4))
-        params[pre + "_size_m"] = draw(st.integers(1, 6))
-    for pre in ("ngram_map_k", "ngram_map_k4v"):
-        params[pre + "_min_hits"] = draw(st.integers(1, 3))
-    params["ngram_mod_n_match"] = draw(st.integers(1, 5))
-    params["ngram_mod_n_min"] = draw(st.integers(0, 6))
-    # n_min > n_max together is refused by the registry (it would never draft)
-    params["ngram_mod_n_max"] = draw(st.integers(params["ngram_mod_n_min"], 10))
-    return types, params
 
 
 def _trim(stats):
@@ -73,7 +43,9 @@ def _trim(stats):
 
 class EngineVsReference(RuleBasedStateMachine):
 
-    @initialize(cfg=configs(), alphabet=alphabets(), n_slots=st.integers(1, MAX_SLOTS),
+    @initialize(cfg=configs(size_m=6, n_match=5, n_min=6, n_max=10),
+                alphabet=alphabets(5, ("small", "small", "huge", "colliding")),
+                n_slots=st.integers(1, MAX_SLOTS),
                 order=st.randoms(use_true_random=False))
     def setup(self, cfg, alphabet, n_slots, order):
         types, params = cfg

@@ -365,7 +365,7 @@ def test_python_methods_check_their_arguments():
 
 
 def test_through_the_engine():
-    core = pytest.importorskip("ngramspec._core")
+    core = pytest.importorskip("ngramspec._engine")
     rng = np.random.default_rng(3)
     words = [rng.integers(0, 50, 8).astype(np.int32) for _ in range(6)]
     reqs = [(np.concatenate([words[i] for i in rng.integers(0, 6, 20)]),

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from ngramspec.cache_file import NgramCache, load_cache
 from ngramspec.llama.repack import REPACK_CHOICES
+from ngramspec.policy import POLICIES
 from ngramspec.registry import TYPES, check_values, parse_types
 
 #: llama.cpp's largest thread count (GGML_MAX_N_THREADS).
@@ -319,14 +320,30 @@ def add_progress_flags(parser: argparse.ArgumentParser) -> None:
                    help="never draw the progress bar")
 
 
-def add_policy_flags(parser: argparse.ArgumentParser, default: str, cost_default: str) -> None:
-    """``--spec-policy`` (auto | fixed) and ``--cost-model FILE|NAME``; ``cost_default`` says
-    in words what the command uses without ``--cost-model``."""
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling of a flag: stores like the new one, with a note on stderr."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        sys.stderr.write(f"{parser.prog}: {option_string} is deprecated, use "
+                         f"{self.metavar} instead\n")
+        setattr(namespace, self.dest, values)
+
+
+def add_policy_flags(parser: argparse.ArgumentParser, default: str, cost_default: str,
+                     old_name: Optional[str] = None) -> None:
+    """``--spec-policy`` (`ngramspec.policy.POLICIES`) and ``--cost-model FILE|NAME``;
+    ``cost_default`` says in words what the command uses without ``--cost-model``; with
+    `old_name`, a deprecated alias of ``--spec-policy`` (serve's ``--policy``)."""
     group = parser.add_argument_group("draft-length policy")
-    group.add_argument("--spec-policy", choices=("auto", "fixed"), default=default,
+    group.add_argument("--spec-policy", choices=POLICIES, default=default,
                        help="auto: verify only the part of each draft expected to pay under the "
-                            "verify-cost curve; fixed: llama.cpp's behaviour, the whole draft "
+                            "verify-cost curve (serve: all slots' drafts of a step chosen "
+                            "together); fixed: llama.cpp's behaviour, the whole draft "
                             "(default: %(default)s)")
+    if old_name is not None:
+        group.add_argument(old_name, dest="spec_policy", choices=POLICIES,
+                           action=_DeprecatedAlias, metavar="--spec-policy",
+                           help=argparse.SUPPRESS)
     group.add_argument("--cost-model", metavar="FILE|NAME", default=None,
                        help="verify-cost curve for --spec-policy auto: a JSON file of "
                             "`ngramspec calibrate --json`, or a profile: gpu, cpu-embedded, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from ngramspec.cache_file import atomic_write_bytes
+from ngramspec.files import atomic_write_bytes
 from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_policy_flags,
                                   add_spec_flags, check_spec_flags, check_writable,
                                   engine_params, int_arg, load_cache_files)

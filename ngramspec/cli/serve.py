@@ -11,10 +11,12 @@ import signal
 import socket
 import sys
 
-from ngramspec.cli.common import (add_context_flags, add_model_flags, add_spec_flags, bounded,
-                                  check_model_file, int_arg, load_cache_files, positive_int)
+from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
+                                  add_spec_flags, bounded, check_model_file, int_arg,
+                                  load_cache_files, positive_int)
 from ngramspec.cli.generate import (GENERATE_DEFAULTS, generate_params, spec_types,
                                     state_generate_defaults)
+from ngramspec.cost import load_cost_model
 from ngramspec.llama.model import default_model_path
 from ngramspec.llama.scheduler import Scheduler
 
@@ -68,12 +70,6 @@ def add_parser(subparsers):
     p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
                    help="max_tokens of requests that give none; -1 = until EOS or the slot's "
                         "context is full (default: %(default)s)")
-    p.add_argument("--policy", "--spec-policy", dest="policy", choices=("fixed", "auto"),
-                   default="fixed",
-                   help="draft-length policy of requests that choose none: llama.cpp's fixed "
-                        "bounds, or auto: the drafts of all slots cut jointly to the most "
-                        "expected tokens per second of the step, on the decode-time curve the "
-                        "server measures itself (no --cost-model) (default: %(default)s)")
     p.add_argument("--timeout-graceful-shutdown", type=bounded(float, 0.0), default=GRACEFUL_S,
                    metavar="S", help="seconds running requests may finish after SIGTERM before "
                                      "they are cancelled (default: %(default)s)")
@@ -81,6 +77,11 @@ def add_parser(subparsers):
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default: %(default)s)")
     add_spec_flags(p, include_live=True)
+    # the policy of requests that choose none; --policy is its old spelling
+    add_policy_flags(p, default="fixed", old_name="--policy",
+                     cost_default="the server's own calibration of its context: measured at "
+                                  "start with --spec-policy auto, cached per model, threads "
+                                  "and batch size")
     state_generate_defaults(p)
     p.set_defaults(run=run)
     return p
@@ -105,6 +106,8 @@ def build_scheduler(args):
     types = spec_types(args)
     check_model_file("--model", args.model)
     check_model_file("--model-draft", args.model_draft)
+    # a named profile or file replaces the context's own calibration
+    cost_model = load_cost_model(args.cost_model) if args.cost_model is not None else None
     model = args.model
     if model is None:
         model = default_model_path()
@@ -112,7 +115,8 @@ def build_scheduler(args):
                             n_batch=args.batch_size, n_threads=args.threads,
                             spec_type=",".join(t for t in types if t != "draft-simple") or "none",
                             spec_params=params, draft_model=args.model_draft,
-                            queue_size=args.queue_size, policy=args.policy)
+                            queue_size=args.queue_size, policy=args.spec_policy,
+                            cost_model=cost_model)
 
 
 def run(args) -> int:

@@ -20,6 +20,7 @@ import shlex
 import sys
 import tempfile
 
+from ngramspec.files import atomic_write_bytes
 from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_model_flags,
                                   add_progress_flags, check_model_file, positive_int)
 from ngramspec.cost import load_cost_model
@@ -119,10 +120,9 @@ def add_parser(subparsers):
 
 def write_traces(path: str, requests) -> None:
     """Requests as a gzip trace file that ``ngramspec replay`` reads."""
-    with gzip.open(path, "wt", encoding="utf-8") as f:
-        for r in requests:
-            f.write(json.dumps({"id": r.id, "prompt": r.prompt.tolist(),
-                                "output": r.output.tolist()}) + "\n")
+    lines = "".join(json.dumps({"id": r.id, "prompt": r.prompt.tolist(),
+                                "output": r.output.tolist()}) + "\n" for r in requests)
+    atomic_write_bytes(path, gzip.compress(lines.encode("utf-8")))
 
 
 def run(args) -> int:
@@ -248,7 +248,7 @@ def _write_outputs(report, out_dir, heldout, requests, args, summary) -> None:
                      "ngramspec": NGRAMSPEC_GRIDS},
            "best": summary, "plots": [os.path.basename(p) for p in plots],
            **report.to_dict()}
-    with open(os.path.join(out_dir, REPORT_FILE), "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
+    atomic_write_bytes(os.path.join(out_dir, REPORT_FILE),
+                       json.dumps(doc, indent=1).encode("utf-8"))
     sys.stderr.write(f"wrote {REPORT_FILE}, {', '.join(os.path.basename(p) for p in plots)}, "
                      f"{STATIC_FILE}, {HELDOUT_FILE} to {out_dir}\n")

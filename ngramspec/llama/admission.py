@@ -22,7 +22,9 @@ from typing import Callable, Iterable, List, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["MIN_GAIN", "common_prefix", "best_slot", "plan"]
+from ngramspec.loop import common_prefix
+
+__all__ = ["MIN_GAIN", "best_slot", "plan"]
 
 #: Cached prompt tokens a busy slot must offer beyond the best free slot before a request waits.
 MIN_GAIN = 16
@@ -30,21 +32,12 @@ MIN_GAIN = 16
 SCAN_PER_SLOT = 4
 
 
-def common_prefix(cached: np.ndarray, n_cached: int, prompt: np.ndarray) -> int:
-    """Length of the common prefix of ``cached[:n_cached]`` and ``prompt``."""
-    n = min(int(n_cached), prompt.size)
-    if n <= 0:
-        return 0
-    neq = np.flatnonzero(cached[:n] != prompt[:n])
-    return int(neq[0]) if neq.size else n
-
-
 def best_slot(prompt: np.ndarray, slots: Sequence) -> Tuple[object, int]:
     """The slot (``.cached``, ``.n_cached``, ``.last_used``) whose cache shares the longest prefix
     with ``prompt``, the least recently used one on ties; and that prefix's length."""
     best, best_lcp = None, -1
     for s in slots:
-        lcp = common_prefix(s.cached, s.n_cached, prompt)
+        lcp = common_prefix(s.cached[:s.n_cached], prompt)
         if lcp > best_lcp or (lcp == best_lcp and s.last_used < best.last_used):
             best, best_lcp = s, lcp
     return best, best_lcp
@@ -77,7 +70,7 @@ def plan(queue: Iterable, free: Sequence, running: Sequence[np.ndarray], now: fl
         last = req.prompt.size - 1        # the prompt's last token is always decoded
         slot, lcp = best_slot(req.prompt, free)
         if running:
-            held = max(common_prefix(p, p.size, req.prompt) for p in running)
+            held = max(common_prefix(p, req.prompt) for p in running)
             gain = min(held, last) - min(lcp, last)
             if gain >= MIN_GAIN and now - req.t_submit < prompt_seconds(gain):
                 continue                  # wait for the busy slot that holds the prompt

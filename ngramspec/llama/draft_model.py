@@ -22,7 +22,8 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from ngramspec._core import PyProposer, check_int
+from ngramspec._proposer import PyProposer, check_int
+from ngramspec.loop import common_prefix
 from ngramspec.registry import TYPES
 
 from .decoder import Decoder
@@ -233,9 +234,7 @@ class DraftModelProposer(PyProposer):
         """
         total = inp.size + (last is not None)
         cache, n_cache = self._cache[slot], self._n[slot]
-        m = min(n_cache, inp.size)
-        diff = np.flatnonzero(cache[:m] != inp[:m])
-        p = int(diff[0]) if diff.size else m
+        p = common_prefix(cache[:n_cache], inp)
         if last is not None and p == inp.size and n_cache > p and cache[p] == last:
             p += 1
         p = min(p, total - 1)

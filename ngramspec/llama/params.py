@@ -10,12 +10,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
+from ngramspec.policy import POLICIES
 from ngramspec.tokens import TOKEN_MAX
 
 __all__ = ["SamplingParams", "SpeculationParams", "POLICIES"]
 
-#: Draft-length policies a request may ask for.
-POLICIES = ("fixed", "auto")
 #: Largest per-request draft bound (the proposers' own parameters stop at 1024).
 N_MAX_LIMIT = 1024
 #: Largest integer llama.cpp's sampler parameters hold (int32_t): a larger value would be cut to

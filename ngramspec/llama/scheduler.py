@@ -36,16 +36,17 @@ import numpy as np
 from . import admission
 from .batch import MultiSeqBatch
 from .decoder import check_engine_models
-from .joint import CALIBRATION_SIZES, MAX_POS, StepCost, choose_lengths
+from .calibration import context_calibration
 from .model import default_threads, load_model
 from .params import SamplingParams, SpeculationParams, _integer
 from .request import Chunk, Completion, QueueFull, RequestHandle
 from .sampling import Sampler, sample_run
 from .text import TextStream, token_piece_fn
 
-from ngramspec.acceptance import AcceptanceEstimator, DraftOutcomes
+from ngramspec.cost import CostModel
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop
+from ngramspec.policy import POLICIES, AutoPolicy
 from ngramspec.registry import parse_types
 from ngramspec.tokens import token_array
 
@@ -58,7 +59,7 @@ MAX_SLOTS = 256
 #: Prompt tokens a step keeps for admitted prompts when drafts could fill the whole batch.
 PREFILL_RESERVE = 64
 #: Seconds per prompt token assumed by admission before any step was timed (a small model on a
-#: CPU core; the measured step cost curve replaces it after the first steps).
+#: CPU core; the cost model, or the mean of the timed steps, replaces it).
 PROMPT_S_PER_TOKEN = 1e-3
 
 
@@ -85,9 +86,6 @@ class _Request:
         self.first_idx = 0             # batch index of this step's first token
         self.last_idx = -1             # batch index of the prompt's last token (its final chunk)
         self.callback_error: Optional[BaseException] = None
-        self.auto = False              # joint cost-aware draft length (policy "auto")
-        self.acceptance: Optional[AcceptanceEstimator] = None   # policy "auto" (_first_token)
-        self.outcomes = DraftOutcomes()
         self.draft_n = self.draft_acc = 0
         self.t_submit = time.perf_counter()
         self.t_admit = self.t_first = 0.0
@@ -100,27 +98,6 @@ class _Slot:
         self.n_cached = 0
         self.req: Optional[_Request] = None
         self.last_used = 0
-
-
-class _RequestPolicy:
-    """A request's draft bounds: its ``n_max``/``n_min`` and the step's token budget (the
-    scheduler's ``draft_cap``). The ``"auto"`` policy's cut comes after all slots drafted
-    (:mod:`ngramspec.llama.joint`)."""
-
-    def __init__(self, sched, spec: SpeculationParams):
-        self.sched = sched
-        self.n_max = 0 if not spec.enabled else spec.n_max
-        self.n_min = spec.n_min or 0
-
-    def before_draft(self, loop):
-        bound = self.sched._draft_cap
-        return bound if self.n_max is None else min(bound, self.n_max)
-
-    def after_draft(self, loop, draft):
-        return 0 if len(draft) < self.n_min else len(draft)
-
-    def observe(self, loop, n_draft, n_acc):
-        pass
 
 
 class Scheduler:
@@ -152,7 +129,13 @@ class Scheduler:
         Requests that may wait for a slot (beyond those the free slots take); one more raises
         :class:`QueueFull`.
     policy : "fixed" or "auto"
-        Default draft-length policy ("fixed": llama.cpp's behaviour).
+        Default draft-length policy ("fixed": llama.cpp's behaviour; "auto": the cost-aware
+        `ngramspec.policy.AutoPolicy`, choosing all slots' draft lengths of a step jointly).
+    cost_model : CostModel, optional
+        The verify-cost curve of "auto". Default: this context's calibration, cached per model,
+        threads and n_batch (`ngramspec.llama.calibration.context_calibration`), measured at
+        `start` when ``policy="auto"``; with ``"fixed"`` a cached one is used when there is
+        one, and requests asking for "auto" without any cost model keep their drafts whole.
 
     Notes
     -----
@@ -172,18 +155,22 @@ class Scheduler:
                  n_batch: int = 512, n_threads: Optional[int] = None,
                  spec_type: Union[str, Sequence[str]] = "ngram-mod",
                  spec_params: Optional[dict] = None, draft_model=None, queue_size: int = 64,
-                 policy: str = "fixed"):
+                 policy: str = "fixed", cost_model=None):
         import llama_cpp as lc
         self._lc = lc
         self.n_slots = _integer("n_slots", n_slots, 1, MAX_SLOTS)
         n_ctx = _integer("n_ctx", n_ctx, 8 * self.n_slots)
         self.n_batch = _integer("n_batch", n_batch, 8)
         self.queue_size = _integer("queue_size", queue_size, 1)
-        if policy not in ("fixed", "auto"):
-            raise ValueError(f"policy = {policy!r} is not allowed: 'fixed' or 'auto'")
+        if policy not in POLICIES:
+            raise ValueError(f"policy = {policy!r} is not allowed: "
+                             f"{' or '.join(map(repr, POLICIES))}")
         self.policy = policy
+        if cost_model is not None and not isinstance(cost_model, CostModel):
+            raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
         threads = _integer("n_threads", n_threads, 1) if n_threads is not None \
             else default_threads()
+        self.n_threads = threads
         if llm_or_path is None or isinstance(llm_or_path, (str, os.PathLike)):
             # A small context of its own: the Llama serves as tokenizer and chat template only.
             self.llm = load_model(None if llm_or_path is None else os.fspath(llm_or_path),
@@ -224,10 +211,10 @@ class Scheduler:
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
         self._closed = False
-        self._draft_cap = 0
-        self._cost = StepCost()
-        # every auto request's draft outcomes; a new request starts from its first position
-        self._accept_prior = AcceptanceEstimator(MAX_POS)
+        #: the verify-cost curve of policy "auto" (set by `start` unless given)
+        self.cost_model = cost_model
+        #: the one AutoPolicy of all "auto" requests (set by `start`; None without a cost model)
+        self.auto_policy: Optional[AutoPolicy] = None
         self._use = 0
         self._stats = {"requests_submitted": 0, "requests_finished": 0,
                        "requests_cancelled": 0, "tokens_predicted": 0, "tokens_prompt": 0,
@@ -277,25 +264,22 @@ class Scheduler:
                 raise RuntimeError("the scheduler has been stopped")
             if self._thread is not None:
                 return
-            if self.policy == "auto":
-                self._calibrate()
+            self._calibrate()
             self._thread = threading.Thread(target=self._run, name="ngramspec-decode",
                                             daemon=True)
             self._thread.start()
 
     def _calibrate(self) -> None:
-        """Measure the step cost curve on the idle context (slot 0's sequence, then cleared)."""
-        filler = np.full(max(CALIBRATION_SIZES), 198, dtype=np.int32)
-        seq = self._slots[0]
-
-        def decode(n):
-            self._batch.clear()
-            self._batch.add(seq.id, filler[:n], 0, "all")
-            self._batch.decode(self._ctx)
-            self._lc.llama_memory_seq_rm(self._mem, seq.id, 0, -1)
-
-        self._cost.calibrate(decode, [n for n in CALIBRATION_SIZES if n <= self.n_batch])
-        seq.n_cached = 0
+        """The cost model and the joint AutoPolicy of "auto" requests: measured on the idle
+        context (sequence 0, then emptied) for ``policy="auto"``, else only a cached one."""
+        if self._engine is None:
+            return
+        if self.cost_model is None:
+            self.cost_model = context_calibration(self.llm, self._ctx, self.n_threads,
+                                                  self.n_batch,
+                                                  measure_now=self.policy == "auto")
+        if self.cost_model is not None:
+            self.auto_policy = AutoPolicy(self.cost_model, joint=True)
 
     def stop(self, *, cancel: bool = False, timeout: Optional[float] = None) -> None:
         """Stop accepting requests, finish (or with ``cancel=True`` cancel) the ones submitted,
@@ -537,10 +521,14 @@ class Scheduler:
             self._place(req, slot, lcp)
 
     def _prompt_seconds(self, n: int) -> float:
-        """Estimated seconds to decode ``n`` prompt tokens: the step cost curve once measured."""
-        if not self._cost.calibrated:
+        """Estimated seconds to decode ``n`` prompt tokens: the cost model's t(n) when there is
+        one, else the timed steps' mean per token."""
+        if self.cost_model is not None:
+            return self.cost_model.seconds(n)
+        st = self._stats
+        if not st["decode_tokens"]:
             return n * PROMPT_S_PER_TOKEN
-        return float(self._cost([n])[0])
+        return n * st["t_decode_s"] / st["decode_tokens"]
 
     def _place(self, req: _Request, slot: _Slot, lcp: int) -> None:
         # The prompt's last token is always decoded: its logits give the first token.
@@ -573,18 +561,20 @@ class Scheduler:
                 gen.remove(r)
         # Drafts of all generating slots must fit the batch with room kept for prompts.
         reserve = min(PREFILL_RESERVE, self.n_batch // 4) if pre else 0
-        self._draft_cap = max(0, (self.n_batch - reserve) // max(1, len(gen)) - 1)
+        cap = max(0, (self.n_batch - reserve) // max(1, len(gen)) - 1)
         dp = self._draft_proposer
         for r in gen:
+            n_max = cap if r.spec.n_max is None else min(cap, r.spec.n_max)
+            n_min = r.spec.n_min or 0
             if dp is not None and r.spec.p_min is not None:
                 # the request's own p_min for this draft call (the decode thread owns dp)
                 dp.p_min = r.spec.p_min
-                draft = r.loop.propose()
+                draft = r.loop.propose(n_max, n_min)
                 dp.p_min = self._draft_p_min
             else:
-                draft = r.loop.propose()
+                draft = r.loop.propose(n_max, n_min)
             r.draft = draft
-        self._choose_lengths(gen, pre)
+        self._cut_auto_drafts(gen, pre)
         for r in gen:
             toks = np.empty(len(r.draft) + 1, dtype=np.int32)
             toks[0] = r.loop.sampled
@@ -607,7 +597,6 @@ class Scheduler:
         rows = batch.decode(self._ctx)
         dt = time.perf_counter() - t0
         row_of = np.cumsum(batch.logits[:batch.n]) - 1  # batch index -> output row
-        self._cost.observe(batch.n, dt)
         with self._cond:
             self._stats["decode_calls"] += 1
             self._stats["decode_tokens"] += batch.n
@@ -618,23 +607,18 @@ class Scheduler:
             if r.last_idx >= 0:
                 self._first_token(r, rows[int(row_of[r.last_idx])], r.last_idx)
 
-    def _choose_lengths(self, gen: List[_Request], pre: List[_Request]) -> None:
-        """Cut the drafts of ``"auto"`` requests to the joint cost-aware lengths
-        (:mod:`ngramspec.llama.joint`); without a measured cost curve they stay whole."""
-        auto = [r for r in gen if r.auto and len(r.draft)]
-        if not auto or not self._cost.calibrated:
+    def _cut_auto_drafts(self, gen: List[_Request], pre: List[_Request]) -> None:
+        """Cut the drafts of ``"auto"`` requests to the lengths the policy chooses for the whole
+        step (`AutoPolicy.choose_lengths`)."""
+        policy = self.auto_policy
+        auto = [r for r in gen if r.loop.policy is policy and len(r.draft)]
+        if not auto:
             return
-        n_fixed = sum(len(r.draft) for r in gen if not (r.auto and len(r.draft)))
+        n_fixed = sum(len(r.draft) for r in gen if r.loop.policy is not policy)
         n_prompt = min(sum(r.prompt.size - r.n_past for r in pre),
                        max(0, self.n_batch - len(gen) - n_fixed))
-        for r in auto:
-            # Every draft is learned from, verified or not (`DraftOutcomes`): the output tells
-            # afterwards how much of it the target would have accepted, so a cut draft still
-            # teaches its tail and a request that decodes plainly sees when drafts turn good.
-            position = r.loop.context.size + 1
-            r.outcomes.add(position, r.draft, r.acceptance, self._accept_prior)
-        gains = [np.cumprod(r.acceptance.conditional(len(r.draft))) for r in auto]
-        ks = choose_lengths(gains, len(gen) + n_fixed + n_prompt, float(len(gen)), self._cost)
+        ks = policy.choose_lengths([r.loop for r in auto], len(gen) + n_fixed + n_prompt,
+                                   float(len(gen)))
         for r, k in zip(auto, ks):
             r.draft = r.draft[:k]
 
@@ -644,16 +628,11 @@ class Scheduler:
         r.slot.cached[:r.prompt.size] = r.prompt
         r.slot.n_cached = int(r.prompt.size)
         spec = r.spec
-        r.auto = spec.enabled and (spec.policy or self.policy) == "auto"
-        if r.auto:
-            # first position's prior: what the scheduler's recent drafts achieved
-            q1 = float(self._accept_prior.conditional(1)[0])
-            r.acceptance = AcceptanceEstimator(MAX_POS, prior=min(max(q1, 0.05), 0.95),
-                                               depth=0.95)
         engine = self._engine_for(spec.types) if spec.enabled else None
+        auto = engine is not None and (spec.policy or self.policy) == "auto"
         r.loop = SlotLoop(engine, r.slot.id, r.prompt, tok, n_ctx=self.n_ctx_slot,
-                          n_predict=r.sampling.max_tokens, policy=_RequestPolicy(self, spec),
-                          capacity=self.n_ctx_slot)
+                          n_predict=r.sampling.max_tokens,
+                          policy=self.auto_policy if auto else None, capacity=self.n_ctx_slot)
         self._emit(r, [tok])
 
     def _verify(self, r: _Request, rows: np.ndarray, row0: int) -> None:
@@ -668,8 +647,6 @@ class Scheduler:
         L0 = loop.context.size
         # A draft cut by the joint choice: its verified part is what was decoded.
         n_acc = loop.verify(np.asarray(target, dtype=np.int32), n_verified=m)
-        if r.outcomes.pending:
-            r.outcomes.resolve(loop.context, -1 if loop.done else loop.sampled)
         r.draft_n += m
         r.draft_acc += n_acc
         L = loop.context.size

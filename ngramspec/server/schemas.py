@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
                       StrictStr, field_validator)
 
+from ngramspec.policy import POLICIES
 from ngramspec.server.errors import FieldError
 
 # Strict float: accepts JSON integers, refuses strings and booleans.
@@ -57,7 +58,7 @@ class SpeculativeOptions(BaseModel):
     n_max: Optional[StrictInt] = None
     n_min: Optional[StrictInt] = None
     p_min: Optional[Number] = None
-    policy: Optional[Literal["auto", "fixed"]] = None
+    policy: Optional[Literal[POLICIES]] = None
 
     def types(self) -> Optional[tuple]:
         """``type`` as a tuple of names (``None``: the configured chain)."""

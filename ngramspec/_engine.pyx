@@ -1,7 +1,7 @@
 # cython: language_level=3
 """The engine that chains llama.cpp's draftless proposers (llama.cpp's glue:
-``common_speculative_begin`` / ``_draft`` / ``_accept``, with its statistics), and the public
-face of the kernels.
+``common_speculative_begin`` / ``_draft`` / ``_accept``, with its statistics); `ngramspec.engine`
+builds its chains (`SpecEngine`).
 
 The kernels are split by concern, each proposer in its own module: ``_proposer`` (allocator,
 argument validation, the `Proposer` base classes), ``_simple`` (ngram-simple), ``_map``
@@ -10,10 +10,10 @@ argument validation, the `Proposer` base classes), ``_simple`` (ngram-simple), `
 ``_types.pxd`` (token type, thresholds), ``_hash.pxd`` (llama.cpp's n-gram hashes, the rolling
 update), ``_hashtable.pxd`` (the open-addressing table) and ``_posindex.pxd`` (the position
 index); ngram-cache's containers and kernels in ``_ngram_cache.pxd``, ngram-suffix's
-automaton in ``_sam.pxd``. This module re-exports their public names,
-so ``ngramspec._core`` stays the one import for them. The behaviour is llama.cpp's at commit
-3ce7da2c (b10102), quirks included: the comments name the llama.cpp functions each kernel
-reproduces (``common/ngram-map.cpp``, ``common/ngram-mod.cpp``, ``common/speculative.cpp``).
+automaton in ``_sam.pxd``. `ngramspec` re-exports their public names. The behaviour is
+llama.cpp's at commit 3ce7da2c (b10102), quirks included: the comments name the llama.cpp
+functions each kernel reproduces (``common/ngram-map.cpp``, ``common/ngram-mod.cpp``,
+``common/speculative.cpp``).
 """
 import numpy as np
 
@@ -24,17 +24,14 @@ from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-# the base class is cimported as CProposer: the name Proposer is its Python re-export below
+# the base class is cimported as CProposer (its Python name is _proposer's Proposer)
 from ngramspec._proposer cimport (Proposer as CProposer, alloc_per_slot, as_token, as_tokens,
                                   buffer_owner, calloc, claim_slot, copy_tokens, exact_int_in,
                                   proposer_accept, proposer_begin, proposer_draft, tok_ptr)
 from ngramspec._types cimport token_t
 
-from ngramspec._map import MapProposer
 from ngramspec._mod import ModPool, ModProposer
-from ngramspec._proposer import (TOKEN_MAX, Proposer, PyProposer, _fail_allocation, _tokens_slow,
-                                 check_int)
-from ngramspec._simple import SimpleProposer
+from ngramspec._proposer import _tokens_slow, check_int
 
 cnp.import_array()
 

@@ -1,0 +1,26 @@
+"""Type stubs for ngramspec._engine (the chain engine)."""
+from typing import Any, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from ngramspec._mod import ModPool
+from ngramspec._proposer import Proposer, Tokens
+
+EMPTY_DRAFT: npt.NDArray[np.int32]
+
+class Engine:
+    proposers: tuple[Proposer, ...]
+    n_slots: int
+    pool: ModPool | None
+    types: list[str]
+    def __init__(self, proposers: Sequence[Proposer], n_slots: int = ...,
+                 pool: ModPool | None = ...) -> None: ...
+    def begin(self, slot: int, prompt: Tokens) -> None: ...
+    def draft(self, slot: int, context: Tokens, sampled: int,
+              n_max: int | None = ...) -> npt.NDArray[np.int32]: ...
+    def accept(self, slot: int, n_accepted: int) -> None: ...
+    def set_vocab(self, n_vocab: int | None) -> None: ...
+    def last_proposer(self, slot: int) -> int: ...
+    def stats(self) -> list[dict[str, Any]]: ...
+    def memory_bytes(self) -> int: ...
