@@ -35,6 +35,7 @@ class SimRequest:
     drafts: List[List[int]] = field(default_factory=list)   # the drafts verified, in order
     targets: List[np.ndarray] = field(default_factory=list)  # the tokens each step added
     target_steps: List[int] = field(default_factory=list)    # the steps that added them
+    steps: List[List[int]] = field(default_factory=list)     # [n_draft, n_accepted, 1] each
     n: int = 0                      # tokens in the row (prompt + output so far)
     pending: Optional[List[int]] = None
     steps_left_in_prefill: int = 0
@@ -143,6 +144,7 @@ class RunnerSim:
             while acc < k and acc < len(rest) and draft[acc] == rest[acc]:
                 acc += 1
             new = rest[:acc + 1]
+            r.steps.append([k, acc, 1])
         r.targets.append(np.array(new, dtype=np.int32))
         r.target_steps.append(self.step)
         return [int(t) for t in new]
@@ -173,6 +175,63 @@ class RunnerSim:
                     r.pending = list(d)
                 else:
                     assert d == [], "a draft for a row with nothing sampled"
+
+
+def records(reqs) -> List[dict]:
+    """Golden-format records (``n_prompt``, ``n_output``, ``steps``) of simulated requests, for
+    `ngramspec.cost.modeled_speedup`."""
+    out = []
+    for r in reqs:
+        prompt, output = (r.prompt, r.output) if hasattr(r, "prompt") else (
+            r.trace.prompt, r.trace.output)
+        out.append({"n_prompt": len(prompt), "n_output": len(output), "steps": r.steps})
+    return out
+
+
+def tokens_per_step(reqs) -> float:
+    """Output tokens after the first per verification step."""
+    recs = records(reqs)
+    steps = sum(len(x["steps"]) for x in recs)
+    return sum(x["n_output"] - 1 for x in recs) / steps if steps else 0.0
+
+
+def tiny_vllm_config(model_dir, max_model_len: int, max_num_seqs: int, **spec):
+    """A real vLLM VllmConfig for `vllm serve --speculative-config '{spec}'` on a tiny Llama
+    whose config.json is written into `model_dir` (the proposers load no weights)."""
+    import json
+    import pathlib
+
+    from vllm.config import (DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                             SpeculativeConfig, VllmConfig)
+    path = pathlib.Path(model_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "num_hidden_layers": 2, "vocab_size": 50000, "max_position_embeddings": max_model_len,
+        "rms_norm_eps": 1e-5, "torch_dtype": "float32"}))
+    model = ModelConfig(model=str(path), skip_tokenizer_init=True, max_model_len=max_model_len,
+                        dtype="float32")
+    sc = SpeculativeConfig(target_model_config=model, target_parallel_config=ParallelConfig(),
+                           **spec)
+    return VllmConfig(model_config=model, speculative_config=sc,
+                      scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                                       max_model_len=max_model_len,
+                                                       is_encoder_decoder=False),
+                      device_config=DeviceConfig(device="cpu"))
+
+
+class VllmNgram:
+    """vLLM's own numba ``NgramProposer`` behind the ``custom_class`` call (the runner passes it
+    ``num_spec_tokens_to_schedule`` first)."""
+
+    def __init__(self, vllm_config):
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+        self.proposer = NgramProposer(vllm_config)
+        self.k = vllm_config.speculative_config.num_speculative_tokens
+
+    def propose(self, sampled, num_tokens, token_ids, slot_mappings=None):
+        return self.proposer.propose(self.k, sampled, num_tokens, token_ids)
 
 
 def sim_requests(trace, *, spread: int = 3, chunked_every: int = 3) -> List[SimRequest]:
@@ -268,3 +327,123 @@ def check_request_ids_match_token_following(make, trace, max_len: int):
         RunnerSim(sims, 4, max_len, with_ids=with_ids).run(make(PER_REQUEST, 4))
         out.append({r.rid: r.drafts for r in sims})
     assert out[0] == out[1]
+
+
+# -- SGLang: the NGRAM worker's corpus calls ---------------------------------------------------
+
+def stub_cuda_only_kernels():
+    """Let SGLang's ``ngram_worker`` import on a CPU-only host: ``sgl_kernel`` is a CUDA-only
+    build, and the worker's corpus-calling methods never call it (a call would raise)."""
+    import sys
+    import types
+    for name in ("sgl_kernel", "sgl_kernel.speculative"):
+        if name in sys.modules:
+            continue
+        module = types.ModuleType(name)
+        module.__path__ = []
+
+        def missing(attr, _name=name):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+
+            def cuda_only(*args, **kwargs):
+                raise RuntimeError(f"{_name}.{attr} is a CUDA-only kernel")
+            return cuda_only
+        module.__getattr__ = missing
+        sys.modules[name] = module
+
+
+def tree_paths(tokens, mask) -> set:
+    """The draft tree's root-to-leaf paths below the root, as a set of tuples (sibling order is
+    unspecified); SGLang's padding (a lone token 0 under the root) is no path."""
+    d = len(tokens)
+    parent = [-1] * d
+    for i in range(1, d):
+        anc = [j for j in range(i) if mask[i, j]]
+        parent[i] = anc[-1] if anc else 0
+    children = {p for p in parent[1:]}
+    paths = set()
+    for leaf in range(1, d):
+        if leaf in children:
+            continue
+        path, node = [], leaf
+        while node > 0:
+            path.append(int(tokens[node]))
+            node = parent[node]
+        if path != [0]:
+            paths.add(tuple(reversed(path)))
+    return paths
+
+
+def accepted_path(paths: set, rest) -> list:
+    """Greedy tree verification: the longest path prefix the recorded continuation confirms."""
+    best = []
+    for path in paths:
+        n = 0
+        while n < len(path) and n < len(rest) and path[n] == rest[n]:
+            n += 1
+        if n > len(best):
+            best = list(path[:n])
+    return best
+
+
+class _Req:
+    def __init__(self, trace_req):
+        self.rid = trace_req.id
+        self.origin_input_ids_unpadded = list(trace_req.prompt)
+        self.output_ids = [int(trace_req.output[0])]
+        self.trace = trace_req
+        self.steps = []          # [n_draft verified, n_accepted, 1] per step (golden format)
+        self.paths = []
+
+
+class _Batch:
+    def __init__(self, reqs):
+        self.reqs = reqs
+        self.spec_info = None
+
+    def grammar_needs_sync(self):
+        return False
+
+
+def run_ngram_worker(worker_cls, corpus, trace, draft_token_num: int, max_trie_depth: int,
+                     batch_size: int = 2):
+    """Requests through SGLang's own ``_prepare_draft_tokens`` / ``_update_ngram_corpus`` with
+    `corpus`, sync scheduling, greedy tree verification against the recorded outputs; a request
+    leaving the batch is erased as ``forward_batch_generation`` erases it. Returns the requests
+    (``steps``, ``paths`` per step)."""
+    worker = worker_cls.__new__(worker_cls)
+    worker.draft_token_num = draft_token_num
+    worker.max_trie_depth = max_trie_depth
+    worker.enable_overlap = False
+    worker.ngram_corpus = corpus
+    queue = [_Req(t) for t in trace]
+    done, live, prev_rids = [], [], set()
+    while queue or live:
+        while queue and len(live) < batch_size:
+            live.append(queue.pop(0))
+        batch = _Batch(live)
+        drafts, mask = worker._prepare_draft_tokens(batch)
+        d = draft_token_num
+        mask = np.asarray(mask).reshape(len(live), d, d)
+        for i, r in enumerate(live):
+            row = np.asarray(drafts)[i * d:(i + 1) * d]
+            assert row[0] == r.output_ids[-1]
+            paths = tree_paths(row, mask[i])
+            rest = r.trace.output[len(r.output_ids):].tolist()
+            acc = accepted_path(paths, rest)
+            r.paths.append(paths)
+            r.steps.append([d - 1, len(acc), 1])     # SGLang verifies the whole tree
+            r.output_ids.extend(rest[:len(acc) + 1])
+        worker._update_ngram_corpus(batch)
+        cur = {r.rid for r in live}
+        departed = prev_rids - cur
+        if departed:
+            corpus.erase_match_state(list(departed))
+        prev_rids = cur
+        for r in [r for r in live if len(r.output_ids) >= len(r.trace.output)]:
+            live.remove(r)
+            done.append(r)
+    if prev_rids:
+        corpus.erase_match_state(list(prev_rids))
+    return done

@@ -3,7 +3,6 @@ skips it): the proposer built by vLLM's own ``create_custom_proposer`` from a re
 ``VllmConfig``, driven with the V1 runner's call sequence (`harness.RunnerSim`), and the
 runner hook of the ``vllm.general_plugins`` entry point."""
 import importlib.metadata
-import json
 import logging
 
 import pytest
@@ -11,9 +10,9 @@ import pytest
 vllm = pytest.importorskip("vllm")
 
 from conftest import TRACES  # noqa: E402
-from harness import (PER_REQUEST, SHARED, RunnerSim, check_drafts_are_spec_engines,  # noqa: E402
-                     check_moving_rows_changes_nothing,
-                     check_request_ids_match_token_following, sim_requests)
+from harness import (PER_REQUEST, SHARED, RunnerSim, VllmNgram,  # noqa: E402
+                     check_drafts_are_spec_engines, check_moving_rows_changes_nothing,
+                     check_request_ids_match_token_following, sim_requests, tiny_vllm_config)
 
 from ngramspec.integrations import vllm as ours  # noqa: E402
 from ngramspec.traces import read_requests  # noqa: E402
@@ -24,43 +23,21 @@ PROPOSER = "ngramspec.integrations.vllm.NgramspecProposer"
 
 
 @pytest.fixture(scope="module")
-def model_config(tmp_path_factory):
-    """A real ModelConfig of a tiny Llama (config.json only: the proposer loads no weights)."""
-    from vllm.config import ModelConfig
-    path = tmp_path_factory.mktemp("tiny-llama")
-    (path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "num_hidden_layers": 2, "vocab_size": 50000, "max_position_embeddings": MAX_LEN,
-        "rms_norm_eps": 1e-5, "torch_dtype": "float32"}))
-    return ModelConfig(model=str(path), skip_tokenizer_init=True, max_model_len=MAX_LEN,
-                       dtype="float32")
-
-
-def vllm_config(model_config, max_num_seqs, **spec):
-    """The VllmConfig of `vllm serve --speculative-config '{spec}'` for the tiny model."""
-    from vllm.config import (DeviceConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig,
-                             VllmConfig)
-    sc = SpeculativeConfig(target_model_config=model_config,
-                           target_parallel_config=ParallelConfig(), **spec)
-    return VllmConfig(model_config=model_config, speculative_config=sc,
-                      scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs,
-                                                       max_model_len=MAX_LEN,
-                                                       is_encoder_decoder=False),
-                      device_config=DeviceConfig(device="cpu"))
+def model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny-llama")
 
 
 @pytest.fixture(scope="module")
-def make(model_config):
+def make(model_dir):
     """``make(flags, max_num_seqs)``: the proposer as vLLM builds it, flags in NGRAMSPEC_SPEC."""
     from vllm.v1.spec_decode.custom_class_proposer import create_custom_proposer
     mp = pytest.MonkeyPatch()
 
     def build(flags, max_num_seqs):
         mp.setenv("NGRAMSPEC_SPEC", flags)
-        return create_custom_proposer(vllm_config(model_config, max_num_seqs,
-                                                  method="custom_class", model=PROPOSER,
-                                                  num_speculative_tokens=K))
+        return create_custom_proposer(tiny_vllm_config(model_dir, MAX_LEN, max_num_seqs,
+                                                       method="custom_class", model=PROPOSER,
+                                                       num_speculative_tokens=K))
     yield build
     mp.undo()
 
@@ -97,18 +74,14 @@ def test_request_ids_match_token_following(make, trace):
     check_request_ids_match_token_following(make, trace, MAX_LEN)
 
 
-def test_vllms_own_ngram_proposer_runs_in_the_same_harness(model_config, trace):
+def test_vllms_own_ngram_proposer_runs_in_the_same_harness(model_dir, trace):
     """The side-by-side bench's vLLM row: its numba NgramProposer, same runner sequence."""
-    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
-    prop = NgramProposer(vllm_config(model_config, 4, method="ngram", num_speculative_tokens=K,
-                                     prompt_lookup_min=2, prompt_lookup_max=5))
-
-    class Runner:      # the runner's call: propose(num_spec_tokens_to_schedule, ...)
-        def propose(self, sampled, num_tokens, token_ids, slot_mappings=None):
-            return prop.propose(K, sampled, num_tokens, token_ids)
+    prop = VllmNgram(tiny_vllm_config(model_dir, MAX_LEN, 4, method="ngram",
+                                      num_speculative_tokens=K, prompt_lookup_min=2,
+                                      prompt_lookup_max=5))
     sims = sim_requests(trace)
-    RunnerSim(sims, 4, MAX_LEN).run(Runner())
-    assert sum(len(d) for r in sims for d in r.drafts) > 0
+    RunnerSim(sims, 4, MAX_LEN).run(prop)
+    assert sum(s[1] for r in sims for s in r.steps) > 0
 
 
 def test_entry_point_is_installed():
