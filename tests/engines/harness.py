@@ -31,6 +31,7 @@ class SimRequest:
     output: np.ndarray
     arrival: int
     prefill_steps: int = 1          # steps with [] sampled before the first token
+    after: Optional[str] = None     # the request it continues (its conversation's previous)
     seq: int = 0
     drafts: List[List[int]] = field(default_factory=list)   # the drafts verified, in order
     targets: List[np.ndarray] = field(default_factory=list)  # the tokens each step added
@@ -77,6 +78,7 @@ class RunnerSim:
         self.with_ids = with_ids
         self.step = 0
         self.finished: List[str] = []
+        self.done_ids: set = set()
 
     def _move(self, src: int, dst: int) -> None:
         n = int(self.num_tokens_no_spec[src])
@@ -90,6 +92,8 @@ class RunnerSim:
         while self.waiting and self.waiting[0].arrival <= self.step:
             if not holes and len(self.rows) >= self.max_num_seqs:
                 break
+            if self.waiting[0].after is not None and self.waiting[0].after not in self.done_ids:
+                break           # a conversation's next turn waits for the previous answer
             r = self.waiting.pop(0)
             arrived = True
             if holes:
@@ -157,6 +161,7 @@ class RunnerSim:
                 if r is not None and r.done:
                     self.rows[i] = None
                     self.finished.append(r.rid)
+                    self.done_ids.add(r.rid)
             self._admit_and_condense()
             sampled = []
             for i, r in enumerate(self.rows):
@@ -235,11 +240,18 @@ class VllmNgram:
 
 
 def sim_requests(trace, *, spread: int = 3, chunked_every: int = 3) -> List[SimRequest]:
-    """The trace's requests arriving every `spread` steps; every `chunked_every`-th one takes
-    two prefill steps (a first call with nothing sampled)."""
-    return [SimRequest(t.id, t.prompt, t.output, arrival=spread * i,
-                       prefill_steps=2 if chunked_every and i % chunked_every == 1 else 1)
-            for i, t in enumerate(trace)]
+    """The trace's requests arriving every `spread` steps, a conversation's next turn only once
+    the previous one is answered (its prompt holds that answer); every `chunked_every`-th one
+    takes two prefill steps (a first call with nothing sampled)."""
+    out, last = [], {}
+    for i, t in enumerate(trace):
+        conv = t.extra.get("conversation")
+        out.append(SimRequest(t.id, t.prompt, t.output, arrival=spread * i,
+                              prefill_steps=2 if chunked_every and i % chunked_every == 1 else 1,
+                              after=last.get(conv) if conv is not None else None))
+        if conv is not None:
+            last[conv] = t.id
+    return out
 
 
 def reference_drafts(engine_factory, sims: List[SimRequest], max_model_len: int, k: int,
@@ -411,16 +423,19 @@ def run_ngram_worker(worker_cls, corpus, trace, draft_token_num: int, max_trie_d
     """Requests through SGLang's own ``_prepare_draft_tokens`` / ``_update_ngram_corpus`` with
     `corpus`, sync scheduling, greedy tree verification against the recorded outputs; a request
     leaving the batch is erased as ``forward_batch_generation`` erases it. Returns the requests
-    (``steps``, ``paths`` per step)."""
+    (``steps``, ``paths`` per step). A conversation's next turn joins once the previous one
+    is answered."""
     worker = worker_cls.__new__(worker_cls)
     worker.draft_token_num = draft_token_num
     worker.max_trie_depth = max_trie_depth
     worker.enable_overlap = False
     worker.ngram_corpus = corpus
     queue = [_Req(t) for t in trace]
+    before = {s.rid: s.after for s in sim_requests(trace)}
     done, live, prev_rids = [], [], set()
     while queue or live:
-        while queue and len(live) < batch_size:
+        while queue and len(live) < batch_size and (
+                before[queue[0].rid] is None or before[queue[0].rid] in {r.rid for r in done}):
             live.append(queue.pop(0))
         batch = _Batch(live)
         drafts, mask = worker._prepare_draft_tokens(batch)
