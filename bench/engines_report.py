@@ -1,4 +1,4 @@
-"""Inside vLLM and SGLang, side by side: their built-in n-gram drafters against ngramspec's (issue 29).
+"""Inside vLLM and SGLang: their built-in n-gram drafters against ngramspec's (issue 29).
 
     python bench engines [--limit 12] [--families code-edit,agentic] [--k 16] [--d 16]
 

@@ -25,7 +25,8 @@ import numpy as np
 
 from ngramspec.integrations.requests import RequestLoops, engine_from_env
 
-__all__ = ["ALGORITHM", "TESTED_SGLANG", "NgramspecCorpus", "chain_tree", "register", "worker_class"]
+__all__ = ["ALGORITHM", "TESTED_SGLANG", "NgramspecCorpus", "chain_tree", "register",
+           "worker_class"]
 
 #: The SGLang version the contract tests run against.
 TESTED_SGLANG = "0.5.23"

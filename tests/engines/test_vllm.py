@@ -4,6 +4,7 @@ skips it): the proposer built by vLLM's own ``create_custom_proposer`` from a re
 runner hook of the ``vllm.general_plugins`` entry point."""
 import importlib.metadata
 import logging
+from types import SimpleNamespace
 
 import pytest
 
@@ -104,3 +105,32 @@ def test_register_hooks_the_runner_on_the_tested_version_only(monkeypatch, caplo
     ours.register()                                  # loaded twice: hooked once
     hooked = GPUModelRunner.propose_draft_token_ids
     assert hooked.__wrapped__ is original
+
+
+def test_the_hooked_runner_hands_request_ids(make, monkeypatch):
+    """vLLM's own propose_draft_token_ids (its custom_class branch), hooked by register(), on a
+    runner holding only what that branch reads: the drafter gets the batch's request ids and
+    the finished requests before it drafts."""
+    import numpy as np
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    ours.register()
+    prop = make(PER_REQUEST, 2)
+    seen = []
+    real = prop.set_request_ids
+    monkeypatch.setattr(prop, "set_request_ids",
+                        lambda ids, finished=(): (seen.append((list(ids), set(finished))),
+                                                  real(ids, finished)))
+    runner = GPUModelRunner.__new__(GPUModelRunner)
+    runner.drafter = prop
+    runner.speculative_config = SimpleNamespace(method="custom_class")
+    tokens = np.zeros((2, MAX_LEN), dtype=np.int32)
+    tokens[0, :6] = [1, 2, 3, 1, 2, 3]
+    runner.input_batch = SimpleNamespace(req_ids=["r1"], token_ids_cpu=tokens,
+                                         num_tokens_no_spec=np.array([6, 0], np.int32))
+    out = SchedulerOutput.make_empty()
+    out.finished_req_ids = {"r0"}
+    drafts = GPUModelRunner.propose_draft_token_ids(runner, out, [[3]], None, None, None, None,
+                                                    None, None, None)
+    assert seen == [(["r1"], {"r0"})]
+    assert list(prop.requests.requests) == ["r1"] and len(drafts) == 1
