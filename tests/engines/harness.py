@@ -324,7 +324,8 @@ def check_moving_rows_changes_nothing(make, trace, k: int, max_len: int, flags):
         sims = sim_requests(trace)
         RunnerSim(sims, 3, max_len, budget=budget, shuffle=shuffle).run(make(flags, 3))
         runs.append({r.rid: r.drafts for r in sims})
-        ref = reference_drafts(lambda n: engine_from_env(n, flags)[0], sims, max_len, k)
+        ref = reference_drafts(lambda n: engine_from_env(n, flags)[0], sims, max_len, k,
+                               policy=engine_from_env(1, flags)[1])
         for r in sims:
             assert ref[r.rid][:len(r.drafts)] == r.drafts, r.rid
             assert len(ref[r.rid]) == len(r.drafts) + 1

@@ -37,7 +37,7 @@ def test_drafts_are_spec_engines_for_each_request(trace):
     check_drafts_are_spec_engines(_make, trace, K, MAX_LEN)
 
 
-@pytest.mark.parametrize("flags", [PER_REQUEST, SHARED])
+@pytest.mark.parametrize("flags", [PER_REQUEST, SHARED, SHARED + " --spec-policy auto"])
 def test_moving_rows_changes_nothing(trace, flags):
     check_moving_rows_changes_nothing(_make, trace, K, MAX_LEN, flags)
 
