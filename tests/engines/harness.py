@@ -61,11 +61,14 @@ class RunnerSim:
         request arrives (new requests take rows in arrival order, as in vLLM).
     with_ids : bool
         Call ``set_request_ids`` before each step (the `register` hook's call).
+    skip_every : int
+        At every step divisible by it, the decoding requests of even arrival number sample
+        nothing: their rows are skipped mid-request (0: never).
     """
 
     def __init__(self, requests, max_num_seqs: int, max_model_len: int, *,
                  budget: Optional[Callable] = None, shuffle: Optional[random.Random] = None,
-                 with_ids: bool = False):
+                 with_ids: bool = False, skip_every: int = 0):
         self.waiting = sorted(requests, key=lambda r: r.arrival)
         for seq, r in enumerate(self.waiting):
             r.seq = seq
@@ -76,6 +79,7 @@ class RunnerSim:
         self.budget = budget
         self.shuffle = shuffle
         self.with_ids = with_ids
+        self.skip_every = skip_every
         self.step = 0
         self.finished: List[str] = []
         self.done_ids: set = set()
@@ -131,6 +135,9 @@ class RunnerSim:
         """What the target samples for r this step (written into its row)."""
         if r.steps_left_in_prefill > 1:
             r.steps_left_in_prefill -= 1
+            return []
+        if (self.skip_every and self.step % self.skip_every == 0 and not r.steps_left_in_prefill
+                and r.seq % 2 == 0):
             return []
         produced = r.n - len(r.prompt)
         out = r.output
@@ -304,7 +311,7 @@ def check_drafts_are_spec_engines(make, trace, k: int, max_len: int, flags=PER_R
     drafts are exactly SpecEngine's for that request alone (per-request proposers: nothing of
     another request's state can reach them). ``make(flags, max_num_seqs)`` builds the proposer."""
     sims = sim_requests(trace)
-    RunnerSim(sims, 4, max_len).run(make(flags, 4))
+    RunnerSim(sims, 4, max_len, skip_every=5).run(make(flags, 4))
     for r in sims:
         engine = engine_from_env(1, flags)[0]
         ref = run_recorded(engine, 0, r.prompt, r.output, n_ctx=max_len, record_drafts=True,
@@ -322,7 +329,8 @@ def check_moving_rows_changes_nothing(make, trace, k: int, max_len: int, flags):
     runs = []
     for shuffle in (None, random.Random(7)):
         sims = sim_requests(trace)
-        RunnerSim(sims, 3, max_len, budget=budget, shuffle=shuffle).run(make(flags, 3))
+        RunnerSim(sims, 3, max_len, budget=budget, shuffle=shuffle,
+                  skip_every=7).run(make(flags, 3))
         runs.append({r.rid: r.drafts for r in sims})
         ref = reference_drafts(lambda n: engine_from_env(n, flags)[0], sims, max_len, k,
                                policy=engine_from_env(1, flags)[1])
