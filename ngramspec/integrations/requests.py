@@ -60,6 +60,12 @@ class Request:
         Arrival order (requests are drafted for in this order, whatever rows they sit in).
     n : int
         Tokens known: the loop's context plus the token it verifies next.
+
+    Notes
+    -----
+    Memory: the loop's (4 bytes per token of context).
+
+    Thread-safety: not thread-safe; owned by one `RequestLoops`.
     """
 
     __slots__ = ("key", "loop", "seq", "n", "last_step", "pending")
