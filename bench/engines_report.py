@@ -3,7 +3,7 @@
     python bench engines [--limit 12] [--families code-edit,agentic] [--k 16] [--d 16]
 
 Each engine's half runs in its own virtual environment (``.venv-vllm``, ``.venv-sglang``, made
-by ``.ci/engines``), in the contract tests' harnesses (tests/engines/harness.py) on the same
+by ``.ci/engines``), in the contract tests' harnesses (tests/engine_harness.py) on the same
 requests of ../shared/traces:
 
 - vLLM: the V1 runner's call sequence (4 rows, requests arriving every 3 steps, chunked
@@ -44,9 +44,9 @@ MAX_LEN = 1 << 15
 
 
 def _harness():
-    sys.path.insert(0, str(ROOT / "tests" / "engines"))
-    import harness
-    return harness
+    sys.path.insert(0, str(ROOT / "tests"))
+    import engine_harness
+    return engine_harness
 
 
 def _traces(args):
@@ -58,7 +58,7 @@ def _traces(args):
     return out
 
 
-def _row(reqs, harness, cost_model, cost_steps=None):
+def _row(reqs, harness, cost_model):
     from ngramspec.cost import modeled_speedup
     recs = harness.records(reqs)
     return {"tokens_per_step": round(harness.tokens_per_step(reqs), 3),

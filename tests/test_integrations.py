@@ -1,11 +1,11 @@
 """The integrations' request following, without the engines: vLLM's runner call sequence on
-recorded traces (`harness.RunnerSim`), SGLang's corpus calls, ``$NGRAMSPEC_SPEC`` parsing.
-tests/engines/test_vllm.py and test_sglang.py repeat the contract inside the real engines."""
+recorded traces (`engine_harness.RunnerSim`), SGLang's corpus calls, ``$NGRAMSPEC_SPEC`` parsing.
+tests/test_engine_vllm.py and test_engine_sglang.py repeat the contract inside the real engines."""
 import numpy as np
 import pytest
 
 from conftest import TRACES
-from harness import (PER_REQUEST, SHARED, check_drafts_are_spec_engines,
+from engine_harness import (PER_REQUEST, SHARED, check_drafts_are_spec_engines,
                      check_moving_rows_changes_nothing, check_request_ids_match_token_following)
 
 from ngramspec import SpecEngine

@@ -1,6 +1,6 @@
 """The vLLM contract, inside vllm 0.33.0 (.ci/engines runs it in .venv-vllm; the main suite
 skips it): the proposer built by vLLM's own ``create_custom_proposer`` from a real
-``VllmConfig``, driven with the V1 runner's call sequence (`harness.RunnerSim`), and the
+``VllmConfig``, driven with the V1 runner's call sequence (`engine_harness.RunnerSim`), and the
 runner hook of the ``vllm.general_plugins`` entry point."""
 import importlib.metadata
 import logging
@@ -11,7 +11,7 @@ import pytest
 vllm = pytest.importorskip("vllm")
 
 from conftest import TRACES  # noqa: E402
-from harness import (PER_REQUEST, SHARED, RunnerSim, VllmNgram,  # noqa: E402
+from engine_harness import (PER_REQUEST, SHARED, RunnerSim, VllmNgram,  # noqa: E402
                      check_drafts_are_spec_engines, check_moving_rows_changes_nothing,
                      check_request_ids_match_token_following, sim_requests, tiny_vllm_config)
 

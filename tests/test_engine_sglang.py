@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("sglang")
 
 from conftest import TRACES  # noqa: E402
-from harness import PER_REQUEST, run_ngram_worker, stub_cuda_only_kernels  # noqa: E402
+from engine_harness import PER_REQUEST, run_ngram_worker, stub_cuda_only_kernels  # noqa: E402
 
 from ngramspec.integrations import sglang as ours  # noqa: E402
 from ngramspec.integrations.requests import engine_from_env  # noqa: E402
