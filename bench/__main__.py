@@ -34,6 +34,8 @@ COMMANDS = {
                               "clients"),
     "serve-load": ("serve_load", "`ngramspec serve` under load: requests/s and tokens/s, "
                                  "speculative vs plain"),
+    "engines": ("engines_report", "inside vLLM and SGLang: their built-in n-gram drafters next to "
+                                  "ngramspec's, tokens per step and modeled GPU speed-up"),
     "build-llama-server": (None, "build llama.cpp's llama-server from llama-cpp-python's "
                                  "vendored sources (build_llama_server.sh)"),
     "gpu-prepare": ("gpu.prepare", "the GPU device kit: trimmed llama-cpp-python source, "

@@ -100,7 +100,7 @@ def measure_repack(prompt_text, rounds, n_predict, folder, log=print):
 
 
 def measure_plugin(prompt, rounds, n_predict, log=print):
-    from ngramspec.llama.plugin import NgramspecDraftModel
+    from ngramspec.integrations.llama_cpp import NgramspecDraftModel
 
     class Counting(NgramspecDraftModel):
         calls = drafted = 0

@@ -139,6 +139,8 @@ class SlotLoop:
     n_predict : int
         Output token limit, -1 for none; >= 0 bounds drafts by ``n_remaining - 1`` and ends the
         request once that many tokens are out.
+    n_max : int, optional
+        A further bound on every draft (an engine's number of speculative tokens); None: none.
     policy : FixedPolicy-like, optional
         Draft-length policy; ``None`` is :class:`FixedPolicy` (llama.cpp).
     record_drafts : bool
@@ -184,11 +186,11 @@ class SlotLoop:
                  "sampled", "n_output", "n_prompt", "n_draft_max", "steps", "drafts",
                  "n_draft_calls", "n_drafts", "n_draft_tokens", "n_acc_drafts", "n_acc_tokens",
                  "begin_ns", "draft_ns", "accept_ns", "_buf", "_len", "_draft", "_called",
-                 "_hooks", "_bounded")
+                 "_hooks", "_bounded", "n_max")
 
     def __init__(self, engine, slot: int, prompt, first_token, *, n_ctx: int = 0,
                  n_predict: int = -1, policy=None, record_drafts: bool = False,
-                 capacity: int = 0):
+                 capacity: int = 0, n_max: int | None = None):
         self.engine = engine
         self.slot = slot
         self.n_ctx = int(n_ctx)
@@ -196,7 +198,8 @@ class SlotLoop:
         self.policy = FixedPolicy() if policy is None else policy
         # FixedPolicy's hooks change nothing: skip the three calls per step
         self._hooks = type(self.policy) is not FixedPolicy
-        self._bounded = self.n_ctx > 0 or self.n_predict >= 0
+        self.n_max = None if n_max is None else operator.index(n_max)
+        self._bounded = self.n_ctx > 0 or self.n_predict >= 0 or self.n_max is not None
         self.record_drafts = record_drafts
         self.begin_ns = self.draft_ns = self.accept_ns = 0
         self.steps = []
@@ -256,8 +259,9 @@ class SlotLoop:
         Parameters
         ----------
         n_max : int, optional
-            The driver's own bound of this step's draft, beside the server's (a request's
-            ``speculation.n_max``, a batch's token budget); part of `n_draft_max`.
+            The driver's own bound of this step's draft (a request's ``speculation.n_max``, a
+            batch's token budget), beside the context's, the output's and the loop's own
+            ``n_max`` (a constant bound given at construction); part of `n_draft_max`.
         n_min : int
             A draft shorter than this is dropped (llama.cpp's ``n_min``), before the policy
             sees it.
@@ -285,7 +289,9 @@ class SlotLoop:
             if self.n_predict >= 0:
                 remaining = self.n_predict - self.n_output - 1
                 bound = remaining if bound is None else min(bound, remaining)
-        self.n_draft_max = bound
+            if self.n_max is not None:
+                bound = self.n_max if bound is None else min(bound, self.n_max)
+            self.n_draft_max = bound
         hooks = self._hooks
         if hooks and (bound is None or bound > 0):
             lower = self.policy.before_draft(self)
@@ -411,7 +417,7 @@ class SlotLoop:
 
 
 def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=None,
-                 record_drafts: bool = False) -> SlotLoop:
+                 record_drafts: bool = False, n_max: int | None = None) -> SlotLoop:
     """One request verified against a recorded output (greedy replay); returns the finished loop.
 
     The target's tokens are the recording: a draft is accepted up to its first token that
@@ -419,7 +425,7 @@ def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=No
 
     Parameters
     ----------
-    engine, slot, n_ctx, policy, record_drafts
+    engine, slot, n_ctx, policy, record_drafts, n_max
         As for :class:`SlotLoop`.
     prompt, output : 1-D int arrays
         The request's prompt and its recorded output tokens.
@@ -432,7 +438,7 @@ def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=No
     n_out = len(output)
     loop = SlotLoop(engine, slot, prompt, output[0] if n_out else None, n_ctx=n_ctx,
                     policy=policy, record_drafts=record_drafts,
-                    capacity=len(prompt) + n_out + 1)
+                    capacity=len(prompt) + n_out + 1, n_max=n_max)
     propose, verify = loop.propose, loop.verify
     tokens = output.tolist() if isinstance(output, np.ndarray) else list(output)
     while not loop.done and loop.n_output < n_out:

@@ -206,7 +206,7 @@ def test_cache_create_text_loads_vocab_with_the_decision(monkeypatch, llama_load
 # ---------------------------------------------------------------------------------------------
 
 def _plugin_run(model_path, choice, flags_file, monkeypatch):
-    from ngramspec.llama.plugin import NgramspecDraftModel
+    from ngramspec.integrations.llama_cpp import NgramspecDraftModel
     from ngramspec.llama.repack import load_llama
     monkeypatch.setattr(repack, "_warned", False)
     draft = NgramspecDraftModel("ngram-simple", n_ctx=256)

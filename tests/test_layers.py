@@ -1,5 +1,6 @@
 """The package's layers point one way: kernels <- registry/engine <- loop/policy/cost <- drivers
-(replay, tune, `ngramspec.llama`: live, scheduler, plug-in) <- `ngramspec.server` <- `ngramspec.cli`.
+(replay, tune, `ngramspec.llama`: live, scheduler) <- `ngramspec.server` <- `ngramspec.cli` <-
+`ngramspec.integrations` (ngramspec inside vLLM, SGLang, llama-cpp-python).
 
 Read from the sources (every import statement, function-local ones included, subpackages too),
 so a cycle or an upward import fails here before it can fail at import time in some order."""
@@ -18,14 +19,16 @@ PKG = ROOT / "ngramspec"
 KERNELS = tuple(sorted({p.stem for p in PKG.glob("*.pyx")} | {p.stem for p in PKG.glob("*.pxd")}))
 CIMPORT = re.compile(r"^\s*(?:from\s+(\.+\w*|ngramspec(?:\.\w+)?)\s+c?import\s+([\w, ()]+)"
                      r"|c?import\s+(ngramspec(?:\.\w+)?))", re.M)
-SUBPACKAGES = ("llama", "server", "cli")
+SUBPACKAGES = ("llama", "server", "cli", "integrations")
 # Rank of each layer: a module imports only modules of its own rank or below.
-RANK = {"kernel": 0, "core": 1, "llama": 2, "server": 3, "cli": 4}
+RANK = {"kernel": 0, "core": 1, "llama": 2, "server": 3, "cli": 4, "integrations": 5}
+# The deprecated import path of a moved module re-exports it from its new, higher home.
+MOVED = {"ngramspec.llama.plugin": "ngramspec.integrations.llama_cpp"}
 # Function-local imports are for optional dependencies only (imported when a feature is used):
 # llama-cpp-python and its jinja2 (the live extra), fastapi/uvicorn (serve), matplotlib (tune's
-# plots), fcntl (POSIX).
+# plots), fcntl (POSIX); the engines of ngramspec.integrations (vllm, sglang) are optional too.
 OPTIONAL = ("llama_cpp", "jinja2", "matplotlib", "uvicorn", "fastapi", "starlette", "fcntl",
-            "ngramspec.server")
+            "ngramspec.server", "vllm", "sglang")
 
 
 def _name(path: pathlib.Path) -> str:
@@ -136,7 +139,7 @@ def test_layers_point_down():
             if not module.startswith("ngramspec") or module == "ngramspec":
                 continue
             if RANK[_layer(module)] > RANK[_layer(name)] and not (
-                    local and module.startswith(OPTIONAL)):
+                    local and module.startswith(OPTIONAL)) and MOVED.get(name) != module:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not bad, bad
 
@@ -155,7 +158,9 @@ def test_llama_cpp_is_imported_in_the_llama_subpackage_only():
                 if m.split(".")[0] == "llama_cpp"]
         if _layer(name) == "llama":
             # even there on first use, so the package and the command line import without it
-            assert all(local for _, _, local in uses) or name == "ngramspec.llama.plugin", uses
+            assert all(local for _, _, local in uses), uses
+        elif name == "ngramspec.integrations.llama_cpp":
+            continue            # the plug-in subclasses llama-cpp-python's draft model
         else:
             assert not uses, f"{path.relative_to(ROOT)} imports llama_cpp: {uses}"
     for path in sorted(PKG.glob("*.pyx")) + sorted(PKG.glob("*.pxd")):
@@ -192,8 +197,7 @@ def test_importing_the_package_loads_no_llama_cpp():
             "ngramspec.cli.build_parser(); "
             "print('llama_cpp' in sys.modules); "
             "print(callable(ngramspec.replay), callable(ngramspec.generate_speculative))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = " ".join(_python_lines(code)).split()
     assert out[0] == "False"                    # live generation is imported on first use
     assert out[1:] == ["True", "True"]
 
@@ -215,3 +219,41 @@ def test_one_policy_one_writer():
     assert not [p for p in _defining(r"StepCost|def \w*choose_lengths\b")
                 if not p.startswith("ngramspec/policy.py")]
     assert [p.split(":")[0] for p in _defining(r"\bos\.replace\(")] == ["ngramspec/files.py"]
+
+
+def test_integrations_know_only_the_engine_the_loop_and_the_policy():
+    """ngramspec inside another engine is the engine, one loop per request and the policy,
+    built from serve's flags; llama-cpp-python's plug-in also warns about AMX repacking."""
+    allowed = {"ngramspec.engine", "ngramspec.loop", "ngramspec.policy", "ngramspec.cli.serve",
+               "ngramspec.llama.repack"}
+    bad = []
+    for name, path in MODULES.items():
+        if _layer(name) != "integrations":
+            continue
+        for module, line, _ in _imports(path):
+            if module.startswith("ngramspec") and not module.startswith(
+                    "ngramspec.integrations") and module not in allowed:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not bad, bad
+
+
+def test_integrations_import_without_their_engines():
+    """The vLLM and SGLang modules import without loading either engine (or torch); the
+    llama-cpp-python plug-in's old path warns and gives the same class."""
+    code = ("import sys, warnings; import ngramspec.integrations.vllm as v, "
+            "ngramspec.integrations.sglang as s; "
+            "print(any(m.split('.')[0] in ('vllm', 'sglang', 'torch') for m in sys.modules))\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            " warnings.simplefilter('always')\n"
+            " from ngramspec.llama.plugin import NgramspecDraftModel as old\n"
+            "from ngramspec.integrations.llama_cpp import NgramspecDraftModel as new\n"
+            "print(old is new, [str(x.message) for x in w if x.category is DeprecationWarning])")
+    out = _python_lines(code)
+    assert out[0] == "False"
+    assert out[1].startswith("True") and "ngramspec.integrations.llama_cpp" in out[1]
+
+
+def _python_lines(code: str) -> list:
+    """What ``python -c code`` prints in the repository root, line by line."""
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.splitlines()

@@ -237,7 +237,7 @@ def test_cli_refuses_other_vocab(other_vocab_gguf, capsys):
 
 
 def test_plugin_in_create_completion(model_path, prompt):
-    from ngramspec.llama.plugin import NgramspecDraftModel
+    from ngramspec.integrations.llama_cpp import NgramspecDraftModel
     from ngramspec.llama.repack import load_llama
 
     draft = NgramspecDraftModel("ngram-simple,ngram-mod", n_ctx=N_CTX)
@@ -269,7 +269,7 @@ def test_plugin_in_create_completion(model_path, prompt):
 
 def test_plugin_infers_acceptance_from_calls():
     """The call pattern of Llama.generate, replayed on a periodic stream the drafts predict."""
-    from ngramspec.llama.plugin import NgramspecDraftModel
+    from ngramspec.integrations.llama_cpp import NgramspecDraftModel
 
     period = list(range(100, 117))
     stream = (period * 20)[:300]
@@ -383,7 +383,7 @@ def test_generate_defaults_apply_to_generate_only(tmp_path, prompt, monkeypatch,
     from ngramspec.cli import build_parser
     from ngramspec.cli.common import engine_params
     from ngramspec.cli.generate import GENERATE_DEFAULTS, generate_params
-    from ngramspec.llama.plugin import NgramspecDraftModel
+    from ngramspec.integrations.llama_cpp import NgramspecDraftModel
 
     parser = build_parser()
     assert generate_params(parser.parse_args(["generate", "-p", "x"])) == GENERATE_DEFAULTS

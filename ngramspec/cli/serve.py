@@ -6,7 +6,9 @@ cannot be bound (the socket is bound here, before the model, and handed to uvico
 """
 from __future__ import annotations
 
+import argparse
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -19,6 +21,7 @@ from ngramspec.cli.generate import (GENERATE_DEFAULTS, generate_params, spec_typ
 from ngramspec.cost import load_cost_model
 from ngramspec.llama.model import default_model_path
 from ngramspec.llama.scheduler import Scheduler
+from ngramspec.policy import make_policy
 
 # Seconds uvicorn lets running requests finish after SIGTERM/SIGINT before cancelling them.
 GRACEFUL_S = 5.0
@@ -85,6 +88,63 @@ def add_parser(subparsers):
     state_generate_defaults(p)
     p.set_defaults(run=run)
     return p
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """argparse whose bad flag is a ValueError with argparse's message (a host process such
+    as vLLM must get an exception, not an exit)."""
+
+    def error(self, message):
+        raise ValueError(f"{self.prog}: {message}")
+
+
+def spec_from_flags(argv, prog: str = "NGRAMSPEC_SPEC", default_cost_model: str = "gpu"):
+    """serve's speculative-decoding flags from a command line, for an engine embedding ngramspec.
+
+    The same flags, defaults (generate's ngram-mod 8..32) and error messages as ``serve``, plus
+    ``--spec-policy {fixed,auto}`` and ``--cost-model FILE|NAME`` (auto's verify-cost curve).
+
+    Parameters
+    ----------
+    argv : str or sequence of str
+        llama-server flags, e.g. ``"--spec-type ngram-mod,ngram-simple --spec-ngram-mod-n-max
+        32"`` (a string is split as a shell would).
+    prog : str
+        Named in error messages (the environment variable the flags came from).
+    default_cost_model : str
+        auto's cost model when ``--cost-model`` is not given.
+
+    Returns
+    -------
+    spec_type : str
+        The comma list, in llama.cpp's priority order (``ngram-cache`` added for a cache file).
+    params : dict
+        Engine keywords, checked (cache files loaded).
+    make : callable
+        ``make()`` returns a new draft-length policy (`ngramspec.policy.make_policy`).
+
+    Raises
+    ------
+    ValueError
+        A bad flag or value, named as ``serve`` names it, prefixed by `prog`.
+    """
+    if isinstance(argv, str):
+        argv = shlex.split(argv)
+    parser = _RaisingParser(prog=prog, add_help=False)
+    add_spec_flags(parser)
+    add_policy_flags(parser, default="fixed")
+    state_generate_defaults(parser)
+    args = parser.parse_args(list(argv))
+    name = args.spec_policy
+    try:
+        spec_type, params = load_cache_files(args.spec_type, generate_params(args))
+        cost_model = load_cost_model(args.cost_model or default_cost_model) \
+            if name == "auto" else None
+    except (ValueError, TypeError, OSError) as exc:
+        raise ValueError(f"{prog}: {exc}") from None
+    # the profile describes another machine: this one's proposer time says nothing about it
+    extra = {"proposer_time": False} if name == "auto" else {}
+    return spec_type, params, lambda: make_policy(name, cost_model, **extra)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -1,146 +1,15 @@
-"""ngramspec chains as a llama-cpp-python draft model.
+"""Deprecated home of the llama-cpp-python plug-in: use `ngramspec.integrations.llama_cpp`.
 
-::
-
-    from ngramspec.llama.plugin import NgramspecDraftModel
-    from ngramspec.llama.repack import load_llama
-
-    # load_llama = llama_cpp.Llama(...) that turns llama.cpp's weight repacking off on CPUs
-    # with AMX, whose repacked kernel crashes on multi-token batches (ngramspec.llama.repack).
-    llm = load_llama("model.gguf", n_ctx=4096, logits_all=True, verbose=False,
-                     draft_model=NgramspecDraftModel("ngram-mod,ngram-simple", n_ctx=4096))
-    llm.create_completion(prompt, max_tokens=256, temperature=0.0)
-
-This is for keeping llama-cpp-python's own loop, which copies the logits of every position into
-numpy (``logits_all``): measured 0.90x plain llama-cpp-python's speed for a whole 256-token call
-on this project's CPU, 0.44x on an AMX Xeon (bench/results/repack.md, issue 14). For speed use
-``ngramspec.llama.live.generate_speculative`` (1.18x in the same runs).
-
-Pass ``logits_all=True``: llama-cpp-python (0.3.x) switches to all-position logits when a draft
-model is set, but sizes its score buffer from the ``logits_all`` argument, so without it any
-context longer than ``n_batch`` tokens fails with a numpy broadcast error.
-
-llama-cpp-python's ``Llama.generate`` calls the draft model with ``input_ids`` = the tokens in the
-KV cache plus the last sampled token (what llama-server's ``common_speculative_draft`` gets as its
-prompt and ``id_last``), and never says how much of the previous draft it accepted. The plug-in
-infers it from consecutive calls: when the new input extends the previous one by the previous
-draft's first ``k`` tokens plus one token, those ``k + 1`` tokens are the target's verdict on the
-previous draft, which the request's `ngramspec.loop.SlotLoop` verifies (``engine.accept(k)`` after
-a non-empty draft, also for ``k = 0``) before it drafts again. Any other input starts a new request
-(a new loop: ``engine.begin(prompt)`` with ``inp``). A draft whose request ended (EOS,
-``max_tokens``) before the next call gets no accept, as llama-cpp-python gives no signal for it.
+The plug-in moved beside the vLLM and SGLang integrations (one home for ngramspec inside
+someone else's engine); this path keeps working and warns once per import.
 """
 from __future__ import annotations
 
-import sys
-from typing import Any, Dict, List, Optional
+import warnings
 
-import numpy as np
-from llama_cpp.llama_speculative import LlamaDraftModel
-
-from ngramspec.engine import SpecEngine
-from ngramspec.loop import SlotLoop
-
-from .repack import warn_if_amx_repack
+from ngramspec.integrations.llama_cpp import NgramspecDraftModel
 
 __all__ = ["NgramspecDraftModel"]
 
-
-class NgramspecDraftModel(LlamaDraftModel):
-    """A ``LlamaDraftModel`` that drafts with an ngramspec proposer chain.
-
-    Parameters
-    ----------
-    spec_type : str
-        Comma-separated spec types (``"ngram-mod"``, ``"ngram-map-k4v,ngram-simple"``, ...),
-        instantiated in llama.cpp's fixed priority order. Ignored when ``engine`` is given.
-    engine : ngramspec.SpecEngine, optional
-        An existing engine to drive (its slot ``slot`` is used).
-    slot : int
-        Engine slot used for every request.
-    n_ctx : int, optional
-        The ``Llama``'s context size. When given (> 0), drafts are bounded as llama-server
-        bounds them, ``n_ctx - L - 2`` (llama-cpp-python itself only cuts them to the free
-        context); None or 0: no bound.
-    **params
-        Proposer parameters forwarded to ``SpecEngine`` (``ngram_mod_n_match=24``, ...).
-
-    Attributes
-    ----------
-    engine : ngramspec.SpecEngine
-    n_calls, n_requests : int
-        Draft calls seen, and how many of them started a new request.
-
-    Notes
-    -----
-    Memory: the engine's (the ngram-mod pool is 16 MiB), plus a copy of the last input and draft.
-
-    On its first call it warns once (``RuntimeWarning``) when the ``Llama`` calling it was
-    loaded with llama.cpp's extra buffer types on a CPU with AMX (:mod:`ngramspec.llama.repack`;
-    build the ``Llama`` with :func:`ngramspec.llama.repack.load_llama` instead).
-
-    Thread-safety: not thread-safe; like the ``Llama`` it is attached to, one generation at a time.
-    """
-
-    def __init__(self, spec_type: str = "ngram-mod", *, engine=None, slot: int = 0,
-                 n_ctx: Optional[int] = None, **params: Any):
-        if engine is None:
-            engine = SpecEngine(spec_type, n_slots=max(1, int(slot) + 1), pool=None, **params)
-        self.engine = engine
-        self.slot = int(slot)
-        self.n_ctx = None if n_ctx is None else int(n_ctx)
-        self.n_calls = 0
-        self.n_requests = 0
-        self._prev: Optional[np.ndarray] = None      # last input_ids seen (inp + [sampled])
-        self._loop: Optional[SlotLoop] = None         # the request in progress
-
-    def _accepted(self, ids: np.ndarray) -> Optional[int]:
-        """Draft tokens accepted since the previous call; None when ``ids`` starts a new request."""
-        prev, loop = self._prev, self._loop
-        if prev is None or loop is None:
-            return None
-        draft = loop.pending_draft
-        n, p = ids.size, prev.size
-        k = n - p - 1
-        if k < 0 or k > draft.size:
-            return None
-        if not (np.array_equal(ids[:p], prev) and np.array_equal(ids[p:p + k], draft[:k])):
-            return None
-        return k
-
-    def _check_attached(self) -> None:
-        # llama-cpp-python gives the draft model no reference to its Llama: the caller's `self`
-        # (Llama.generate calls self.draft_model(...)) is the one it is attached to.
-        frame = sys._getframe(2)
-        llm = frame.f_locals.get("self") if frame is not None else None
-        if llm is not None and getattr(llm, "draft_model", None) is self:
-            warn_if_amx_repack(llm, stacklevel=4)
-
-    def __call__(self, input_ids, /, **kwargs: Any) -> np.ndarray:
-        ids = np.array(input_ids, dtype=np.int32)  # a copy: Llama reuses its input_ids buffer
-        if self.n_calls == 0:
-            self._check_attached()
-        self.n_calls += 1
-        if ids.size < 2:  # nothing in the cache yet: no context to draft from
-            self._prev, self._loop = None, None
-            return np.empty(0, dtype=np.intc)
-        k = self._accepted(ids)
-        if k is None:
-            self._loop = SlotLoop(self.engine, self.slot, ids[:-1], int(ids[-1]),
-                                  n_ctx=self.n_ctx or 0)
-            self.n_requests += 1
-        else:
-            # The target of the previous step: the accepted draft tokens, then its own token.
-            # llama-cpp-python may have cut the draft, so only the first k count as verified.
-            self._loop.verify(ids[self._prev.size:], n_verified=k)
-        draft = self._loop.propose()
-        self._prev = ids
-        return draft.astype(np.intc)
-
-    def stats(self) -> List[Dict[str, Any]]:
-        """The engine's per-proposer counters (llama.cpp's statistics)."""
-        return self.engine.stats()
-
-    def stats_lines(self) -> List[str]:
-        """llama.cpp's ``statistics <type>: ...`` lines."""
-        return list(self.engine.stats_lines())
+warnings.warn("ngramspec.llama.plugin moved to ngramspec.integrations.llama_cpp; the old path "
+              "will be removed", DeprecationWarning, stacklevel=2)

@@ -1,0 +1,196 @@
+"""An engine's requests on the slots of one `SpecEngine`, each request a `SlotLoop`.
+
+vLLM and SGLang call a proposer once per batch step with each request's tokens so far (prompt +
+output, ending with the last verified token). A request's loop learns what the target accepted
+from how its tokens grew: the new tokens are the accepted draft prefix plus the target's own
+token, which is exactly `SlotLoop.verify`'s target. Anything else (tokens that do not continue
+the pending draft) is not the same request any more.
+"""
+from __future__ import annotations
+
+import heapq
+import os
+from typing import Dict, Hashable, Optional
+
+import numpy as np
+
+from ngramspec.cli.serve import spec_from_flags
+from ngramspec.engine import SpecEngine
+from ngramspec.loop import SlotLoop
+
+__all__ = ["SPEC_ENV", "RequestLoops", "engine_from_env"]
+
+#: The environment variable holding llama-server's spec flags for an embedded engine.
+SPEC_ENV = "NGRAMSPEC_SPEC"
+
+
+def engine_from_env(n_slots: int, flags: Optional[str] = None):
+    """The engine and draft-length policy of ``$NGRAMSPEC_SPEC`` (or of `flags`).
+
+    Parameters
+    ----------
+    n_slots : int
+        Requests drafted for at once (the engine's slots).
+    flags : str, optional
+        llama-server flags; default: ``$NGRAMSPEC_SPEC``, empty meaning ``serve``'s defaults.
+
+    Returns
+    -------
+    (SpecEngine, policy)
+
+    Raises
+    ------
+    ValueError
+        A bad flag, with ``serve``'s message prefixed by ``NGRAMSPEC_SPEC``.
+    """
+    if flags is None:
+        flags = os.environ.get(SPEC_ENV, "")
+    spec_type, params, make_policy = spec_from_flags(flags, prog=SPEC_ENV)
+    return SpecEngine(spec_type or "none", n_slots=n_slots, **params), make_policy()
+
+
+class Request:
+    """One request of the host engine: its key, loop and arrival number.
+
+    Attributes
+    ----------
+    key : hashable
+    loop : SlotLoop
+    seq : int
+        Arrival order (requests are drafted for in this order, whatever rows they sit in).
+    n : int
+        Tokens known: the loop's context plus the token it verifies next.
+
+    Notes
+    -----
+    Memory: the loop's (4 bytes per token of context).
+
+    Thread-safety: not thread-safe; owned by one `RequestLoops`.
+    """
+
+    __slots__ = ("key", "loop", "seq", "n", "last_step", "pending")
+
+    def __init__(self, key, loop: SlotLoop, seq: int, step: int):
+        self.key = key
+        self.loop = loop
+        self.seq = seq
+        self.n = loop.n_context + 1
+        self.last_step = step
+        self.pending = False      # a draft was proposed and not verified yet
+
+    def continues(self, new_tokens) -> bool:
+        """Whether `new_tokens` (after the known ones) are the pending draft's accepted prefix
+        plus one token of the target's."""
+        g = len(new_tokens)
+        if g == 0:
+            return True
+        draft = self.loop.pending_draft
+        return g - 1 <= len(draft) and np.array_equal(new_tokens[:g - 1], draft[:g - 1])
+
+    def holds(self, tokens, n: int) -> bool:
+        """Whether ``tokens[:n]`` extends this request's known tokens by a continuation."""
+        m = self.n
+        if n < m:
+            return False
+        loop = self.loop
+        L = m - 1
+        return (int(tokens[L]) == loop.sampled and np.array_equal(tokens[:L], loop.context)
+                and self.continues(tokens[m:n]))
+
+
+class RequestLoops:
+    """Requests keyed by the host's ids (or any hashable), each on its own engine slot.
+
+    Parameters
+    ----------
+    engine : SpecEngine
+    n_slots : int
+        The engine's slots; when all are taken, a new request takes the slot of the one seen
+        least recently (a host that never says a request ended cannot leak slots).
+    n_ctx, n_max : int
+        `SlotLoop`'s bounds: drafts are at most ``n_ctx - L - 2`` and `n_max` tokens.
+    policy : optional
+        Draft-length policy shared by all requests (`ngramspec.policy`).
+
+    Notes
+    -----
+    Memory: per live request its loop's context (4 bytes per token) and the engine's per-slot
+    state; cross-request state (ngram-mod pool, ngram-suffix store, ngram-cache) is the engine's,
+    kept for the process.
+
+    Thread-safety: not thread-safe; the host calls it from its one scheduling thread.
+    """
+
+    def __init__(self, engine, n_slots: int, *, n_ctx: int = 0, n_max: Optional[int] = None,
+                 policy=None):
+        self.engine = engine
+        self.n_ctx = n_ctx
+        self.n_max = n_max
+        self.policy = policy
+        self.requests: Dict[Hashable, Request] = {}
+        self._free = list(range(n_slots))
+        self._slot_of: Dict[Hashable, int] = {}
+        self._seq = 0
+        self.step = 0
+
+    def get(self, key) -> Optional[Request]:
+        """The live request `key`, or None."""
+        return self.requests.get(key)
+
+    def begin(self, key, prompt, first_token: int) -> Request:
+        """Start request `key` (ending any earlier one of that key) on the lowest free slot.
+
+        Parameters
+        ----------
+        key : hashable
+        prompt : 1-D int array
+            Its tokens before `first_token`.
+        first_token : int
+            The last token the target produced (the next one verified).
+        """
+        self.end(key)
+        if not self._free:
+            oldest = min(self.requests.values(), key=lambda r: (r.last_step, r.seq))
+            self.end(oldest.key)
+        slot = heapq.heappop(self._free)
+        loop = SlotLoop(self.engine, slot, prompt, int(first_token), n_ctx=self.n_ctx,
+                        n_max=self.n_max, policy=self.policy, capacity=len(prompt) + 256)
+        req = Request(key, loop, self._seq, self.step)
+        self._seq += 1
+        self.requests[key] = req
+        self._slot_of[key] = slot
+        return req
+
+    def advance(self, req: Request, new_tokens) -> np.ndarray:
+        """Verify the pending draft against `new_tokens` (when any), then draft; returns the draft.
+
+        Parameters
+        ----------
+        req : Request
+        new_tokens : 1-D int array
+            The tokens after the known ones: the accepted draft prefix and the target's token
+            (`Request.continues` must hold).
+        """
+        g = len(new_tokens)
+        loop = req.loop
+        req.last_step = self.step
+        if req.pending and not g:       # asked again before the target verified
+            return loop.pending_draft
+        if g:
+            # n_verified: the host may have verified only part of the draft (a token budget);
+            # the token after the accepted prefix is the target's, even if it equals the draft's
+            loop.verify(new_tokens, n_verified=g - 1)
+            req.n += g
+        req.pending = True
+        return loop.propose()
+
+    def end(self, key) -> None:
+        """Forget request `key` (no-op if unknown); its slot is free again."""
+        req = self.requests.pop(key, None)
+        if req is not None:
+            heapq.heappush(self._free, self._slot_of.pop(key))
+
+    def clear(self) -> None:
+        """End every request."""
+        for key in list(self.requests):
+            self.end(key)

@@ -1,0 +1,136 @@
+"""The vLLM contract, inside vllm 0.33.0 (.ci/engines runs it in .venv-vllm; the main suite
+skips it): the proposer built by vLLM's own ``create_custom_proposer`` from a real
+``VllmConfig``, driven with the V1 runner's call sequence (`engine_harness.RunnerSim`), and the
+runner hook of the ``vllm.general_plugins`` entry point."""
+import importlib.metadata
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+
+from conftest import TRACES  # noqa: E402
+from engine_harness import (PER_REQUEST, SHARED, RunnerSim, VllmNgram,  # noqa: E402
+                     check_drafts_are_spec_engines, check_moving_rows_changes_nothing,
+                     check_request_ids_match_token_following, sim_requests, tiny_vllm_config)
+
+from ngramspec.integrations import vllm as ours  # noqa: E402
+from ngramspec.traces import read_requests  # noqa: E402
+
+K = 8
+MAX_LEN = 1 << 14
+PROPOSER = "ngramspec.integrations.vllm.NgramspecProposer"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def make(model_dir):
+    """``make(flags, max_num_seqs)``: the proposer as vLLM builds it, flags in NGRAMSPEC_SPEC."""
+    from vllm.v1.spec_decode.custom_class_proposer import create_custom_proposer
+    mp = pytest.MonkeyPatch()
+
+    def build(flags, max_num_seqs):
+        mp.setenv("NGRAMSPEC_SPEC", flags)
+        return create_custom_proposer(tiny_vllm_config(model_dir, MAX_LEN, max_num_seqs,
+                                                       method="custom_class", model=PROPOSER,
+                                                       num_speculative_tokens=K))
+    yield build
+    mp.undo()
+
+
+@pytest.fixture(scope="module", params=["code-edit", "agentic"])
+def trace(request):
+    return [r for r in read_requests(str(TRACES / f"{request.param}.jsonl.gz"), limit=6)
+            if len(r.prompt) + len(r.output) < MAX_LEN - 1]
+
+
+def test_vllm_builds_it_from_its_config(make):
+    prop = make("--spec-type ngram-suffix", 5)
+    assert isinstance(prop, ours.NgramspecProposer)
+    assert (prop.k, prop.max_model_len, prop.n_slots, prop.tp_size) == (K, MAX_LEN, 5, 1)
+    assert [s["type"] for s in prop.engine.stats()] == ["ngram-suffix"]
+
+
+def test_a_bad_flag_stops_vllm_with_serves_message(make):
+    with pytest.raises(RuntimeError, match=r"NGRAMSPEC_SPEC: --spec-ngram-mod-n-min = 2000 is "
+                                           r"out of range: allowed 0 \.\. 1024"):
+        make("--spec-type ngram-mod --spec-ngram-mod-n-min 2000", 2)
+
+
+def test_drafts_are_spec_engines_for_each_request(make, trace):
+    check_drafts_are_spec_engines(make, trace, K, MAX_LEN)
+
+
+@pytest.mark.parametrize("flags", [PER_REQUEST, SHARED])
+def test_moving_rows_changes_nothing(make, trace, flags):
+    check_moving_rows_changes_nothing(make, trace, K, MAX_LEN, flags)
+
+
+def test_request_ids_match_token_following(make, trace):
+    check_request_ids_match_token_following(make, trace, MAX_LEN)
+
+
+def test_vllms_own_ngram_proposer_runs_in_the_same_harness(model_dir, trace):
+    """The side-by-side bench's vLLM row: its numba NgramProposer, same runner sequence."""
+    prop = VllmNgram(tiny_vllm_config(model_dir, MAX_LEN, 4, method="ngram",
+                                      num_speculative_tokens=K, prompt_lookup_min=2,
+                                      prompt_lookup_max=5))
+    sims = sim_requests(trace)
+    RunnerSim(sims, 4, MAX_LEN).run(prop)
+    assert sum(s[1] for r in sims for s in r.steps) > 0
+
+
+def test_entry_point_is_installed():
+    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert "ngramspec.integrations.vllm:register" in {ep.value for ep in eps}
+
+
+def test_register_hooks_the_runner_on_the_tested_version_only(monkeypatch, caplog):
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    original = GPUModelRunner.propose_draft_token_ids
+    original = getattr(original, "__wrapped__", original)
+    monkeypatch.setattr(GPUModelRunner, "propose_draft_token_ids", original)
+    monkeypatch.setattr(vllm, "__version__", "0.0.1")
+    with caplog.at_level(logging.WARNING):
+        ours.register()
+    assert GPUModelRunner.propose_draft_token_ids is original
+    assert "vLLM 0.0.1 is not the tested 0.33.0" in caplog.text
+    monkeypatch.setattr(vllm, "__version__", ours.TESTED_VLLM)
+    ours.register()
+    ours.register()                                  # loaded twice: hooked once
+    hooked = GPUModelRunner.propose_draft_token_ids
+    assert hooked.__wrapped__ is original
+
+
+def test_the_hooked_runner_hands_request_ids(make, monkeypatch):
+    """vLLM's own propose_draft_token_ids (its custom_class branch), hooked by register(), on a
+    runner holding only what that branch reads: the drafter gets the batch's request ids and
+    the finished requests before it drafts."""
+    import numpy as np
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    ours.register()
+    prop = make(PER_REQUEST, 2)
+    seen = []
+    real = prop.set_request_ids
+    monkeypatch.setattr(prop, "set_request_ids",
+                        lambda ids, finished=(): (seen.append((list(ids), set(finished))),
+                                                  real(ids, finished)))
+    runner = GPUModelRunner.__new__(GPUModelRunner)
+    runner.drafter = prop
+    runner.speculative_config = SimpleNamespace(method="custom_class")
+    tokens = np.zeros((2, MAX_LEN), dtype=np.int32)
+    tokens[0, :6] = [1, 2, 3, 1, 2, 3]
+    runner.input_batch = SimpleNamespace(req_ids=["r1"], token_ids_cpu=tokens,
+                                         num_tokens_no_spec=np.array([6, 0], np.int32))
+    out = SchedulerOutput.make_empty()
+    out.finished_req_ids = {"r0"}
+    drafts = GPUModelRunner.propose_draft_token_ids(runner, out, [[3]], None, None, None, None,
+                                                    None, None, None)
+    assert seen == [(["r1"], {"r0"})]
+    assert list(prop.requests.requests) == ["r1"] and len(drafts) == 1

@@ -1,0 +1,187 @@
+"""The integrations' request following, without the engines: vLLM's runner call sequence on
+recorded traces (`engine_harness.RunnerSim`), SGLang's corpus calls, ``$NGRAMSPEC_SPEC`` parsing.
+tests/test_engine_vllm.py and test_engine_sglang.py repeat the contract inside the real engines."""
+import numpy as np
+import pytest
+
+from conftest import TRACES
+from engine_harness import (PER_REQUEST, SHARED, check_drafts_are_spec_engines,
+                     check_moving_rows_changes_nothing, check_request_ids_match_token_following)
+
+from ngramspec import SpecEngine
+from ngramspec.integrations.requests import SPEC_ENV, engine_from_env
+from ngramspec.integrations.sglang import NgramspecCorpus, chain_tree
+from ngramspec.integrations.vllm import NgramspecProposer
+from ngramspec.loop import run_recorded
+from ngramspec.traces import read_requests
+
+K = 8
+MAX_LEN = 1 << 14
+
+
+def _trace(name, n):
+    return [r for r in read_requests(str(TRACES / f"{name}.jsonl.gz"), limit=n)
+            if len(r.prompt) + len(r.output) < MAX_LEN - 1]
+
+
+@pytest.fixture(scope="module", params=["code-edit", "agentic"])
+def trace(request):
+    return _trace(request.param, 6)
+
+
+def _make(flags, n):
+    return NgramspecProposer.from_limits(K, MAX_LEN, n, spec=flags)
+
+
+def test_drafts_are_spec_engines_for_each_request(trace):
+    check_drafts_are_spec_engines(_make, trace, K, MAX_LEN)
+
+
+@pytest.mark.parametrize("flags", [PER_REQUEST, SHARED, SHARED + " --spec-policy auto"])
+def test_moving_rows_changes_nothing(trace, flags):
+    check_moving_rows_changes_nothing(_make, trace, K, MAX_LEN, flags)
+
+
+def test_request_ids_match_token_following(trace):
+    check_request_ids_match_token_following(_make, trace, MAX_LEN)
+
+
+def test_a_new_request_that_continues_an_ended_one():
+    """A request whose tokens continue a finished one's (its prompt: the other's tokens and one
+    more) is taken for it when only tokens tell; with request ids it is a new request."""
+    tr = _trace("code-edit", 1)[0]
+    prompt = tr.prompt[:600]
+    for with_ids, same in ((False, True), (True, False)):
+        prop = NgramspecProposer.from_limits(K, MAX_LEN, 2, spec=PER_REQUEST)
+        tok = np.zeros((2, MAX_LEN), dtype=np.int32)
+        num = np.zeros(2, dtype=np.int32)
+        tok[0, :600] = prompt
+        num[0] = 600
+        if with_ids:
+            prop.set_request_ids(["a"])
+        prop.propose([[int(prompt[-1])]], num, tok)
+        first = prop.requests.requests[next(iter(prop.requests.requests))]
+        tok[0, 600] = 7                          # request b: a's tokens and one more
+        num[0] = 601
+        if with_ids:
+            prop.set_request_ids(["b"], ["a"])
+        prop.propose([[7]], num, tok)
+        live = list(prop.requests.requests.values())
+        assert len(live) == 1
+        assert (live[0] is first) == same
+
+
+def test_drafts_are_capped_by_k_and_the_row_length():
+    flags = "--spec-type ngram-mod --spec-ngram-mod-n-match 2 --spec-ngram-mod-n-min 1"
+    prop = NgramspecProposer.from_limits(4, 40, 1, spec=flags)
+    tok = np.zeros((1, 40), dtype=np.int32)
+    pattern = np.tile(np.arange(1, 11, dtype=np.int32), 4)
+    for n in (20, 34, 36, 38, 39):
+        tok[0, :n] = pattern[:n]
+        prop.requests.clear()
+        prop._rows = []
+        d = prop.propose([[int(tok[0, n - 1])]], np.array([n], dtype=np.int32), tok)[0]
+        assert len(d) == max(0, min(4, 40 - n - 1)), n
+        assert d == pattern[n:n + len(d)].tolist()
+
+
+def test_spec_flags_fail_as_serve_does(monkeypatch):
+    monkeypatch.setenv(SPEC_ENV, "--spec-type ngram-mod --spec-ngram-mod-n-min 2000")
+    with pytest.raises(ValueError, match=r"NGRAMSPEC_SPEC: --spec-ngram-mod-n-min = 2000 is "
+                                         r"out of range: allowed 0 \.\. 1024"):
+        NgramspecProposer.from_limits(K, MAX_LEN, 2)
+    monkeypatch.setenv(SPEC_ENV, "--spec-type ngram-nope")
+    with pytest.raises(ValueError, match="NGRAMSPEC_SPEC: .*ngram-nope"):
+        NgramspecCorpus(draft_token_num=8)
+    monkeypatch.setenv(SPEC_ENV, "--spec-policy auto --cost-model nowhere.json")
+    with pytest.raises(ValueError, match="NGRAMSPEC_SPEC: --cost-model nowhere.json"):
+        NgramspecCorpus(draft_token_num=8)
+    monkeypatch.setenv(SPEC_ENV, "--spec-ngram-mod-n-max 99x")
+    with pytest.raises(ValueError, match="NGRAMSPEC_SPEC: argument --spec-ngram-mod-n-max"):
+        NgramspecCorpus(draft_token_num=8)
+    monkeypatch.delenv(SPEC_ENV)
+    engine, policy = engine_from_env(1)          # serve's defaults: ngram-mod 8..32, fixed
+    assert [s["type"] for s in engine.stats()] == ["ngram-mod"]
+    assert type(policy).__name__ == "FixedPolicy"
+    monkeypatch.setenv(SPEC_ENV, "--spec-type ngram-suffix --spec-policy auto")
+    assert type(engine_from_env(1)[1]).__name__ == "AutoPolicy"
+
+
+def test_chain_tree_is_sglangs_layout():
+    tokens, mask = chain_tree(5, np.array([6, 7]), 5)
+    assert tokens.tolist() == [5, 6, 7, 0, 0]
+    assert mask.astype(int).tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0],
+                                         [1, 0, 0, 1, 0], [1, 0, 0, 0, 1]]
+
+
+def chain_of(tokens, mask):
+    """The chain below the root of a linear draft tree. The padding hangs off the root: a
+    lone token 0 there is padding (SGLang's own reading of its trees)."""
+    n = 0
+    while n + 1 < len(tokens) and mask[n + 1, n]:
+        n += 1
+    if n == 1 and tokens[1] == 0:
+        n = 0
+    return [int(t) for t in tokens[1:n + 1]]
+
+
+def _corpus_run(corpus, reqs, d, depth):
+    """Requests through the corpus as SGLang's NGRAM worker calls it, two at a time, greedy
+    chain verification against the recorded output; returns each request's drafts."""
+    drafts = {r.id: [] for r in reqs}
+    live = {}
+    queue = list(reqs)
+    while queue or live:
+        while queue and len(live) < 2:
+            r = queue.pop(0)
+            live[r.id] = [r, list(r.prompt) + [int(r.output[0])]]
+        ids = list(live)
+        tails = [live[i][1][-depth:] for i in ids]
+        lens = [len(live[i][1]) for i in ids]
+        toks, masks = corpus.batch_get(ids, tails, lens)
+        assert toks.shape == (len(ids) * d,) and masks.shape == (len(ids) * d * d,)
+        for j, rid in enumerate(ids):
+            r, seq = live[rid]
+            row = toks[j * d:(j + 1) * d]
+            assert row[0] == seq[-1]
+            draft = chain_of(row, masks[j * d * d:(j + 1) * d * d].reshape(d, d))
+            produced = len(seq) - len(r.prompt)
+            rest = r.output[produced:].tolist()
+            acc = 0
+            while acc < len(draft) and acc < len(rest) and draft[acc] == rest[acc]:
+                acc += 1
+            drafts[rid].append(draft)
+            seq.extend(rest[:acc + 1])
+            if len(seq) >= len(r.prompt) + len(r.output):
+                del live[rid]
+                corpus.erase_match_state([rid])
+    return drafts
+
+
+def test_sglang_corpus_drafts_are_spec_engines():
+    """Through batch_get with the worker's tails (all tokens, as register's worker passes) each
+    request drafts what SpecEngine drafts for it alone."""
+    reqs = _trace("code-edit", 4)
+    d = 9
+    corpus = NgramspecCorpus(draft_token_num=d, max_trie_depth=MAX_LEN, spec=PER_REQUEST)
+    got = _corpus_run(corpus, reqs, d, MAX_LEN)
+    for r in reqs:
+        ref = run_recorded(engine_from_env(1, PER_REQUEST)[0], 0, r.prompt, r.output,
+                           record_drafts=True, n_max=d - 1)
+        want = ref.drafts
+        assert got[r.id][:len(want)] == want, r.id
+    assert not corpus.requests.requests            # every request ended
+
+
+def test_sglang_reused_request_id_gets_no_stale_draft():
+    """SGLang issue 38129: a request id used again after others' inserts; ours begins anew."""
+    reqs = _trace("code-edit", 2)
+    d = 6
+    corpus = NgramspecCorpus(draft_token_num=d, max_trie_depth=MAX_LEN, spec=PER_REQUEST)
+    a, b = reqs
+    corpus.batch_get(["x"], [list(a.prompt) + [int(a.output[0])]], [len(a.prompt) + 1])
+    seq = list(b.prompt) + [int(b.output[0])]
+    toks, _ = corpus.batch_get(["x"], [seq], [len(seq)])
+    engine = SpecEngine("ngram-simple,ngram-map-k4v", 1, ngram_map_k4v_reindex=1)
+    ref = run_recorded(engine, 0, b.prompt, b.output, record_drafts=True, n_max=d - 1).drafts[0]
+    assert [int(t) for t in toks[1:1 + len(ref)]] == ref
