@@ -132,7 +132,7 @@ def spec_from_flags(argv, prog: str = "NGRAMSPEC_SPEC", default_cost_model: str 
         argv = shlex.split(argv)
     parser = _RaisingParser(prog=prog, add_help=False)
     add_spec_flags(parser)
-    add_policy_flags(parser, default="fixed")
+    add_policy_flags(parser, default="fixed", cost_default=default_cost_model)
     state_generate_defaults(parser)
     args = parser.parse_args(list(argv))
     name = args.spec_policy
