@@ -45,6 +45,7 @@ from .text import TextStream, token_piece_fn
 from ngramspec.acceptance import AcceptanceEstimator, DraftOutcomes
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop
+from ngramspec.prediction import PredictedEngine, PredictionDrafter
 from ngramspec.registry import parse_types
 from ngramspec.tokens import token_array
 
@@ -64,8 +65,9 @@ PROMPT_S_PER_TOKEN = 1e-3
 class _Request:
     """The decode thread's state of one request."""
 
-    def __init__(self, sched, rid, prompt, sampling, spec, on_token):
+    def __init__(self, sched, rid, prompt, sampling, spec, on_token, prediction=None):
         self.sched = sched
+        self.prediction: Optional[np.ndarray] = prediction   # Predicted Outputs' tokens
         self.id = rid
         self.prompt: np.ndarray = prompt
         self.sampling: SamplingParams = sampling
@@ -337,7 +339,8 @@ class Scheduler:
 
     def submit(self, prompt_tokens, sampling: SamplingParams = SamplingParams(),
                speculation: Optional[SpeculationParams] = None,
-               on_token: Optional[Callable[[List[int], str], None]] = None) -> RequestHandle:
+               on_token: Optional[Callable[[List[int], str], None]] = None,
+               prediction=None) -> RequestHandle:
         """Queue a request.
 
         Parameters
@@ -349,6 +352,10 @@ class Scheduler:
             Default: the whole chain, the scheduler's policy.
         on_token : callable(tokens, text), optional
             Called on the decode thread after every step that emitted tokens.
+        prediction : 1-D sequence of int, optional
+            The expected output's tokens (OpenAI's Predicted Outputs): the request's first draft
+            source (`ngramspec.prediction`), ahead of the chain; unused when speculation is off.
+            The output does not depend on it, only the number of steps.
 
         Returns
         -------
@@ -372,6 +379,10 @@ class Scheduler:
                             f"{type(spec).__name__}")
         self._check_spec(spec)
         prompt = self._check_prompt(prompt_tokens)
+        if prediction is not None:
+            prediction = token_array(prediction, "prediction")
+            if prediction.size and prediction.max() >= self.n_vocab:
+                raise ValueError(f"prediction: token ids must lie in 0 .. {self.n_vocab - 1}")
         for tok in sampling.logit_bias:
             if tok >= self.n_vocab:
                 raise ValueError(f"logit_bias token id {tok} is out of range: allowed "
@@ -383,7 +394,8 @@ class Scheduler:
                 raise RuntimeError("the scheduler is stopped")
             if len(self._queue) >= self.queue_size:
                 raise QueueFull(f"the request queue is full ({self.queue_size} waiting)")
-            req = _Request(self, next(self._ids), prompt, sampling, spec, on_token)
+            req = _Request(self, next(self._ids), prompt, sampling, spec, on_token,
+                           prediction if prediction is not None and prediction.size else None)
             self._queue.append(req)
             self._stats["requests_submitted"] += 1
             self._cond.notify_all()
@@ -630,6 +642,8 @@ class Scheduler:
             r.acceptance = AcceptanceEstimator(MAX_POS, prior=min(max(q1, 0.05), 0.95),
                                                depth=0.95)
         engine = self._engine_for(spec.types) if spec.enabled else None
+        if spec.enabled and r.prediction is not None:
+            engine = PredictedEngine(PredictionDrafter(r.prediction), engine)
         r.loop = SlotLoop(engine, r.slot.id, r.prompt, tok, n_ctx=self.n_ctx_slot,
                           n_predict=r.sampling.max_tokens, policy=_RequestPolicy(self, spec),
                           capacity=self.n_ctx_slot)
@@ -713,6 +727,7 @@ class Scheduler:
         error = error or r.callback_error
         text = r.text.text if r.text is not None else ""
         stop_string = r.text.stop_string if r.text is not None else None
+        engine = r.loop.engine if r.loop is not None else None
         t_first = r.t_first or now
         comp = Completion(
             tokens=list(r.tokens), text=text, finish_reason=reason, prompt_n=int(r.prompt.size),
@@ -720,7 +735,9 @@ class Scheduler:
             prompt_ms=(t_first - r.t_admit) * 1e3 if r.t_admit else 0.0,
             predicted_ms=(now - t_first) * 1e3 if r.t_first else 0.0,
             draft_n=r.draft_n, draft_n_accepted=r.draft_acc, stop_string=stop_string,
-            queued_ms=((r.t_admit or now) - r.t_submit) * 1e3)
+            queued_ms=((r.t_admit or now) - r.t_submit) * 1e3,
+            accepted_prediction_tokens=getattr(engine, "accepted_prediction_tokens", 0),
+            rejected_prediction_tokens=getattr(engine, "rejected_prediction_tokens", 0))
         with self._cond:
             self._stats["requests_finished"] += 1
             self._stats["tokens_predicted"] += len(r.tokens)
