@@ -10,11 +10,10 @@ import os
 import sys
 
 from ngramspec.cli.common import Progress, add_progress_flags, check_writable
+from ngramspec.cli.serve import add_serving_flags, build_app, check_serving_flags
 
 
 def add_parser(subparsers):
-    from ngramspec.cli.serve import add_serving_flags
-
     p = subparsers.add_parser(
         "run-batch", help="answer an OpenAI Batch API file (JSONL) on the batched scheduler",
         description="Each input line {custom_id, method: POST, url: /v1/chat/completions or "
@@ -33,8 +32,6 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from ngramspec.cli.serve import build_app, check_serving_flags
-
     check_serving_flags(args)
     from ngramspec.server.batch import IN_FLIGHT_PER_SLOT, read_done, run_batch, scan_input
 

@@ -26,6 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, Optional, Set, Tuple, Union
 
+import httpx     # the serve extra's: requests go through the app in process (ASGI)
+
 __all__ = ["BatchSummary", "URLS", "read_done", "run_batch", "scan_input"]
 
 URLS = ("/v1/chat/completions", "/v1/completions")
@@ -216,8 +218,6 @@ def _result(cid, response=None, error=None) -> dict:
 
 async def _run(app, scheduler_stats, input_path, writer, done_ids, done_lines, summary,
                in_flight, progress):
-    import httpx     # the serve extra's dependency
-
     transport = httpx.ASGITransport(app=app)
     sem = asyncio.Semaphore(in_flight)
     t0 = time.perf_counter()
