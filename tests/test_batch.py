@@ -89,11 +89,14 @@ def test_bad_lines_become_their_errors_and_the_batch_goes_on(tmp_path, capsys):
                  {**_completion("wrong-url"), "url": "/v1/embeddings"},
                  _completion("bad-body", temperature="hot"),
                  {"method": "POST", "url": "/v1/completions", "body": {}},
-                 _completion("streamed", stream=True)])
+                 _completion("streamed", stream=True),
+                 _completion("long-prediction", prediction={"type": "content",
+                                                            "content": "word " * 1500}),
+                 _completion("file-prediction", prediction={"type": "file", "content": "x"})])
     res = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS)
     assert res.returncode == 0, res.stderr
     results = _read(out)
-    assert len(results) == 6 and "6 lines: 6 done (5 errors)" in res.stderr
+    assert len(results) == 8 and "8 lines: 8 done (7 errors)" in res.stderr
     by_id = {r["custom_id"]: r for r in results}
     Completion.model_validate(by_id["ok"]["response"]["body"])
     errors = {r["custom_id"]: BatchError.model_validate(r["error"]) for r in results
@@ -103,13 +106,16 @@ def test_bad_lines_become_their_errors_and_the_batch_goes_on(tmp_path, capsys):
     assert by_id["bad-body"]["response"]["status_code"] == 400     # the server's own 400 body
     assert "temperature" in by_id["bad-body"]["response"]["body"]["error"]["message"]
     assert errors["streamed"].param == "body.stream"
+    assert errors["long-prediction"].param == "prediction"
+    assert "longer than any output" in errors["long-prediction"].message
+    assert errors["file-prediction"].param.startswith("prediction")
     # lines without a custom_id are reported by line number
     no_id = sorted(r["error"]["line"] for r in results if r["custom_id"] is None)
     assert no_id == [1, 5]
     # a rerun finds everything done
     res = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS)
-    assert res.returncode == 0 and len(_read(out)) == 6
-    assert "6 already in the output" in res.stderr
+    assert res.returncode == 0 and len(_read(out)) == 8
+    assert "8 already in the output" in res.stderr
 
 
 def test_duplicate_custom_ids_are_refused_before_any_work(tmp_path, capsys):
@@ -188,6 +194,8 @@ def test_a_prediction_leaves_greedy_output_unchanged(sched):
             assert done.rejected_prediction_tokens < done.accepted_prediction_tokens
     with pytest.raises(ValueError, match="prediction"):
         sched.submit(prompt, greedy, prediction=[sched.n_vocab])
+    with pytest.raises(ValueError, match="prediction: 1025 tokens is longer"):
+        sched.submit(prompt, greedy, prediction=[5] * (sched.n_ctx_slot + 1))
 
 
 def _post(app, path, body):

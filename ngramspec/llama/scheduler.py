@@ -67,7 +67,7 @@ class _Request:
 
     def __init__(self, sched, rid, prompt, sampling, spec, on_token, prediction=None):
         self.sched = sched
-        self.prediction: Optional[np.ndarray] = prediction   # Predicted Outputs' tokens
+        self.prediction: Optional[PredictionDrafter] = prediction   # Predicted Outputs
         self.id = rid
         self.prompt: np.ndarray = prompt
         self.sampling: SamplingParams = sampling
@@ -379,10 +379,7 @@ class Scheduler:
                             f"{type(spec).__name__}")
         self._check_spec(spec)
         prompt = self._check_prompt(prompt_tokens)
-        if prediction is not None:
-            prediction = token_array(prediction, "prediction")
-            if prediction.size and prediction.max() >= self.n_vocab:
-                raise ValueError(f"prediction: token ids must lie in 0 .. {self.n_vocab - 1}")
+        drafter = self._check_prediction(prediction) if prediction is not None else None
         for tok in sampling.logit_bias:
             if tok >= self.n_vocab:
                 raise ValueError(f"logit_bias token id {tok} is out of range: allowed "
@@ -394,8 +391,7 @@ class Scheduler:
                 raise RuntimeError("the scheduler is stopped")
             if len(self._queue) >= self.queue_size:
                 raise QueueFull(f"the request queue is full ({self.queue_size} waiting)")
-            req = _Request(self, next(self._ids), prompt, sampling, spec, on_token,
-                           prediction if prediction is not None and prediction.size else None)
+            req = _Request(self, next(self._ids), prompt, sampling, spec, on_token, drafter)
             self._queue.append(req)
             self._stats["requests_submitted"] += 1
             self._cond.notify_all()
@@ -413,6 +409,18 @@ class Scheduler:
                              f"context (n_ctx {self.n_ctx} / {self.n_slots} slots = "
                              f"{self.n_ctx_slot} tokens, one kept for the first output token)")
         return arr
+
+    def _check_prediction(self, prediction) -> Optional[PredictionDrafter]:
+        # Its index is built here, on the submitting thread, not on the decode thread.
+        arr = token_array(prediction, "prediction")
+        if arr.size == 0:
+            return None
+        if arr.max() >= self.n_vocab:
+            raise ValueError(f"prediction: token ids must lie in 0 .. {self.n_vocab - 1}")
+        if arr.size > self.n_ctx_slot:
+            raise ValueError(f"prediction: {arr.size} tokens is longer than any output can be "
+                             f"(a slot's context: {self.n_ctx_slot} tokens)")
+        return PredictionDrafter(arr)
 
     def _check_spec(self, spec: SpeculationParams) -> None:
         if spec.types is not None:
@@ -643,7 +651,7 @@ class Scheduler:
                                                depth=0.95)
         engine = self._engine_for(spec.types) if spec.enabled else None
         if spec.enabled and r.prediction is not None:
-            engine = PredictedEngine(PredictionDrafter(r.prediction), engine)
+            engine = PredictedEngine(r.prediction, engine)
         r.loop = SlotLoop(engine, r.slot.id, r.prompt, tok, n_ctx=self.n_ctx_slot,
                           n_predict=r.sampling.max_tokens, policy=_RequestPolicy(self, spec),
                           capacity=self.n_ctx_slot)

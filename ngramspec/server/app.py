@@ -240,7 +240,8 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
         prediction = None
         if body.prediction is not None:
             prediction = await bridge.run(tokenize_output, scheduler.llm, body.prediction.text())
-        with _errors_as_400(prompt_field, {n: n for n in SAMPLING_FIELDS + ("logit_bias",)}):
+        names = {n: n for n in SAMPLING_FIELDS + ("logit_bias", "prediction")}
+        with _errors_as_400(prompt_field, names):
             handle = await bridge.submit(tokens, sampling, speculation, prediction=prediction,
                                          scheduler=others.get(name))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
