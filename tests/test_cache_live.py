@@ -17,9 +17,10 @@ from ngramspec import SpecEngine  # noqa: E402
 from ngramspec._cache import NgramCache  # noqa: E402
 from ngramspec.cache_file import load_cache  # noqa: E402
 from ngramspec.cli import main as cli_main  # noqa: E402
-from ngramspec.llama import (divergence_report, generate_plain,  # noqa: E402
-                            generate_speculative, load_model, tokenize_prompt)
+from ngramspec.llama import (generate_plain, generate_speculative, load_model,  # noqa: E402
+                             tokenize_prompt)
 from ngramspec.llama.model import default_model_path  # noqa: E402
+from greedy import assert_same_greedy  # noqa: E402
 
 N_CTX = 512
 N_PREDICT = 24
@@ -41,13 +42,6 @@ def ngrams_of(tokens):
     c = NgramCache()
     c.update(np.asarray(tokens, dtype=np.int32), 1, 4)
     return c
-
-
-def assert_same_greedy(llm, prompt, spec_tokens, plain_tokens):
-    """Equal outputs, or a first difference explained by float noise (see test_live.py)."""
-    if list(spec_tokens) != list(plain_tokens):
-        rep = divergence_report(llm, prompt, spec_tokens, plain_tokens)
-        assert rep is not None and rep.within_noise(), rep
 
 
 def test_generation_merges_into_the_dynamic_file(llm, prompt, tmp_path):

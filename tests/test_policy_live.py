@@ -11,7 +11,8 @@ from ngramspec.cost import PROFILES  # noqa: E402
 from ngramspec.llama import generate_plain, generate_speculative, load_model  # noqa: E402
 from ngramspec.llama import tokenize_prompt  # noqa: E402
 from ngramspec.policy import AutoPolicy  # noqa: E402
-from test_live import EXAMPLE, assert_same_greedy  # noqa: E402
+from greedy import assert_same_greedy  # noqa: E402
+from test_live import EXAMPLE  # noqa: E402
 
 N_CTX = 768
 N_PREDICT = 96

@@ -13,7 +13,8 @@ from ngramspec.engine import SpecEngine
 from ngramspec.llama import calibration
 from ngramspec.llama.decoder import check_engine_models
 from ngramspec.llama.draft_model import check_draft_model_file
-from ngramspec.llama.live import divergence_report, generate_plain, generate_speculative
+from ngramspec.llama.divergence import divergence_report
+from ngramspec.llama.live import generate_plain, generate_speculative
 from ngramspec.llama.model import load_model
 from ngramspec.llama.tokenizer import tokenize_prompt
 from ngramspec.tokens import token_array
@@ -246,7 +247,7 @@ def _print_text(res, spec, plain):
         div = res.get("divergence")
         if div:
             lines.append(f"  first difference at output token {div['index']}: logit gap "
-                         f"{div['gap']:.4f}, batched/single-token logit noise {div['noise']:.4f} "
+                         f"{div['gap']:.4f}, float noise across decode paths {div['noise']:.4f} "
                          f"({'within' if div['within_float_noise'] else 'NOT within'} float noise)")
     if "policy" in res:
         pol = res["policy"]

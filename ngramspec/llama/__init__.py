@@ -3,6 +3,7 @@
 * `model`: the embedded GGUF, loading a model; `repack`: llama.cpp's weight repacking (AMX);
 * `decoder`: the batch decoder over a llama.cpp context; `tokenizer`: text <-> tokens;
 * `live`: greedy speculative generation (the `ngramspec.loop.SlotLoop` on a live context);
+* `divergence`: why two greedy outputs differ (llama.cpp's float noise, measured per path);
 * `scheduler`: the batched multi-slot engine with sampling (`params`, `sampling`, `joint`, ...);
 * `draft_model`: the ``draft-simple`` proposer; `calibration`: the measured verify-cost curve;
 * `plugin`: a ``llama_cpp.Llama(draft_model=...)`` plug-in (imports llama_cpp on import).
@@ -17,8 +18,8 @@ import importlib as _importlib
 # Public names -> their module, imported on first use: `import ngramspec.llama.repack` (the
 # command line's flags) then loads that module only, not the scheduler and the drivers.
 _EXPORTS = {
-    "live": ("DivergenceReport", "GenerationResult", "divergence_report", "first_divergence",
-             "generate_plain", "generate_speculative"),
+    "divergence": ("DivergenceReport", "divergence_report", "first_divergence"),
+    "live": ("GenerationResult", "generate_plain", "generate_speculative"),
     "model": ("ModelNotFoundError", "default_model_path", "load_model"),
     "params": ("SamplingParams", "SpeculationParams"),
     "scheduler": ("Chunk", "Completion", "QueueFull", "RequestHandle", "Scheduler"),

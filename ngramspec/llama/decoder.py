@@ -13,10 +13,12 @@ from typing import Optional
 
 import numpy as np
 
+from ngramspec.tokens import token_array
+
 from .model import require_llama_cpp
 
 __all__ = ["Decoder", "check_engine_models", "check_prompt", "finish_request", "prompt_pass",
-           "reset_context", "target_decoder"]
+           "reset_context", "target_and_prompt", "target_decoder"]
 
 
 class Decoder:
@@ -159,6 +161,15 @@ def target_decoder(llm) -> Decoder:
             dec.n_ctx = asked
         llm._ngramspec_decoder = dec
     return dec
+
+
+def target_and_prompt(llm, prompt_tokens):
+    """``llm``'s target `Decoder` and ``prompt_tokens`` as an int32 array, checked against the
+    model's vocabulary and context (`check_prompt`)."""
+    dec = target_decoder(llm)
+    prompt = token_array(prompt_tokens, "prompt_tokens", non_empty=True)
+    check_prompt(dec, prompt)
+    return dec, prompt
 
 
 def reset_context(llm, dec: Decoder) -> None:

@@ -3,7 +3,8 @@
 The driver decodes through `ngramspec.llama.decoder` (llama.cpp's low-level C API);
 ``llama_cpp.Llama`` is only used to load the model and to tokenize. Verification is greedy: the
 draft is accepted up to the first position where the target's argmax differs, so the output is
-the plain greedy output (up to ties within float noise, see :func:`divergence_report`); only the
+the plain greedy output (up to ties within float noise, see
+`ngramspec.llama.divergence`); only the
 speed changes.
 
 Per request: prompt pass, first token = argmax of the prompt's last logits (no speculation on
@@ -16,23 +17,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from ngramspec.cache_file import as_path, merge_into_dynamic
 from ngramspec.loop import SlotLoop
 from ngramspec.registry import TYPES
-from ngramspec.tokens import token_array
 
-from .decoder import (check_engine_models, check_prompt, finish_request, prompt_pass, reset_context,
-                      target_decoder)
+from .decoder import check_engine_models, finish_request, prompt_pass, target_and_prompt
 from .tokenizer import detokenize
 
-__all__ = [
-    "GenerationResult", "DivergenceReport", "generate_speculative", "generate_plain",
-    "first_divergence", "divergence_report",
-]
+__all__ = ["GenerationResult", "generate_speculative", "generate_plain"]
 
 # Proposers that run a model of their own (draft-simple): their time is the draft model's.
 _MODEL_TYPES = frozenset(name for name, spec in TYPES.items() if spec.live)
@@ -133,14 +129,6 @@ class GenerationResult:
                 "stats": self.stats}
 
 
-def _target_and_prompt(llm, prompt_tokens):
-    """The target decoder of ``llm`` and the prompt, checked against its vocabulary and context."""
-    dec = target_decoder(llm)
-    prompt = token_array(prompt_tokens, "prompt_tokens", non_empty=True)
-    check_prompt(dec, prompt)
-    return dec, prompt
-
-
 def _draft_time_us(stats) -> int:
     return sum(int(s["t_begin_us"]) + int(s["t_draft_us"]) + int(s["t_accept_us"])
                for s in stats if s.get("type") in _MODEL_TYPES)
@@ -188,7 +176,7 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         update_dynamic_cache = as_path("update_dynamic_cache", update_dynamic_cache)
     if engine is not None:
         check_engine_models(llm, engine)
-    dec, prompt = _target_and_prompt(llm, prompt_tokens)
+    dec, prompt = target_and_prompt(llm, prompt_tokens)
     n_ctx = dec.n_ctx
     pc = time.perf_counter
 
@@ -284,7 +272,7 @@ def generate_plain(llm, prompt_tokens, *, n_predict: int = -1) -> GenerationResu
     -----
     Thread-safety: not thread-safe; one request at a time per ``llm``.
     """
-    dec, prompt = _target_and_prompt(llm, prompt_tokens)
+    dec, prompt = target_and_prompt(llm, prompt_tokens)
     n_ctx = dec.n_ctx
     pc = time.perf_counter
     out: List[int] = []
@@ -319,132 +307,3 @@ def generate_plain(llm, prompt_tokens, *, n_predict: int = -1) -> GenerationResu
                            prompt_reused=reused)
     finish_request(llm, dec, prompt.size)
     return res
-
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
-    """Index of the first position where ``a`` and ``b`` differ (length included), else ``None``."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if int(a[i]) != int(b[i]):
-            return i
-    return None if len(a) == len(b) else n
-
-
-@dataclass
-class DivergenceReport:
-    """The target's view at the first position where two greedy outputs of one prompt differ.
-
-    The logits are computed twice for the common context: ``single`` as plain decoding does (the
-    prompt in one pass, then one token per decode) and ``batched`` with the output tokens in one
-    multi-token decode, as verification does. llama.cpp's CPU kernels take different code paths
-    for one-token and multi-token batches, so the two differ in their low bits, and through the
-    quantized activations of every layer, by up to about 1 logit on the embedded model
-    (``noise``). A speculative output may legitimately leave the plain one only where both
-    chosen tokens' logits lie within that noise of the best one (a near tie of the two best
-    candidates, or of three or more, when the batched path ranks a third one first).
-
-    Attributes
-    ----------
-    index : int
-        Output position of the divergence.
-    token_a, token_b : int
-        The tokens the two runs chose there (``-1`` where a run had already stopped).
-    logit_a, logit_b : float
-        Their single-token-path logits.
-    top1, top2 : float
-        The two largest single-token-path logits.
-    gap : float
-        ``|logit_a - logit_b|``.
-    noise : float
-        ``max |single - batched|`` over the vocabulary at this position.
-    rel_gap : float
-        ``gap / max(1, |top1|)``.
-
-    Notes
-    -----
-    Thread-safety: plain data, never modified by ngramspec once returned.
-    """
-
-    index: int
-    token_a: int
-    token_b: int
-    logit_a: float
-    logit_b: float
-    top1: float
-    top2: float
-    gap: float
-    noise: float
-    rel_gap: float
-
-    def within_noise(self) -> bool:
-        """True when both chosen tokens' logits lie within ``noise`` of the best logit.
-
-        Either run may then have picked its token legitimately: the batched path's logits move
-        by up to ``noise`` from the single-token path's, enough to reorder such candidates.
-        """
-        if self.token_a < 0 or self.token_b < 0:
-            return False
-        return bool(self.top1 - min(self.logit_a, self.logit_b) <= self.noise)
-
-    def to_dict(self) -> Dict[str, Any]:
-        d = dict(self.__dict__)
-        d["within_float_noise"] = self.within_noise()
-        return d
-
-
-def divergence_report(llm, prompt_tokens, out_a: Sequence[int],
-                      out_b: Sequence[int]) -> Optional[DivergenceReport]:
-    """Explain why two greedy outputs of the same prompt differ, or ``None`` when they do not.
-
-    Decodes the common context ``prompt + out[:i]`` (``i`` = first difference) along the plain
-    path and along a batched path and compares the logits at ``i``; see :class:`DivergenceReport`.
-    """
-    i = first_divergence(out_a, out_b)
-    if i is None:
-        return None
-    dec, prompt = _target_and_prompt(llm, prompt_tokens)
-    common = np.asarray([int(t) for t in out_a[:i]], dtype=np.int32)
-    if prompt.size + common.size > dec.n_ctx:
-        raise ValueError("the divergence lies beyond the model's context")
-    P = prompt.size
-    keep_cache = False
-    try:
-        if common.size == 0:
-            # Both runs chose from the prompt pass itself: one computation, no noise.
-            reset_context(llm, dec)
-            single = batched = np.array(dec.decode(prompt, 0, all_logits=False)[0], np.float64)
-        else:
-            # The prompt's KV (batched, as in every run) is shared by both paths: reuse it.
-            prompt_pass(llm, dec, prompt)
-            for j in range(common.size):
-                row = dec.decode(common[j:j + 1], P + j, all_logits=False)[0]
-            single = np.array(row, dtype=np.float64)
-            if common.size >= 2:
-                dec.seq_rm(P)
-                # n_batch chunks, the last one at least 2 tokens long (a 1-token batch would
-                # take the single-token kernels again).
-                bounds = list(range(0, common.size, max(2, dec.n_batch))) + [common.size]
-                if bounds[-1] - bounds[-2] < 2:
-                    bounds[-2] -= 1
-                for lo, hi in zip(bounds[:-1], bounds[1:]):
-                    row = dec.decode(common[lo:hi], P + lo, all_logits=False)[0]
-                keep_cache = True
-            else:
-                dec.seq_rm(P - 1)  # re-decodes the prompt's last position: the cache is spent
-                row = dec.decode(np.array([prompt[-1], common[0]], np.int32), P - 1,
-                                 all_logits=False)[0]
-            batched = np.array(row, dtype=np.float64)
-    finally:
-        if keep_cache:
-            finish_request(llm, dec, P)
-        else:
-            reset_context(llm, dec)
-    ta = int(out_a[i]) if i < len(out_a) else -1
-    tb = int(out_b[i]) if i < len(out_b) else -1
-    la = float(single[ta]) if ta >= 0 else float("nan")
-    lb = float(single[tb]) if tb >= 0 else float("nan")
-    top = np.sort(single)[-2:]
-    top1, top2 = float(top[1]), float(top[0])
-    gap = abs(la - lb) if ta >= 0 and tb >= 0 else float("inf")
-    noise = float(np.max(np.abs(single - batched)))
-    return DivergenceReport(i, ta, tb, la, lb, top1, top2, gap, noise, gap / max(1.0, abs(top1)))
