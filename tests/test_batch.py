@@ -198,6 +198,20 @@ def test_a_prediction_leaves_greedy_output_unchanged(sched):
         sched.submit(prompt, greedy, prediction=[5] * (sched.n_ctx_slot + 1))
 
 
+def test_a_prediction_leaves_a_seeded_sample_unchanged(sched):
+    # Each output position is sampled once, in order, from one seeded chain whether or not a
+    # draft is being verified (sample_run): the same seed gives the same tokens, so the
+    # distribution is the plain one.
+    prompt_text, code = _code_edit()
+    prompt = sched.tokenize(prompt_text)
+    sampled = SamplingParams(temperature=0.7, seed=1234, max_tokens=48)
+    plain = sched.submit(prompt, sampled).result()
+    pred = sched.tokenize(code, add_bos=False, special=False)
+    done = sched.submit(prompt, sampled, prediction=pred).result()
+    assert done.tokens == plain.tokens
+    assert done.accepted_prediction_tokens > 0
+
+
 def _post(app, path, body):
     from fastapi.testclient import TestClient
     with TestClient(app) as client:
