@@ -316,7 +316,8 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
     async def _stream(handle, n_prompt, include_usage, envelope, choice, opening=(),
                       predicted=False):
         """SSE events of a streamed request: ``envelope(choices, **extra)`` builds one chunk,
-        ``choice(text, finish)`` one choice (``text`` None: the closing choice)."""
+        ``choice(text, finish)`` one choice (``text`` None: the closing choice; a choice of None
+        sends no chunk)."""
         for chunk in opening:
             yield _sse(chunk)
         try:
@@ -324,7 +325,9 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
                 if piece is None:
                     yield ": keep-alive\n\n"
                 elif piece.text:
-                    yield _sse(envelope([choice(piece.text, None)]))
+                    c = choice(piece.text, None)
+                    if c is not None:      # None: all held back (a possible reasoning tag)
+                        yield _sse(envelope([c]))
             done = await bridge.result(handle)
             metrics.observe_completion(done)
         except Exception as exc:  # the response has started: report in the stream, as OpenAI
@@ -362,6 +365,8 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
                 # the closing choice releases what the splitter still holds
                 reasoning, text = splitter.push(text) if text is not None else splitter.finish()
                 reasoning, text = reasoning or None, text or None
+                if finish is None and reasoning is None and text is None:
+                    return None
             return schemas.ChatChunkChoice(
                 delta=schemas.ChatDelta(role=role, content=text, reasoning_content=reasoning),
                 finish_reason=finish)
