@@ -21,13 +21,13 @@ save removes the temporary files of saves that were killed before their rename.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat
 import tempfile
 from typing import Iterable, Iterator, Sequence, Union
 
 from ngramspec._cache import CacheFileError, NgramCache
+from ngramspec.files import NotRegularFileError, not_regular, open_regular
 
 try:
     import fcntl
@@ -98,20 +98,7 @@ def load_cache(path: PathLike) -> NgramCache:
     Thread-safety: parsing runs without the GIL; the returned cache is new and unshared.
     """
     path = os.fspath(path)
-    # O_NONBLOCK: opening a FIFO must not wait for a writer; then only regular files are read
-    # (a FIFO, /dev/zero or /dev/urandom would block or never end)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = _FILE_KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
-            raise NotRegularFileError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
-                                      f"is a {kind}: n-gram caches are read from regular "
-                                      f"files only", path)
-    except BaseException:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as f:
+    with open_regular(path, "n-gram caches") as f:
         data = f.read()
     return NgramCache.from_bytes(data, source=path)
 
@@ -148,14 +135,6 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     _write_regular(_resolve_target(path), data)
 
 
-class NotRegularFileError(OSError):
-    """A cache file path names something other than a regular file.
-
-    A directory, a device, a FIFO or a socket, which a load would block on and a save must not
-    replace. An `OSError` with the errno, message and path.
-    """
-
-
 def _resolve_target(path: PathLike) -> str:
     """The real path a save to ``path`` writes: symbolic links resolved (a dangling link gives
     its target, which the save creates). Raises `NotRegularFileError` if something other than a
@@ -167,16 +146,9 @@ def _resolve_target(path: PathLike) -> str:
     except FileNotFoundError:
         return real
     if not stat.S_ISREG(st.st_mode):
-        kind = _FILE_KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
         where = path if real == os.path.abspath(path) else f"{path} (-> {real})"
-        raise NotRegularFileError(
-            errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
-            f"is a {kind}: n-gram caches are saved to regular files only", where)
+        raise not_regular(st.st_mode, "n-gram caches are saved to regular files only", where)
     return real
-
-
-_FILE_KINDS = {stat.S_IFDIR: "directory", stat.S_IFCHR: "character device",
-               stat.S_IFBLK: "block device", stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket"}
 
 
 def _temp_prefix(real: str) -> str:

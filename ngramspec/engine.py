@@ -47,6 +47,9 @@ class SpecEngine(Engine):
     ValueError
         An unknown or unsupported spec type, a value out of range (the message names the
         keyword and the allowed range).
+    MemoryError
+        An `n_slots` whose per-slot state would need more than the machine's memory
+        (`ngramspec.registry.check_slot_memory`), or an allocation refused.
 
     Notes
     -----

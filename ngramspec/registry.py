@@ -23,10 +23,14 @@ from ngramspec._suffix import SuffixProposer
 from ngramspec.cache_file import NgramCache, as_path, load_cache
 
 __all__ = ["CacheFile", "Param", "SpecType", "TYPES", "UNSUPPORTED", "all_params",
-           "build_proposers", "check_values", "parse_types"]
+           "build_proposers", "check_slot_memory", "check_values", "parse_types"]
 
 # Names llama-server accepts but ngramspec cannot run.
 UNSUPPORTED = ("draft-eagle3", "draft-mtp", "draft-dflash")
+# ngram-map's per-slot hash index (MAP_INDEX_SIZE uint32 in _map.pyx).
+MAP_SLOT_BYTES = 1 << 20
+# The engine's and every proposer's per-slot bookkeeping, at least (flags, draft positions).
+SLOT_BASE_BYTES = 32
 
 
 class CacheFile:
@@ -168,6 +172,10 @@ class SpecType:
         Drafts from the shared ngram-mod ``ModPool``.
     live : bool
         Needs a live model (its flags exist on ``generate`` only).
+    slot_bytes : int
+        Bytes each slot's state takes at least, allocated when the proposer is built (ngram-map's
+        hash index); `build_proposers` refuses an ``n_slots`` whose total exceeds the machine's
+        memory.
 
     Notes
     -----
@@ -180,6 +188,7 @@ class SpecType:
     builder: Callable | None = None
     uses_pool: bool = False
     live: bool = False           # needs a live model (its flags only on ``generate``)
+    slot_bytes: int = 0
 
 
 def _lazy(module: str, func: str) -> Callable:
@@ -279,9 +288,10 @@ TYPES: dict[str, SpecType] = _types(
               help="newest prompt tokens stored with each output"),
     ), _suffix),
     SpecType("ngram-simple", _nm("ngram_simple_"), _simple),
-    SpecType("ngram-map-k", _nm("ngram_map_k_", reindex=True), _map("ngram_map_k_", True)),
+    SpecType("ngram-map-k", _nm("ngram_map_k_", reindex=True), _map("ngram_map_k_", True),
+             slot_bytes=MAP_SLOT_BYTES),
     SpecType("ngram-map-k4v", _nm("ngram_map_k4v_", reindex=True),
-             _map("ngram_map_k4v_", False)),
+             _map("ngram_map_k4v_", False), slot_bytes=MAP_SLOT_BYTES),
     SpecType("ngram-mod", (
         Param("ngram_mod_n_match", 24, 1, 1024, help="n-gram length"),
         Param("ngram_mod_n_min", 48, 0, 1024, help="minimum draft length (<= n-max)"),
@@ -406,6 +416,42 @@ def check_values(spec_type, params: dict, *, by_flag: bool = False) -> dict:
     return values
 
 
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system
+        return None
+
+
+def check_slot_memory(types, n_slots: int) -> None:
+    """Refuse an ``n_slots`` whose per-slot state could not fit this machine's memory.
+
+    The allocations are lazy, so without this check a huge count (``n_slots = 10**7`` with
+    ngram-map-k: 10 TB of hash indexes) is not refused up front but grows until the kernel
+    kills the process.
+
+    Parameters
+    ----------
+    types : list of str
+        The chain (`parse_types`).
+    n_slots : int
+
+    Raises
+    ------
+    MemoryError
+        ``n_slots = N is out of range: allowed 1 .. M``, with what a slot needs and the memory
+        (a MemoryError as the allocation's own would be: the command line names ``--slots``).
+    """
+    per_slot = SLOT_BASE_BYTES * (1 + len(types)) + sum(TYPES[t].slot_bytes for t in types)
+    memory = _physical_memory()
+    if memory is None or n_slots * per_slot <= memory:
+        return
+    raise MemoryError(f"n_slots = {n_slots} is out of range: allowed 1 .. {memory // per_slot} "
+                     f"(the proposers' per-slot state takes at least {per_slot} bytes a slot, "
+                     f"{n_slots * per_slot / 2**30:.1f} GiB in all, more than this machine's "
+                     f"{memory / 2**30:.1f} GiB of memory)")
+
+
 def build_proposers(spec_type, n_slots: int, pool, params: dict) -> list:
     """Check `params` and build the chain's proposers in priority order.
 
@@ -429,9 +475,12 @@ def build_proposers(spec_type, n_slots: int, pool, params: dict) -> list:
     ------
     TypeError, ValueError
         As `check_values`.
+    MemoryError
+        `check_slot_memory`.
     """
     types = parse_types(spec_type)
     values = check_values(types, params)
+    check_slot_memory(types, n_slots)
     if pool is None and any(TYPES[t].uses_pool for t in types):
         pool = ModPool()
     return [TYPES[t].builder(n_slots, pool, values) for t in types]

@@ -4,6 +4,7 @@ Every problem is a `TraceError` whose message names the file and, where there is
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -13,6 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ngramspec.files import open_regular
 from ngramspec.tokens import token_array
 
 #: Longest line read (bytes): about 35M token ids; a longer one is refused with its file:line
@@ -59,10 +61,17 @@ def _tokens(value, path, lineno, field):
         raise TraceError(str(exc)) from None
 
 
+@contextlib.contextmanager
 def _open(path):
     """The file as bytes: each line is decoded on its own, so an encoding error names its line
-    (a text wrapper decodes whole chunks ahead of the line being read)."""
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    (a text wrapper decodes whole chunks ahead of the line being read). A FIFO, device or
+    directory is refused (`open_regular`): reading it would block or never end."""
+    with open_regular(path, "traces and logs") as f:
+        if path.endswith(".gz"):
+            with gzip.GzipFile(fileobj=f, mode="rb") as gz:
+                yield gz
+        else:
+            yield f
 
 
 def _lines(f, path, max_line_bytes):

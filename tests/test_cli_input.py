@@ -92,12 +92,14 @@ def test_replay_numeric_flags_one_line(tmp_path, capsys, flags, needles):
 
 
 def test_memory_error_is_one_line(tmp_path):
-    """An allocation the machine refuses (address-space limit): one line, exit 2."""
+    """An allocation the machine refuses (address-space limit): one line, exit 2. 2048 slots
+    of ngram-map-k: 2 GiB of hash indexes, within the machine's memory (more would be refused
+    before allocating, test_request_bounds.py), beyond this process's 1 GiB."""
     path = write(tmp_path / "t.jsonl", GOOD + "\n")
     code = ("import resource, sys; from ngramspec.cli import main; "
             "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
             f"sys.exit(main(['replay', {path!r}, '--spec-type', 'ngram-map-k', "
-            "'--slots', '65536']))")
+            "'--slots', '2048']))")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=300)

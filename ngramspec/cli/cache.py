@@ -17,6 +17,7 @@ import numpy as np
 from ngramspec.cache_file import NGRAM_STATIC, build_static_cache, load_cache, save_cache
 from ngramspec.cli.common import (Progress, add_model_flags, add_progress_flags, check_writable,
                                   int_arg)
+from ngramspec.files import open_regular
 from ngramspec.llama.model import default_model_path, require_llama_cpp
 from ngramspec.llama.tokenizer import tokenize_corpus
 from ngramspec.traces import read_requests
@@ -114,7 +115,7 @@ def _text_sequences(text_path, model_path):
         raise ValueError("--text needs llama-cpp-python (pip install 'ngramspec[live]')") from None
     if model_path is None:
         model_path = default_model_path()   # ModelNotFoundError says to pass --model
-    with open(text_path, "rb") as f:
+    with open_regular(text_path, "texts") as f:
         data = f.read()
     try:
         data.decode("utf-8")

@@ -42,8 +42,21 @@ def add_parser(subparsers):
     p.add_argument("--port", type=int_arg(0, 65535), default=8080,
                    help="port to bind, 0 = any free port (default %(default)s)")
     p.add_argument("--api-key", metavar="KEY", default=os.environ.get("NGRAMSPEC_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on the API (comma list for several "
-                        "keys; default: $NGRAMSPEC_API_KEY, else no key)")
+                   help="require 'Authorization: Bearer KEY' on the API and its /openapi.json "
+                        "(the /docs pages are then off); comma list for several keys, an empty "
+                        "or blank key is refused (default: $NGRAMSPEC_API_KEY, else no key)")
+    p.add_argument("--max-body-size", type=int_arg(1024), default=None, metavar="BYTES",
+                   help="largest request body; a larger one is answered 413 before it is read "
+                        "(default 8 MiB)")
+    p.add_argument("--read-timeout", type=bounded(float, 0.001), default=None, metavar="S",
+                   help="seconds a client may take to send a request's headers, and then its "
+                        "body, before the connection is closed (headers) or answered 408 "
+                        "(body) (default 30)")
+    p.add_argument("--escape-special-in-input", action="store_true",
+                   help="tokenize chat messages' content as plain text: '<|im_start|>' in a "
+                        "message stays text instead of becoming the special token, so a user "
+                        "cannot forge system turns (llama-server parses it; default: parsed, "
+                        "as llama-server)")
     p.add_argument("--timeout-graceful-shutdown", type=bounded(float, 0.0), default=GRACEFUL_S,
                    metavar="S", help="seconds running requests may finish after SIGTERM before "
                                      "they are cancelled (default %(default)s)")
@@ -167,23 +180,38 @@ def run(args) -> int:
     check_serving_flags(args)
     import uvicorn
 
+    from ngramspec.server import limits
+    from ngramspec.server.auth import parse_api_keys
+    from ngramspec.server.shutdown import DRAIN_S, DrainingServer
+
+    parse_api_keys(args.api_key)  # a blank key fails here, before the model loads
+    max_body = args.max_body_size or limits.MAX_BODY_SIZE
+    read_timeout = args.read_timeout or limits.READ_TIMEOUT_S
     sock = _bind(args.host, args.port)
     try:
         app, _, name = build_app(args, api_key=args.api_key,
-                                 stop_timeout=max(5.0, args.timeout_graceful_shutdown))
+                                 stop_timeout=max(5.0, args.timeout_graceful_shutdown),
+                                 max_body_size=max_body, read_timeout=read_timeout,
+                                 special_in_content=not args.escape_special_in_input)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         # One line a supervisor (or a test) can wait for, printed before requests are served.
         sys.stdout.write(f"ngramspec serve: model {name}, {args.slots} slots, listening on "
                          f"http://{shown}:{port}\n")
         sys.stdout.flush()
-        config = uvicorn.Config(app, log_level=args.log_level, lifespan="on",
-                                timeout_graceful_shutdown=args.timeout_graceful_shutdown)
+        # The h11 protocol with a deadline on request headers (uvicorn has none); the
+        # DrainingServer ends the requests still running when the grace period is over, and
+        # uvicorn gives their answers DRAIN_S more seconds.
+        config = uvicorn.Config(
+            app, log_level=args.log_level, lifespan="on",
+            http=limits.HeaderTimeoutH11Protocol.with_header_timeout(read_timeout),
+            timeout_graceful_shutdown=args.timeout_graceful_shutdown + DRAIN_S)
         # uvicorn re-raises the signal that stopped it once it has shut down; a no-op handler
         # makes that graceful stop an ordinary exit (code 0) instead of a death by SIGTERM.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: None)
-        uvicorn.Server(config).run(sockets=[sock])
+        DrainingServer(config, app.state.drain, args.timeout_graceful_shutdown).run(
+            sockets=[sock])
     finally:
         sock.close()
     return 0

@@ -18,6 +18,15 @@ __all__ = ["SamplingParams", "SpeculationParams", "POLICIES"]
 POLICIES = ("fixed", "auto")
 #: Largest per-request draft bound (the proposers' own parameters stop at 1024).
 N_MAX_LIMIT = 1024
+#: Largest integer llama.cpp's sampler parameters hold (int32_t): a larger value would be cut to
+#: 32 bits on its way into C (``top_k = 2**32 + 1`` would act as 1).
+INT32_MAX = 2**31 - 1
+#: Largest logit bias (OpenAI's bound); ``-inf`` is allowed too and bans the token.
+BIAS_LIMIT = 100.0
+#: Longest stop string, in characters: the output's tail that could still begin one is held
+#: back and compared with every stop string after each token, on the decode thread that all
+#: requests share.
+STOP_MAX_CHARS = 1024
 
 
 def _number(name: str, value, lo: float, hi: float, *, lo_open: bool = False) -> float:
@@ -48,19 +57,25 @@ class SamplingParams:
     ----------
     temperature : float, 0 .. 100
         0 = greedy (argmax; token-identical to plain greedy decoding).
-    top_k : int, >= 0 (0 = off)
+    top_k : int, 0 .. 2**31-1 (0 = off)
     top_p : float, 0 .. 1 (1 = off)
     min_p : float, 0 .. 1 (0 = off)
     seed : int or None
         0 .. 2**32-2 makes a sampled request reproducible; None = a random seed.
-    repeat_penalty : float, > 0 (1 = off); repeat_last_n : int, -1 .. (-1 = the whole context)
+    repeat_penalty : float, > 0 (1 = off)
+    repeat_last_n : int, -1 .. 2**31-1
+        Tokens the penalties look back on (0 = off). -1 = the whole context: the scheduler
+        turns it into its slot context size at submission, as llama-server does, and refuses a
+        value larger than that (the penalty sampler allocates a ring of that many tokens).
     frequency_penalty, presence_penalty : float, -2 .. 2 (0 = off)
     logit_bias : dict of int -> float
-        Added to the token's logit; ``-inf`` bans it. Token ids are checked against the
-        vocabulary at submission.
+        Added to the token's logit, -100 .. 100 (OpenAI's range; float32 would turn 1e308 into
+        +inf), or ``-inf`` to ban the token. Token ids are checked against the vocabulary at
+        submission.
     stop : tuple of str
-        Stop strings, matched on the decoded text; the text is cut before the stop string.
-    max_tokens : int, >= 1 (-1 = until EOS or a full context)
+        Stop strings (1 .. 1024 characters each), matched on the decoded text; the text is cut
+        before the stop string.
+    max_tokens : int, 1 .. 2**31-1 (-1 = until EOS or a full context)
     ignore_eos : bool
         Keep generating past end-of-generation tokens (they are banned, as llama-server does).
 
@@ -89,14 +104,15 @@ class SamplingParams:
     def __post_init__(self):
         put = object.__setattr__
         put(self, "temperature", _number("temperature", self.temperature, 0.0, 100.0))
-        put(self, "top_k", _integer("top_k", self.top_k, 0))
+        put(self, "top_k", _integer("top_k", self.top_k, 0, INT32_MAX))
         put(self, "top_p", _number("top_p", self.top_p, 0.0, 1.0))
         put(self, "min_p", _number("min_p", self.min_p, 0.0, 1.0))
         if self.seed is not None:
             put(self, "seed", _integer("seed", self.seed, 0, 2**32 - 2))
         put(self, "repeat_penalty", _number("repeat_penalty", self.repeat_penalty, 0.0, 100.0,
                                             lo_open=True))
-        put(self, "repeat_last_n", _integer("repeat_last_n", self.repeat_last_n, -1))
+        put(self, "repeat_last_n", _integer("repeat_last_n", self.repeat_last_n, -1,
+                                            INT32_MAX))
         put(self, "frequency_penalty", _number("frequency_penalty", self.frequency_penalty,
                                                -2.0, 2.0))
         put(self, "presence_penalty", _number("presence_penalty", self.presence_penalty,
@@ -107,18 +123,21 @@ class SamplingParams:
         bias = {}
         for tok, b in self.logit_bias.items():
             tok = _integer("logit_bias token id", tok, 0, TOKEN_MAX)
-            if isinstance(b, bool) or not isinstance(b, (int, float)) or math.isnan(b) \
-                    or b == math.inf:
-                raise ValueError(f"logit_bias[{tok}] = {b!r}: allowed a finite number or -inf")
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or not (
+                    b == -math.inf or -BIAS_LIMIT <= b <= BIAS_LIMIT):
+                raise ValueError(f"logit_bias[{tok}] = {b!r} is out of range: allowed "
+                                 f"-{BIAS_LIMIT:g} .. {BIAS_LIMIT:g}, or -inf (bans the token)")
             bias[tok] = float(b)
         put(self, "logit_bias", bias)
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (tuple, list)) or not all(isinstance(s, str) for s in stop):
             raise TypeError("stop must be a string or a sequence of strings")
-        if any(s == "" for s in stop):
-            raise ValueError("stop strings must not be empty")
+        for s in stop:
+            if not 1 <= len(s) <= STOP_MAX_CHARS:
+                raise ValueError(f"stop strings must have 1 .. {STOP_MAX_CHARS} characters, got "
+                                 f"{len(s)}")
         put(self, "stop", tuple(stop))
-        mt = _integer("max_tokens", self.max_tokens, -1)
+        mt = _integer("max_tokens", self.max_tokens, -1, INT32_MAX)
         if mt == 0:
             raise ValueError("max_tokens = 0 is out of range: allowed -1 (no limit) or >= 1")
         put(self, "max_tokens", mt)

@@ -22,6 +22,7 @@ llama-server's slot loop over llama-cpp-python's low-level API. Each step of the
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -150,7 +151,8 @@ class Scheduler:
     draft_model : str or llama_cpp.Llama, optional
         Ends the chain with ``draft-simple`` on this model.
     queue_size : int, >= 1
-        Requests that may wait for a slot; one more raises :class:`QueueFull`.
+        Requests that may wait for a slot (beyond those the free slots take); one more raises
+        :class:`QueueFull`.
     policy : "fixed" or "auto"
         Default draft-length policy ("fixed": llama.cpp's behaviour).
 
@@ -365,9 +367,11 @@ class Scheduler:
         ------
         ValueError
             A bad prompt, a prompt that does not fit a slot's context, a proposer type not in the
-            configured chain, a logit_bias token outside the vocabulary.
+            configured chain, a logit_bias token outside the vocabulary, a ``repeat_last_n``
+            beyond a slot's context.
         QueueFull
-            ``queue_size`` requests are already waiting.
+            ``queue_size`` requests are already waiting for a slot (requests that free slots
+            can take do not count).
         RuntimeError
             The scheduler is stopped.
         """
@@ -380,16 +384,16 @@ class Scheduler:
         self._check_spec(spec)
         prompt = self._check_prompt(prompt_tokens)
         drafter = self._check_prediction(prediction) if prediction is not None else None
-        for tok in sampling.logit_bias:
-            if tok >= self.n_vocab:
-                raise ValueError(f"logit_bias token id {tok} is out of range: allowed "
-                                 f"0 .. {self.n_vocab - 1}")
+        sampling = self._check_sampling(sampling)
         if on_token is not None and not callable(on_token):
             raise TypeError("on_token must be callable")
         with self._cond:
             if self._stopping or self._closed:
                 raise RuntimeError("the scheduler is stopped")
-            if len(self._queue) >= self.queue_size:
+            # Requests a free slot will take at the decode thread's next turn are not waiting:
+            # only those beyond the free slots count against the queue.
+            free = sum(1 for s in self._slots if s.req is None)
+            if len(self._queue) >= self.queue_size + free:
                 raise QueueFull(f"the request queue is full ({self.queue_size} waiting)")
             req = _Request(self, next(self._ids), prompt, sampling, spec, on_token, drafter)
             self._queue.append(req)
@@ -421,6 +425,23 @@ class Scheduler:
             raise ValueError(f"prediction: {arr.size} tokens is longer than any output can be "
                              f"(a slot's context: {self.n_ctx_slot} tokens)")
         return PredictionDrafter(arr)
+
+    def _check_sampling(self, sampling: SamplingParams) -> SamplingParams:
+        """The request's sampling parameters against this model and slot size: logit_bias ids
+        in the vocabulary, ``repeat_last_n`` at most a slot's context (-1 = the slot's context,
+        as llama-server turns -1 into its context size; the penalty sampler keeps a ring of
+        that many tokens, so a larger value would only cost memory)."""
+        for tok in sampling.logit_bias:
+            if tok >= self.n_vocab:
+                raise ValueError(f"logit_bias token id {tok} is out of range: allowed "
+                                 f"0 .. {self.n_vocab - 1}")
+        n = sampling.repeat_last_n
+        if n > self.n_ctx_slot:
+            raise ValueError(f"repeat_last_n = {n} is out of range: allowed -1 (a slot's "
+                             f"context) .. {self.n_ctx_slot} (a slot's context)")
+        if n == -1:
+            sampling = dataclasses.replace(sampling, repeat_last_n=self.n_ctx_slot)
+        return sampling
 
     def _check_spec(self, spec: SpeculationParams) -> None:
         if spec.types is not None:

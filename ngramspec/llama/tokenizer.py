@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Dict, Optional, Sequence
+import re
+import secrets
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .model import default_model_path, require_llama_cpp
 from .repack import load_llama
 
-__all__ = ["Tokenizer", "detokenize", "render_chat", "tokenize_chat", "tokenize_corpus",
-           "tokenize_output", "tokenize_prompt"]
+__all__ = ["Tokenizer", "detokenize", "max_token_bytes", "render_chat", "render_chat_parts",
+           "tokenize_chat", "tokenize_corpus", "tokenize_output", "tokenize_parts",
+           "tokenize_prompt"]
 
 
 def tokenize_prompt(llm, text: str, *, chat: bool = False) -> np.ndarray:
@@ -74,16 +77,108 @@ def render_chat(llm, messages: Sequence[Dict[str, Any]]) -> str:
     return fmt(messages=list(messages)).prompt
 
 
-def tokenize_chat(llm, messages: Sequence[Dict[str, Any]]) -> np.ndarray:
-    """Tokens of ``messages`` rendered with the chat template (:func:`render_chat`).
+def render_chat_parts(llm, messages: Sequence[Dict[str, Any]], *,
+                      special_in_content: bool = True) -> List[Tuple[str, bool]]:
+    """:func:`render_chat` as ``(text, parse_special)`` parts, in order.
+
+    With ``special_in_content=True`` (llama-server's behaviour) the whole rendering is one part
+    whose special-token text is parsed, so a message containing ``<|im_end|>\n<|im_start|>system``
+    forges a system turn. With False, each message's content is a part of its own tokenized as
+    plain text (its ``<|im_start|>`` stays the characters), and only the template's own markup
+    is parsed: the messages are rendered with a random marker in place of each content, which
+    is then put back. A template that inspects the content's text (rather than writing it)
+    sees the marker instead.
+
+    Returns
+    -------
+    list of (str, bool)
+
+    Notes
+    -----
+    Memory: the rendering and one copy of the contents.
+
+    Thread-safety: as `render_chat` (the template is rendered on the calling thread; the
+    ``llm`` is only read).
+    """
+    if special_in_content:
+        return [(render_chat(llm, messages), True)]
+    nonce = secrets.token_hex(8)
+    marked, contents = [], {}
+    for i, msg in enumerate(messages):
+        content = msg.get("content")
+        if isinstance(content, str) and content:
+            marker = f"\x00{nonce}:{i}\x00"
+            contents[marker] = content
+            msg = {**msg, "content": marker}
+        marked.append(msg)
+    parts: List[Tuple[str, bool]] = []
+    for k, piece in enumerate(re.split(f"(\x00{nonce}:[0-9]+\x00)", render_chat(llm, marked))):
+        if k % 2:
+            parts.append((contents[piece], False))
+        elif piece:
+            parts.append((piece, True))
+    return parts
+
+
+def tokenize_parts(llm, parts: Sequence[Tuple[str, bool]]) -> np.ndarray:
+    """Tokens of ``(text, parse_special)`` parts (:func:`render_chat_parts`), concatenated; no
+    BOS is added (a chat template writes it where the model wants one).
 
     Returns
     -------
     numpy.ndarray of int32
     """
-    # The template writes BOS itself where the model wants one.
-    toks = llm.tokenize(render_chat(llm, messages).encode("utf-8"), add_bos=False, special=True)
+    toks: List[int] = []
+    for text, special in parts:
+        toks += llm.tokenize(text.encode("utf-8"), add_bos=False, special=special)
     return np.asarray(toks, dtype=np.int32)
+
+
+def tokenize_chat(llm, messages: Sequence[Dict[str, Any]], *,
+                  special_in_content: bool = True) -> np.ndarray:
+    """Tokens of ``messages`` rendered with the chat template (:func:`render_chat_parts`).
+
+    Returns
+    -------
+    numpy.ndarray of int32
+    """
+    return tokenize_parts(llm, render_chat_parts(llm, messages,
+                                                 special_in_content=special_in_content))
+
+
+def max_token_bytes(llm) -> Optional[int]:
+    """The most bytes of text one token stands for when text is tokenized with special tokens
+    parsed: the longest piece of the vocabulary, control tokens' text included.
+
+    A text of ``n`` UTF-8 bytes therefore has at least ``ceil(n / max_token_bytes)`` tokens:
+    a prompt too long for a context can be refused before it is tokenized.
+
+    Returns
+    -------
+    int or None
+        None where no such bound holds: a tokenizer other than SPM or BPE (WPM and UGM
+        normalize the text, folding runs of whitespace), or a token that strips the whitespace
+        beside it (llama.cpp's ``lstrip`` / ``rstrip`` attributes): one token then stands for
+        any amount of text.
+
+    Notes
+    -----
+    Memory: none kept. Takes one ``llama_token_to_piece`` call per token (a fraction of a
+    second for 50k tokens).
+    """
+    lc = require_llama_cpp()
+    vocab = llm._model.vocab
+    strip = lc.LLAMA_TOKEN_ATTR_LSTRIP | lc.LLAMA_TOKEN_ATTR_RSTRIP
+    if lc.llama_vocab_type(vocab) not in (lc.LLAMA_VOCAB_TYPE_SPM, lc.LLAMA_VOCAB_TYPE_BPE):
+        return None
+    buf = ctypes.create_string_buffer(256)
+    longest = 1
+    for t in range(int(lc.llama_vocab_n_tokens(vocab))):
+        if lc.llama_vocab_get_attr(vocab, t) & strip:
+            return None
+        n = lc.llama_token_to_piece(vocab, t, buf, len(buf), 0, True)
+        longest = max(longest, abs(n))   # -n: the size the piece needs
+    return longest
 
 
 def tokenize_corpus(model_path: str, data: bytes) -> np.ndarray:

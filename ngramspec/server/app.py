@@ -17,14 +17,18 @@ import uuid
 from typing import Optional, Sequence
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from ngramspec.llama.params import SamplingParams, SpeculationParams
-from ngramspec.llama.tokenizer import tokenize_chat, tokenize_output, tokenize_prompt
+from ngramspec.llama.tokenizer import (max_token_bytes, render_chat_parts, tokenize_output,
+                                       tokenize_parts, tokenize_prompt)
 from ngramspec.server import schemas
+from ngramspec.server.auth import parse_api_keys
 from ngramspec.server.bridge import SchedulerBridge
 from ngramspec.server.errors import (APIError, FieldError, error_body, error_response,
                                     install_handlers)
+from ngramspec.server.limits import (MAX_BODY_SIZE, READ_TIMEOUT_S, PromptTextBound,
+                                     RequestLimits)
 from ngramspec.server.metrics import HTTPCountMiddleware, ServerMetrics
 from ngramspec.server.reasoning import REASONING_FORMATS, ReasoningSplitter, split_reasoning
 
@@ -88,12 +92,15 @@ class _Config:
         self.created = int(time.time())
         self.n_slots = scheduler.n_slots
         self.n_ctx_slot = scheduler.n_ctx_slot
+        self.n_vocab = scheduler.n_vocab
 
 
 def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[str] = None,
                defaults: Optional[dict] = None, n_predict: int = -1,
                manage_scheduler: bool = True, stop_timeout: float = 5.0,
-               reasoning_format: str = "none", models: Optional[dict] = None) -> FastAPI:
+               max_body_size: int = MAX_BODY_SIZE, read_timeout: float = READ_TIMEOUT_S,
+               special_in_content: bool = True, reasoning_format: str = "none",
+               models: Optional[dict] = None) -> FastAPI:
     """An OpenAI-compatible FastAPI app serving ``scheduler``.
 
     Parameters
@@ -102,11 +109,13 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
         The batched engine; its ``llm`` provides the tokenizer and the chat template.
     model_name : str
         The id listed by ``/v1/models`` and echoed in responses (a request's ``model`` field is
-        not checked: one model is served, as llama-server does).
+        not checked unless it names one of `models`, as llama-server serves one model).
     api_key : str, optional
         When given, every endpoint but ``/health`` and ``/v1/models`` needs
         ``Authorization: Bearer KEY`` (or ``X-Api-Key: KEY``); compared in constant time.
-        Several keys: a comma list.
+        Several keys: a comma list. ``/openapi.json`` needs the key too, and the ``/docs`` and
+        ``/redoc`` pages are off (a browser would fetch the schema without the key). An empty
+        or blank key raises ValueError (`ngramspec.server.auth.parse_api_keys`).
     defaults : dict, optional
         Sampling defaults for fields a request leaves out (e.g. ``{"temperature": 0.8}``,
         llama-server's ``--temp``); the scheduler's `SamplingParams` defaults otherwise.
@@ -116,6 +125,14 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
         Start the scheduler with the app and stop it (cancelling what still runs) at shutdown.
     stop_timeout : float
         Seconds the shutdown waits for the scheduler's decode thread.
+    max_body_size : int
+        Largest request body in bytes; a larger one is a 413 before it is parsed.
+    read_timeout : float
+        Seconds a request's body may take to arrive after its headers; then a 408.
+    special_in_content : bool
+        Parse special-token text (``<|im_start|>``) in chat messages' content, as llama-server
+        does: a message can then forge turns of other roles. False tokenizes each message's
+        content as plain text (`ngramspec.llama.tokenizer.render_chat_parts`).
     reasoning_format : "none" or "deepseek"
         llama-server's ``--reasoning-format``: ``deepseek`` returns a chat output's leading
         ``<think>...</think>`` block as ``message.reasoning_content`` (`ngramspec.server.reasoning`).
@@ -143,11 +160,19 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
     others = dict(models or {})
     if model_name in others:
         raise ValueError(f"models: {model_name!r} names the main model too")
-    keys = [k.strip() for k in (api_key or "").split(",") if k.strip()]
+    keys = parse_api_keys(api_key)
     cfg = _Config(scheduler, model_name, keys, defaults or {}, n_predict)
     served = [scheduler] + list(others.values())
     bridge = SchedulerBridge(scheduler, sum(s.n_slots + s.queue_size for s in served))
     metrics = ServerMetrics(scheduler, model_name)
+    text_bound = PromptTextBound(max_token_bytes(scheduler.llm), cfg.n_ctx_slot)
+
+    async def drain():
+        """End every running and queued request (each answers with what it has: an error
+        event in a stream, a 503 otherwise) and stop the scheduler; once only matters."""
+        if manage_scheduler:
+            for s in served:
+                await bridge.run(lambda s=s: s.stop(cancel=True, timeout=stop_timeout))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -159,19 +184,22 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
             yield
         finally:
             app.state.ready = False
-            if manage_scheduler:
-                # Requests still running after uvicorn's graceful period are cancelled here.
-                for s in served:
-                    await bridge.run(lambda s=s: s.stop(cancel=True, timeout=stop_timeout))
+            # Requests still running after uvicorn's graceful period (when no DrainingServer
+            # ended them already) are cancelled here.
+            await drain()
             bridge.close()
 
+    # With a key, the schema is served behind it (below) and the doc pages are off.
+    docs = {} if not cfg.api_keys else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="ngramspec", lifespan=lifespan,
                   description="OpenAI-compatible completions with draftless speculative "
-                              "decoding under per-request control.")
+                              "decoding under per-request control.", **docs)
     app.state.scheduler, app.state.metrics, app.state.bridge = scheduler, metrics, bridge
     app.state.ready = False
+    app.state.drain = drain
     install_handlers(app)
 
+    app.add_middleware(RequestLimits, max_body_size=max_body_size, read_timeout=read_timeout)
     app.add_middleware(HTTPCountMiddleware, metrics=metrics)
 
     async def require_key(request: Request):
@@ -215,6 +243,11 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
     async def prometheus():
         return PlainTextResponse(metrics.render(), media_type=metrics.content_type)
 
+    if cfg.api_keys:
+        @app.get("/openapi.json", dependencies=[Depends(require_key)], include_in_schema=False)
+        async def openapi_schema():
+            return JSONResponse(app.openapi())
+
     # -- generation ----------------------------------------------------------------------------
 
     @app.post("/v1/completions", dependencies=[Depends(require_key)],
@@ -222,6 +255,7 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
     async def completions(body: schemas.CompletionRequest, request: Request):
         prompt = body.prompt
         if isinstance(prompt, str):
+            text_bound.check(prompt, "prompt")
             tokens = await bridge.run(tokenize_prompt, scheduler.llm, prompt)
         else:
             tokens = prompt
@@ -230,7 +264,10 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
     @app.post("/v1/chat/completions", dependencies=[Depends(require_key)],
               response_model=schemas.ChatCompletionResponse)
     async def chat_completions(body: schemas.ChatCompletionRequest, request: Request):
-        tokens = await bridge.run(_chat_tokens, scheduler.llm, body.template_messages())
+        parts = await bridge.run(_chat_parts, scheduler.llm, body.template_messages(),
+                                 special_in_content)
+        text_bound.check("".join(text for text, _ in parts), "messages")
+        tokens = await bridge.run(tokenize_parts, scheduler.llm, parts)
         return await _generate(body, [int(t) for t in tokens], "messages", request, chat=True)
 
     async def _generate(body, tokens: Sequence[int], prompt_field: str, request: Request,
@@ -239,7 +276,9 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
         name = body.model if body.model in others else cfg.model_name
         prediction = None
         if body.prediction is not None:
-            prediction = await bridge.run(tokenize_output, scheduler.llm, body.prediction.text())
+            text = body.prediction.text()
+            text_bound.check(text, "prediction")      # unpaired surrogates, a certain overflow
+            prediction = await bridge.run(tokenize_output, scheduler.llm, text)
         names = {n: n for n in SAMPLING_FIELDS + ("logit_bias", "prediction")}
         with _errors_as_400(prompt_field, names):
             handle = await bridge.submit(tokens, sampling, speculation, prediction=prediction,
@@ -255,6 +294,8 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
                                               "X-Accel-Buffering": "no"})
         done = await bridge.result(handle, request)
         metrics.observe_completion(done)
+        if done.finish_reason == "cancelled":  # the client left (no one reads this) or a stop
+            raise APIError(503, _cancelled_message(done), code="unavailable")
         finish = FINISH_REASONS.get(done.finish_reason, "stop")
         usage, timings = _usage(done, len(tokens), predicted), _timings(done)
         if chat:
@@ -289,7 +330,7 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
             if value is not None:
                 values[name] = value
         if body.logit_bias:
-            values["logit_bias"] = {int(k): v for k, v in body.logit_bias.items()}
+            values["logit_bias"] = body.token_bias(cfg.n_vocab)
         values["stop"] = body.stop_strings()
         values["max_tokens"] = max_tokens
         names = {**{n: n for n in values}, "max_tokens": max_field}
@@ -336,6 +377,12 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
                               type="server_error")
             yield f"data: {json.dumps(body)}\n\n"
             return
+        if done.finish_reason == "cancelled":  # the server is stopping (or the client left)
+            body = error_body(_cancelled_message(done), type="unavailable_error",
+                              code="unavailable")
+            yield f"data: {json.dumps(body)}\n\n"
+            yield "data: [DONE]\n\n"
+            return
         finish = FINISH_REASONS.get(done.finish_reason, "stop")
         yield _sse(envelope([choice(None, finish)], timings=_timings(done)))
         if include_usage:
@@ -378,11 +425,16 @@ def create_app(scheduler, *, model_name: str = "ngramspec", api_key: Optional[st
     return app
 
 
-def _chat_tokens(llm, messages):
+def _cancelled_message(done) -> str:
+    return (f"the server is shutting down: the request was cancelled after "
+            f"{done.predicted_n} tokens; retry later")
+
+
+def _chat_parts(llm, messages, special_in_content):
     from jinja2 import TemplateError   # llama-cpp-python's dependency (the live extra)
 
     try:
-        return tokenize_chat(llm, messages)
+        return render_chat_parts(llm, messages, special_in_content=special_in_content)
     except TemplateError as exc:
         raise FieldError("messages", f"the chat template rejects them: {exc}") from None
     except ValueError as exc:  # no chat template in the GGUF

@@ -20,6 +20,7 @@ Thread-safety: the models are plain immutable-by-convention data, built per requ
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
@@ -29,6 +30,8 @@ from ngramspec.server.errors import FieldError
 
 # Strict float: accepts JSON integers, refuses strings and booleans.
 Number = StrictFloat
+# A token id as a logit_bias key: ASCII decimal, no sign, no leading zero.
+_TOKEN_KEY = re.compile(r"0|[1-9][0-9]*", re.ASCII)
 
 def _only_neutral(*fields, neutral: tuple, why: str):
     """A validator refusing anything but the neutral values of fields ngramspec does not
@@ -109,14 +112,33 @@ class GenerationRequest(BaseModel):
             raise ValueError(f"at most 16 stop strings, got {len(v)}")
         return v
 
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias_keys(cls, v):
-        if v:
-            for key in v:
-                if not key.lstrip("-").isdigit():
-                    raise ValueError(f"keys must be token ids (integers as strings), got {key!r}")
-        return v
+    def token_bias(self, n_vocab: int) -> Dict[int, float]:
+        """``logit_bias`` with its keys as token ids.
+
+        A key must be a token id written canonically in ASCII decimal (``"0"``, ``"49151"``):
+        not ``"-1"``, ``"+5"``, ``"007"``, ``"²"`` (``str.isdigit`` accepts it, ``int`` does
+        not) or thousands of digits. Values are checked by `SamplingParams`.
+
+        Parameters
+        ----------
+        n_vocab : int
+            The model's vocabulary size.
+
+        Raises
+        ------
+        FieldError
+            A key that is not such a token id below `n_vocab`.
+        """
+        out = {}
+        for key, value in (self.logit_bias or {}).items():
+            # at most len(str(n_vocab)) digits before int(): a 5000-digit key costs nothing
+            if _TOKEN_KEY.fullmatch(key) is None or len(key) > len(str(n_vocab)) \
+                    or int(key) >= n_vocab:
+                shown = key if len(key) <= 24 else key[:24] + "..."
+                raise FieldError("logit_bias", f"key {shown!r} is not a token id: allowed "
+                                               f"0 .. {n_vocab - 1}, as a decimal string")
+            out[int(key)] = value
+        return out
 
     def speculative_options(self) -> Optional[SpeculativeOptions]:
         """The ``speculative`` object with llama-server's flat keys merged in.
