@@ -38,6 +38,10 @@ COMMANDS = {
                                  "speculative vs plain"),
     "build-llama-server": (None, "build llama.cpp's llama-server from llama-cpp-python's "
                                  "vendored sources (build_llama_server.sh)"),
+    "gpu-prepare": ("gpu.prepare", "the GPU device kit: trimmed llama-cpp-python source, "
+                                   "wheels, model parts, traces in bench/gpu/kit/"),
+    "gpu-report": ("gpu.report", "render a GPU kit result (gpu.json) as gpu.md"),
+    "gpu-profile": ("gpu.profile_entry", "a measured curve of gpu.json as cost.py's gpu profile"),
 }
 
 

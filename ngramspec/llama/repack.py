@@ -145,6 +145,42 @@ def extra_buffer_types(enabled: bool) -> Iterator[None]:
             lc.llama_model_default_params = original
 
 
+#: llama-server's environment variable for ``-ngl``: layers to offload to a GPU (-1: all). Read
+#: by `load_llama` so that every load (generate, calibrate, serve and the processes they start)
+#: offloads alike on a GPU build of llama-cpp-python; unset, llama-cpp-python's default (0).
+GPU_LAYERS_ENV = "LLAMA_ARG_N_GPU_LAYERS"
+
+
+def gpu_layers_from_env(environ=None) -> Optional[int]:
+    """``n_gpu_layers`` from `GPU_LAYERS_ENV`, or None when it is unset or empty.
+
+    Parameters
+    ----------
+    environ : Mapping, optional
+        Where to read it (default ``os.environ``; tests pass a dict).
+
+    Raises
+    ------
+    ValueError
+        When the value is not an integer >= -1, naming the variable.
+
+    Notes
+    -----
+    Memory: none kept. Thread-safety: reads the environment only; safe from any thread.
+    """
+    text = (os.environ if environ is None else environ).get(GPU_LAYERS_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < -1:
+        raise ValueError(f"{GPU_LAYERS_ENV} must be an integer >= -1 (-1: every layer on the "
+                         f"GPU), got {text!r}")
+    return value
+
+
 def load_llama(model_path: str, *, repack: Union[str, bool] = "auto", flags: FlagsSource = None,
                **llama_kwargs):
     """``llama_cpp.Llama(model_path, **llama_kwargs)`` with ``use_extra_bufts`` from ``repack``.
@@ -161,7 +197,8 @@ def load_llama(model_path: str, *, repack: Union[str, bool] = "auto", flags: Fla
     flags : optional
         CPU-flags source for ``"auto"`` (tests).
     **llama_kwargs
-        Passed to ``llama_cpp.Llama``.
+        Passed to ``llama_cpp.Llama``; without ``n_gpu_layers``, $LLAMA_ARG_N_GPU_LAYERS gives it
+        (:func:`gpu_layers_from_env`).
 
     Returns
     -------
@@ -174,6 +211,10 @@ def load_llama(model_path: str, *, repack: Union[str, bool] = "auto", flags: Fla
     """
     import llama_cpp
     enabled = use_extra_bufts(repack, flags=flags)
+    if "n_gpu_layers" not in llama_kwargs:
+        n_gpu_layers = gpu_layers_from_env()
+        if n_gpu_layers is not None:
+            llama_kwargs["n_gpu_layers"] = n_gpu_layers
     with extra_buffer_types(enabled):
         llm = llama_cpp.Llama(model_path=model_path, **llama_kwargs)
     if bool(llm.model_params.use_extra_bufts) != enabled:  # a llama-cpp-python that changed
