@@ -29,6 +29,8 @@ COMMANDS = {
                           "batch cost c(k), auto policy, oracle"),
     "policy": ("policy_report", "modeled speed of every configuration, fixed and auto, on the "
                                 "embedded model's own greedy output (no timing noise)"),
+    "prediction": ("prediction_report", "Predicted Outputs on code edits: tokens/step and "
+                                        "modeled speed-up with and without the prediction"),
     "repack": ("repack_report", "llama.cpp's weight repacking on/off, and the plug-in's loop"),
     "serve": ("serve_report", "the batched scheduler: aggregate tokens/s of 1-8 concurrent "
                               "clients"),

@@ -1,5 +1,5 @@
-"""The ``ngramspec`` command: ``replay``, ``generate``, ``serve``, ``cache``, ``calibrate``
-and ``tune`` subcommands, one module each in this package.
+"""The ``ngramspec`` command: ``replay``, ``generate``, ``serve``, ``run-batch``, ``cache``,
+``calibrate`` and ``tune`` subcommands, one module each in this package.
 
 Every subcommand module has ``add_parser(subparsers)`` and a ``run(args) -> int``; the flags
 they share come from `ngramspec.cli.common`. Errors are handled once, here (`main`): a bad
@@ -18,7 +18,7 @@ from ngramspec.cli.common import OneLineErrorParser, one_line
 __all__ = ["build_parser", "main"]
 
 # subcommand modules, each with add_parser(subparsers) and run(args) -> int
-SUBCOMMANDS = ("replay", "generate", "cache", "calibrate", "tune", "serve")
+SUBCOMMANDS = ("replay", "generate", "cache", "calibrate", "tune", "serve", "run_batch")
 
 
 def build_parser() -> OneLineErrorParser:

@@ -19,9 +19,10 @@ from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy
 from ngramspec.cli.generate import (GENERATE_DEFAULTS, generate_params, spec_types,
                                     state_generate_defaults)
 from ngramspec.cost import load_cost_model
-from ngramspec.llama.model import default_model_path
+from ngramspec.llama.model import default_model_path, load_model
 from ngramspec.llama.scheduler import Scheduler
 from ngramspec.policy import make_policy
+from ngramspec.server.reasoning import REASONING_FORMATS
 
 # Seconds uvicorn lets running requests finish after SIGTERM/SIGINT before cancelling them.
 GRACEFUL_S = 5.0
@@ -37,11 +38,7 @@ def add_parser(subparsers):
                     "policy, or switches speculation off. Spec defaults are generate's ("
                     + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
                                 for k, v in GENERATE_DEFAULTS.items()) + ").")
-    add_model_flags(p)
-    add_context_flags(p, ctx_help="context size in tokens for all slots together, split evenly "
-                                  "between them as llama-server does (default: %(default)s)")
-    p.add_argument("-np", "--slots", "--parallel", dest="slots", type=positive_int, default=4,
-                   metavar="N", help="requests decoded together (default: %(default)s)")
+    add_serving_flags(p)
     p.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
                    help="requests waiting for a slot before new ones get 503 "
                         "(default: %(default)s)")
@@ -65,20 +62,36 @@ def add_parser(subparsers):
                         "message stays text instead of becoming the special token, so a user "
                         "cannot forge system turns (llama-server parses it; default: parsed, "
                         "as llama-server)")
-    p.add_argument("-a", "--alias", metavar="NAME", default=None,
-                   help="model id reported by /v1/models (default: the GGUF's file name)")
-    p.add_argument("--temp", type=bounded(float, 0.0), default=0.8, metavar="X",
-                   help="temperature of requests that give none (default: %(default)s, "
-                        "llama-server's; 0 = greedy)")
-    p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
-                   help="max_tokens of requests that give none; -1 = until EOS or the slot's "
-                        "context is full (default: %(default)s)")
     p.add_argument("--timeout-graceful-shutdown", type=bounded(float, 0.0), default=GRACEFUL_S,
                    metavar="S", help="seconds running requests may finish after SIGTERM before "
                                      "they are cancelled (default: %(default)s)")
     p.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default: %(default)s)")
+    p.set_defaults(run=run)
+    return p
+
+
+def add_serving_flags(p, temp: float = 0.8) -> None:
+    """The flags of the served models shared by ``serve`` and ``run-batch``: model, context,
+    slots, request defaults, reasoning format and speculation."""
+    add_model_flags(p)
+    add_context_flags(p, ctx_help="context size in tokens for all slots together, split evenly "
+                                  "between them as llama-server does (default: %(default)s)")
+    p.add_argument("-np", "--slots", "--parallel", dest="slots", type=positive_int, default=4,
+                   metavar="N", help="requests decoded together (default: %(default)s)")
+    p.add_argument("-a", "--alias", metavar="NAME", default=None,
+                   help="model id reported by /v1/models (default: the GGUF's file name)")
+    p.add_argument("--temp", type=bounded(float, 0.0), default=temp, metavar="X",
+                   help="temperature of requests that give none (default: %(default)s, "
+                        "llama-server's; 0 = greedy)")
+    p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
+                   help="max_tokens of requests that give none; -1 = until EOS or the slot's "
+                        "context is full (default: %(default)s)")
+    p.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="none",
+                   help="none: a chat output's <think>...</think> stays in message.content; "
+                        "deepseek: it becomes message.reasoning_content (delta.reasoning_content "
+                        "when streamed), as llama-server's flag (default: %(default)s)")
     add_spec_flags(p, include_live=True)
     # the policy of requests that choose none; --policy is its old spelling
     add_policy_flags(p, default="fixed", old_name="--policy",
@@ -86,8 +99,6 @@ def add_parser(subparsers):
                                   "start with --spec-policy auto, cached per model, threads "
                                   "and batch size")
     state_generate_defaults(p)
-    p.set_defaults(run=run)
-    return p
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -161,7 +172,14 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def build_scheduler(args):
-    """The scheduler of the parsed flags (model loaded, not started)."""
+    """The scheduler of the parsed flags (model loaded, not started), and with
+    ``--model-draft`` the draft model's own scheduler (its weights shared with the target's
+    draft-simple proposer, its own context and slots, no speculation) to serve it alone.
+
+    Returns
+    -------
+    (model path, Scheduler, dict of model id to Scheduler)
+    """
     args.spec_type, params = load_cache_files(args.spec_type, generate_params(args))
     types = spec_types(args)
     check_model_file("--model", args.model)
@@ -171,40 +189,75 @@ def build_scheduler(args):
     model = args.model
     if model is None:
         model = default_model_path()
-    return model, Scheduler(model, n_slots=args.slots, n_ctx=args.ctx_size,
-                            n_batch=args.batch_size, n_threads=args.threads,
-                            spec_type=",".join(t for t in types if t != "draft-simple") or "none",
-                            spec_params=params, draft_model=args.model_draft,
-                            queue_size=args.queue_size, policy=args.spec_policy,
-                            cost_model=cost_model)
+    chain = ",".join(t for t in types if t != "draft-simple") or "none"
+    draft, others = args.model_draft, {}
+    if draft is not None:
+        draft = load_model(args.model_draft, n_ctx=64, n_batch=64,
+                           n_threads=params.get("threads_draft") or args.threads,
+                           repack=params.get("repack_draft", "auto"))
+        name = os.path.basename(args.model_draft)
+        # the embedded model as its own draft (or two files of one name): the draft's id differs
+        others[name if name != (args.alias or os.path.basename(model)) else name + "-draft"] \
+            = draft
+    target = Scheduler(model, n_slots=args.slots, n_ctx=args.ctx_size, n_batch=args.batch_size,
+                       n_threads=args.threads, spec_type=chain, spec_params=params,
+                       draft_model=draft, queue_size=args.queue_size, policy=args.spec_policy,
+                       cost_model=cost_model)
+    for name, llm in others.items():
+        # the small model alone, as if it were a separate one: plain decoding in its own
+        # context (its n-gram caches would otherwise share the target's files)
+        others[name] = Scheduler(llm, n_slots=args.slots, n_ctx=args.ctx_size,
+                                 n_batch=args.batch_size, n_threads=args.threads,
+                                 spec_type="none", queue_size=args.queue_size)
+    return model, target, others
+
+
+def check_serving_flags(args) -> None:
+    """What `add_serving_flags`' types cannot check alone, before any model loads."""
+    try:
+        import fastapi  # noqa: F401  (the serve extra)
+    except ImportError as exc:
+        raise ImportError(f"{args.command} needs the 'serve' extra "
+                          f"(pip install 'ngramspec[serve]'): {exc}") from None
+    if args.n_predict < -1 or args.n_predict == 0:
+        raise ValueError(f"--n-predict must be -1 or >= 1, got {args.n_predict}")
+
+
+def build_app(args, **options):
+    """The app (`ngramspec.server.create_app`) of the parsed serving flags, its models loaded.
+
+    Returns
+    -------
+    (fastapi.FastAPI, Scheduler, str)
+        The app, its main scheduler and its model id; ``options`` go to ``create_app``.
+    """
+    from ngramspec.server import create_app
+
+    model, scheduler, others = build_scheduler(args)
+    name = args.alias or os.path.basename(model)
+    app = create_app(scheduler, model_name=name, defaults={"temperature": args.temp},
+                     n_predict=args.n_predict, reasoning_format=args.reasoning_format,
+                     models=others, **options)
+    return app, scheduler, name
 
 
 def run(args) -> int:
-    try:
-        import uvicorn
+    check_serving_flags(args)
+    import uvicorn
 
-        from ngramspec.server import create_app
-    except ImportError as exc:
-        raise ImportError(f"serve needs the 'serve' extra (pip install 'ngramspec[serve]'): "
-                          f"{exc}") from None
     from ngramspec.server import limits
     from ngramspec.server.auth import parse_api_keys
     from ngramspec.server.shutdown import DRAIN_S, DrainingServer
 
-    if args.n_predict < -1 or args.n_predict == 0:
-        raise ValueError(f"--n-predict must be -1 or >= 1, got {args.n_predict}")
     parse_api_keys(args.api_key)  # a blank key fails here, before the model loads
     max_body = args.max_body_size or limits.MAX_BODY_SIZE
     read_timeout = args.read_timeout or limits.READ_TIMEOUT_S
     sock = _bind(args.host, args.port)
     try:
-        model, scheduler = build_scheduler(args)
-        name = args.alias or os.path.basename(model)
-        app = create_app(scheduler, model_name=name, api_key=args.api_key,
-                         defaults={"temperature": args.temp}, n_predict=args.n_predict,
-                         stop_timeout=max(5.0, args.timeout_graceful_shutdown),
-                         max_body_size=max_body, read_timeout=read_timeout,
-                         special_in_content=not args.escape_special_in_input)
+        app, _, name = build_app(args, api_key=args.api_key,
+                                 stop_timeout=max(5.0, args.timeout_graceful_shutdown),
+                                 max_body_size=max_body, read_timeout=read_timeout,
+                                 special_in_content=not args.escape_special_in_input)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         # One line a supervisor (or a test) can wait for, printed before requests are served.

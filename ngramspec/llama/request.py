@@ -51,6 +51,9 @@ class Completion:
         The stop string that ended the request.
     queued_ms : float
         Submission to admission.
+    accepted_prediction_tokens, rejected_prediction_tokens : int
+        With a prediction (Predicted Outputs): its drafted tokens the target accepted, and
+        those it did not (OpenAI's ``usage.completion_tokens_details``); 0 without one.
 
     Notes
     -----
@@ -69,6 +72,8 @@ class Completion:
     draft_n_accepted: int
     stop_string: Optional[str] = None
     queued_ms: float = 0.0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:

@@ -47,6 +47,7 @@ from ngramspec.cost import CostModel
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop
 from ngramspec.policy import POLICIES, AutoPolicy
+from ngramspec.prediction import PredictedEngine, PredictionDrafter
 from ngramspec.registry import parse_types
 from ngramspec.tokens import token_array
 
@@ -66,8 +67,9 @@ PROMPT_S_PER_TOKEN = 1e-3
 class _Request:
     """The decode thread's state of one request."""
 
-    def __init__(self, sched, rid, prompt, sampling, spec, on_token):
+    def __init__(self, sched, rid, prompt, sampling, spec, on_token, prediction=None):
         self.sched = sched
+        self.prediction: Optional[PredictionDrafter] = prediction   # Predicted Outputs
         self.id = rid
         self.prompt: np.ndarray = prompt
         self.sampling: SamplingParams = sampling
@@ -323,7 +325,8 @@ class Scheduler:
 
     def submit(self, prompt_tokens, sampling: SamplingParams = SamplingParams(),
                speculation: Optional[SpeculationParams] = None,
-               on_token: Optional[Callable[[List[int], str], None]] = None) -> RequestHandle:
+               on_token: Optional[Callable[[List[int], str], None]] = None,
+               prediction=None) -> RequestHandle:
         """Queue a request.
 
         Parameters
@@ -335,6 +338,10 @@ class Scheduler:
             Default: the whole chain, the scheduler's policy.
         on_token : callable(tokens, text), optional
             Called on the decode thread after every step that emitted tokens.
+        prediction : 1-D sequence of int, optional
+            The expected output's tokens (OpenAI's Predicted Outputs): the request's first draft
+            source (`ngramspec.prediction`), ahead of the chain; unused when speculation is off.
+            The output does not depend on it, only the number of steps.
 
         Returns
         -------
@@ -360,6 +367,7 @@ class Scheduler:
                             f"{type(spec).__name__}")
         self._check_spec(spec)
         prompt = self._check_prompt(prompt_tokens)
+        drafter = self._check_prediction(prediction) if prediction is not None else None
         sampling = self._check_sampling(sampling)
         if on_token is not None and not callable(on_token):
             raise TypeError("on_token must be callable")
@@ -371,7 +379,7 @@ class Scheduler:
             free = sum(1 for s in self._slots if s.req is None)
             if len(self._queue) >= self.queue_size + free:
                 raise QueueFull(f"the request queue is full ({self.queue_size} waiting)")
-            req = _Request(self, next(self._ids), prompt, sampling, spec, on_token)
+            req = _Request(self, next(self._ids), prompt, sampling, spec, on_token, drafter)
             self._queue.append(req)
             self._stats["requests_submitted"] += 1
             self._cond.notify_all()
@@ -389,6 +397,18 @@ class Scheduler:
                              f"context (n_ctx {self.n_ctx} / {self.n_slots} slots = "
                              f"{self.n_ctx_slot} tokens, one kept for the first output token)")
         return arr
+
+    def _check_prediction(self, prediction) -> Optional[PredictionDrafter]:
+        # Its index is built here, on the submitting thread, not on the decode thread.
+        arr = token_array(prediction, "prediction")
+        if arr.size == 0:
+            return None
+        if arr.max() >= self.n_vocab:
+            raise ValueError(f"prediction: token ids must lie in 0 .. {self.n_vocab - 1}")
+        if arr.size > self.n_ctx_slot:
+            raise ValueError(f"prediction: {arr.size} tokens is longer than any output can be "
+                             f"(a slot's context: {self.n_ctx_slot} tokens)")
+        return PredictionDrafter(arr)
 
     def _check_sampling(self, sampling: SamplingParams) -> SamplingParams:
         """The request's sampling parameters against this model and slot size: logit_bias ids
@@ -629,6 +649,8 @@ class Scheduler:
         r.slot.n_cached = int(r.prompt.size)
         spec = r.spec
         engine = self._engine_for(spec.types) if spec.enabled else None
+        if spec.enabled and r.prediction is not None:
+            engine = PredictedEngine(r.prediction, engine)
         auto = engine is not None and (spec.policy or self.policy) == "auto"
         r.loop = SlotLoop(engine, r.slot.id, r.prompt, tok, n_ctx=self.n_ctx_slot,
                           n_predict=r.sampling.max_tokens,
@@ -711,6 +733,7 @@ class Scheduler:
         error = error or r.callback_error
         text = r.text.text if r.text is not None else ""
         stop_string = r.text.stop_string if r.text is not None else None
+        engine = r.loop.engine if r.loop is not None else None
         t_first = r.t_first or now
         comp = Completion(
             tokens=list(r.tokens), text=text, finish_reason=reason, prompt_n=int(r.prompt.size),
@@ -718,7 +741,9 @@ class Scheduler:
             prompt_ms=(t_first - r.t_admit) * 1e3 if r.t_admit else 0.0,
             predicted_ms=(now - t_first) * 1e3 if r.t_first else 0.0,
             draft_n=r.draft_n, draft_n_accepted=r.draft_acc, stop_string=stop_string,
-            queued_ms=((r.t_admit or now) - r.t_submit) * 1e3)
+            queued_ms=((r.t_admit or now) - r.t_submit) * 1e3,
+            accepted_prediction_tokens=getattr(engine, "accepted_prediction_tokens", 0),
+            rejected_prediction_tokens=getattr(engine, "rejected_prediction_tokens", 0))
         with self._cond:
             self._stats["requests_finished"] += 1
             self._stats["tokens_predicted"] += len(r.tokens)

@@ -17,7 +17,8 @@ from .model import default_model_path, require_llama_cpp
 from .repack import load_llama
 
 __all__ = ["Tokenizer", "detokenize", "max_token_bytes", "render_chat", "render_chat_parts",
-           "tokenize_chat", "tokenize_corpus", "tokenize_parts", "tokenize_prompt"]
+           "tokenize_chat", "tokenize_corpus", "tokenize_output", "tokenize_parts",
+           "tokenize_prompt"]
 
 
 @contextlib.contextmanager
@@ -53,6 +54,18 @@ def tokenize_prompt(llm, text: str, *, chat: bool = False) -> np.ndarray:
         return tokenize_chat(llm, [{"role": "user", "content": text}])
     toks = llm.tokenize(text.encode("utf-8"), add_bos=llm._model.add_bos_token(), special=True)
     return np.asarray(toks, dtype=np.int32)
+
+
+def tokenize_output(llm, text: str) -> np.ndarray:
+    """Tokenize ``text`` as the model would output it: no BOS, special-token text stays text
+    (a predicted output, ``prediction``, is compared with generated tokens).
+
+    Returns
+    -------
+    numpy.ndarray of int32
+    """
+    return np.asarray(llm.tokenize(text.encode("utf-8"), add_bos=False, special=False),
+                      dtype=np.int32)
 
 
 def render_chat(llm, messages: Sequence[Dict[str, Any]]) -> str:

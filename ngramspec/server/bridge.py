@@ -71,7 +71,8 @@ class SchedulerBridge:
         """
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def submit(self, prompt_tokens, sampling, speculation):
+    async def submit(self, prompt_tokens, sampling, speculation, *, prediction=None,
+                     scheduler=None):
         """Submit a request to the scheduler.
 
         Parameters
@@ -79,6 +80,10 @@ class SchedulerBridge:
         prompt_tokens : sequence of int
         sampling : SamplingParams
         speculation : SpeculationParams
+        prediction : sequence of int, optional
+            Predicted Outputs' tokens (the scheduler's ``prediction``).
+        scheduler : Scheduler, optional
+            Another scheduler served by the same app (a second model); default the bridge's.
 
         Returns
         -------
@@ -91,8 +96,10 @@ class SchedulerBridge:
             the scheduler raises them.
         """
         try:
-            return await self.run(lambda: self.scheduler.submit(
-                prompt_tokens, sampling=sampling, speculation=speculation))
+            target = self.scheduler if scheduler is None else scheduler
+            return await self.run(lambda: target.submit(
+                prompt_tokens, sampling=sampling, speculation=speculation,
+                prediction=prediction))
         except QueueFull as exc:
             raise APIError(503, f"the server is busy: {exc}; retry later",
                            code="queue_full") from None

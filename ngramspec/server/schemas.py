@@ -96,6 +96,7 @@ class GenerationRequest(BaseModel):
     best_of: Optional[StrictInt] = None
 
     speculative: Optional[SpeculativeOptions] = None
+    prediction: Optional["Prediction"] = None
     flat_n_max: Optional[StrictInt] = Field(None, alias="speculative.n_max")
     flat_n_min: Optional[StrictInt] = Field(None, alias="speculative.n_min")
     flat_p_min: Optional[Number] = Field(None, alias="speculative.p_min")
@@ -205,6 +206,20 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: ``{"type": "content", "content": TEXT or text parts}``, the
+    expected output (the file an edit rewrites); it drafts, the output does not depend on it."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["content"]
+    content: Union[StrictStr, List[TextPart]]
+
+    def text(self) -> str:
+        """The content as one string."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
 class ChatMessage(BaseModel):
     """One message of a chat request; its content is a string or text parts."""
     model_config = ConfigDict(extra="ignore", strict=True)
@@ -255,11 +270,19 @@ class ChatCompletionRequest(GenerationRequest):
 # ---------------------------------------------------------------------------------------------
 # Responses (OpenAI's shapes; ``timings`` is llama-server's)
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's ``usage.completion_tokens_details`` (given with a ``prediction``): its drafted
+    tokens that the output took, and those it did not (still verified, so still counted)."""
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
 class Usage(BaseModel):
     """OpenAI's ``usage`` object: prompt, completion and total tokens."""
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: Optional[CompletionTokensDetails] = None
 
 
 class Timings(BaseModel):
@@ -313,6 +336,7 @@ class AssistantMessage(BaseModel):
     """The assistant's reply in a chat response."""
     role: Literal["assistant"] = "assistant"
     content: str
+    reasoning_content: Optional[str] = None     # --reasoning-format deepseek
 
 
 class ChatChoice(BaseModel):
@@ -335,6 +359,7 @@ class ChatDelta(BaseModel):
     """The new text of a chat stream chunk (the first chunk carries the role)."""
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
 
 
 class ChatChunkChoice(BaseModel):
