@@ -13,8 +13,8 @@ How the blocks run (the README's "Contributing" section says the same for writer
   project's extras, or named distributions) is installed in this environment, so an install
   command that names a missing extra or package fails here too.
 * A block that starts ``ngramspec serve`` runs in the background until ``/health`` answers on
-  its ``--port``; the server is stopped at the end of its ``##`` section, so the blocks after
-  it in that section are its clients.
+  its ``--port``; the server is stopped at the end of its ``##`` section, or when a later
+  block of the section starts another one, so the blocks after it are its clients.
 * A block preceded by ``<!-- not run in CI: REASON -->`` (the line just before its fence,
   blank lines allowed) is skipped with that reason: pytest lists every such block in its
   summary (``-ra``).
@@ -244,6 +244,7 @@ def test_readme_block(block, sandbox):
     if block.skip_reason:
         pytest.skip(f"{block.label}: not run in CI: {block.skip_reason}")
     if block.starts_server:
+        sandbox.stop_server()            # a later server example of a section replaces the first
         sandbox.start_server(block)
         return
     res = sandbox.run(block)
