@@ -17,7 +17,7 @@ from ngramspec.tokens import token_array
 
 from .model import require_llama_cpp
 
-__all__ = ["Decoder", "check_engine_models", "check_prompt", "finish_request", "prompt_pass",
+__all__ = ["Decoder", "check_engine_models", "check_prompt", "context_params", "finish_request", "prompt_pass",
            "reset_context", "target_and_prompt", "target_decoder"]
 
 
@@ -129,6 +129,22 @@ class Decoder:
 
     def is_eog(self, token: int) -> bool:
         return bool(self._lc.llama_vocab_is_eog(self.vocab, int(token)))
+
+
+def context_params(*, n_ctx: int, n_batch: int, n_seq_max: int, n_threads: int,
+                   unified: bool):
+    """``llama_context_params`` of a context ngramspec makes on a loaded model's weights (the
+    scheduler's, the draft model's, a noise-measuring one): ``n_batch`` tokens per decode in one
+    ubatch, ``n_threads`` for single and batched decodes alike, no perf counters; ``unified``
+    shares the KV cells among the ``n_seq_max`` sequences, else each gets ``n_ctx / n_seq_max``."""
+    cp = require_llama_cpp().llama_context_default_params()
+    cp.n_ctx = int(n_ctx)
+    cp.n_batch = cp.n_ubatch = int(n_batch)
+    cp.n_seq_max = int(n_seq_max)
+    cp.n_threads = cp.n_threads_batch = int(n_threads)
+    cp.kv_unified = bool(unified)
+    cp.no_perf = True
+    return cp
 
 
 def check_prompt(dec: Decoder, prompt: np.ndarray) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 
 from .batch import MultiSeqBatch
-from .decoder import Decoder, finish_request, prompt_pass, reset_context, target_and_prompt
+from .decoder import Decoder, context_params, finish_request, prompt_pass, reset_context, target_and_prompt
 
 __all__ = ["DivergenceReport", "divergence_report", "first_divergence", "NOISE_PATHS"]
 
@@ -206,14 +206,9 @@ def _multi_seq(llm, dec: Decoder, context: np.ndarray) -> np.ndarray:
     import llama_cpp as lc
     n = context.size
     half = max(2, dec.n_batch // 2)
-    cp = lc.llama_context_default_params()
-    cp.n_ctx = 2 * n + 256
-    cp.n_batch = cp.n_ubatch = 2 * half
-    cp.n_seq_max = 2
     threads = int(getattr(getattr(llm, "context_params", None), "n_threads", 0) or 1)
-    cp.n_threads = cp.n_threads_batch = threads
-    cp.kv_unified = True
-    cp.no_perf = True
+    cp = context_params(n_ctx=2 * n + 256, n_batch=2 * half, n_seq_max=2, n_threads=threads,
+                        unified=True)
     ctx = lc.llama_init_from_model(llm.model, cp)
     if not ctx:
         raise RuntimeError("llama_init_from_model failed for the multi-sequence noise path")

@@ -26,7 +26,7 @@ from ngramspec._proposer import PyProposer, check_int
 from ngramspec.loop import common_prefix
 from ngramspec.registry import TYPES
 
-from .decoder import Decoder
+from .decoder import Decoder, context_params
 from .model import default_threads, require_llama_cpp
 from .repack import model_params, warn_if_amx_repack
 
@@ -177,7 +177,7 @@ class DraftModelProposer(PyProposer):
         # llama.cpp checks the bound only after the first drafted token: n_max = 0 drafts one.
         n_max = max(1, n_max)
         super().__init__(NAME, int(n_slots), n_max)
-        llama_cpp = require_llama_cpp()
+        require_llama_cpp()  # the ImportError that names the live extra
         from llama_cpp import _internals
 
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
@@ -195,16 +195,9 @@ class DraftModelProposer(PyProposer):
         else:
             raise ValueError("model_draft must be a GGUF path or a llama_cpp.Llama")
         threads = int(n_threads or default_threads())
-        cparams = llama_cpp.llama_context_default_params()
         # Non-unified KV: every slot (sequence) gets n_ctx positions of its own.
-        cparams.n_ctx = n_ctx * int(n_slots)
-        cparams.n_seq_max = int(n_slots)
-        cparams.kv_unified = False
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.no_perf = True
+        cparams = context_params(n_ctx=n_ctx * int(n_slots), n_batch=n_batch,
+                                 n_seq_max=int(n_slots), n_threads=threads, unified=False)
         self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=False)
         self._dec = Decoder(self._ctx.ctx, self._model.model, n_batch)
         self.n_ctx = self._dec.n_ctx

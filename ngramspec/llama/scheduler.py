@@ -35,7 +35,7 @@ import numpy as np
 
 from . import admission
 from .batch import MultiSeqBatch
-from .decoder import check_engine_models
+from .decoder import check_engine_models, context_params
 from .calibration import context_calibration
 from .model import default_threads, load_model
 from .params import SamplingParams, SpeculationParams, _integer
@@ -180,13 +180,8 @@ class Scheduler:
         else:
             self.llm = llm_or_path
         model = self.llm.model
-        cp = lc.llama_context_default_params()
-        cp.n_ctx = n_ctx
-        cp.n_batch = cp.n_ubatch = self.n_batch
-        cp.n_seq_max = self.n_slots
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.kv_unified = True
-        cp.no_perf = True
+        cp = context_params(n_ctx=n_ctx, n_batch=self.n_batch, n_seq_max=self.n_slots,
+                            n_threads=threads, unified=True)
         self._ctx = lc.llama_init_from_model(model, cp)
         if not self._ctx:
             raise RuntimeError("llama_init_from_model failed (n_ctx too large for memory?)")
