@@ -339,14 +339,29 @@ def test_cli_generate_json_compare():
         assert res["divergence"]["within_float_noise"], res["divergence"]
 
 
-def test_cli_text_report(capsys, tmp_path, prompt):
+def test_cli_text_report(capsys, tmp_path, prompt, monkeypatch):
+    """The text report; one run checks its flags once and the engine against the model once."""
+    from ngramspec.cli import live_flags
+    from ngramspec.llama import live
+    calls = []
+
+    def counting(name, check):
+        def wrapper(*args):
+            calls.append(name)
+            return check(*args)
+        return wrapper
+    monkeypatch.setattr(live_flags, "check_spec_flags",
+                        counting("flags", live_flags.check_spec_flags))
+    monkeypatch.setattr(live, "check_engine_models", counting("engine", live.check_engine_models))
     toks = tmp_path / "prompt.json"
     toks.write_text(json.dumps([int(t) for t in prompt]))
     rc = cli_main(["generate", "--prompt-tokens", str(toks), "-n", "16", "-c", str(N_CTX),
-                   "-t", "1", "--spec-type", "ngram-mod"])
+                   "-t", "1", "--spec-type", "ngram-mod", "--spec-policy", "fixed"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "statistics        ngram-mod:" in out and "tokens/s" in out
+    assert "output 16 tokens (finish: length)" in out and "draft tokens accepted" in out
+    assert sorted(calls) == ["engine", "flags"]
 
 
 @pytest.mark.parametrize("argv, needle", [
