@@ -210,10 +210,10 @@ def run_ours(models, name, prompt, n_predict):
             "cpu_tps": (n - 1) / cpu if cpu > 0 and n > 1 else 0.0,
             "prompt_reused": res.prompt_reused,
             "n_steps": res.n_target_decodes, "tokens_per_step": (n - 1) / steps,
-            "n_drafted": res.n_drafted, "n_accepted": res.n_accepted,
+            "n_draft_tokens": res.n_draft_tokens, "n_acc_tokens": res.n_acc_tokens,
             "target_ms_per_step": res.t_target_s / steps * 1e3,
             "proposer_us_per_step": res.t_proposers_s / steps * 1e6,
-            "mean_batch": (res.n_drafted + res.n_target_decodes) / steps}
+            "mean_batch": (res.n_draft_tokens + res.n_target_decodes) / steps}
 
 
 def modeled_cost(cost_model, shapes):
@@ -292,7 +292,7 @@ def run_server(models, name, prompt, n_predict):
            "tps": (n - 1) / g.wall_s if g.wall_s > 0 and n > 1 else 0.0,
            "cpu_tps": (n - 1) / g.cpu_s if g.cpu_s > 0 and n > 1 else 0.0}
     if SERVER_CONFIGS[name][0] is not None:
-        rec |= {"n_drafted": g.draft_n, "n_accepted": g.draft_n_accepted}
+        rec |= {"n_draft_tokens": g.draft_n, "n_acc_tokens": g.draft_n_accepted}
     return rec
 
 
@@ -515,7 +515,7 @@ def summarize(speed, names):
                         r[metric] / b[metric] for r, b in zip(runs, lcp_base))
             if "modeled" in runs[0]:
                 cell |= modeled_cell(runs, base)
-            for k in ("tokens_per_step", "n_drafted", "n_accepted", "mean_batch"):
+            for k in ("tokens_per_step", "n_draft_tokens", "n_acc_tokens", "mean_batch"):
                 if k in runs[0]:
                     cell[k] = runs[0][k]
             for k in ("target_ms_per_step", "proposer_us_per_step"):
@@ -659,7 +659,8 @@ def _match(c):
 
 def _prompt_row(name, c, replayed):
     match = _match(c)
-    acc = f"{c['n_accepted']} / {c['n_drafted']}" if "n_drafted" in c and name != PLAIN else "—"
+    acc = (f"{c['n_acc_tokens']} / {c['n_draft_tokens']}"
+           if "n_draft_tokens" in c and name != PLAIN else "—")
     modeled = _fmt(c.get("modeled_vs_plain"), ".3f")
     if "modeled_vs_plain_range" in c:
         modeled += " (rounds {:.3f}–{:.3f})".format(*c["modeled_vs_plain_range"])
@@ -673,7 +674,7 @@ def _prompt_row(name, c, replayed):
 def generate_config():
     """The name in CONFIGS of `ngramspec generate`'s default configuration (its policy is
     auto)."""
-    from ngramspec.cli.generate import GENERATE_DEFAULTS
+    from ngramspec.cli.live_flags import GENERATE_DEFAULTS
     return next(name for name, (types, params) in CONFIGS.items()
                 if types == "ngram-mod" and params == GENERATE_DEFAULTS and name in AUTO)
 
@@ -692,8 +693,8 @@ def acceptance_summary(res, family="code-edit"):
         out[name] = {
             "live": float(np.mean([c["tokens_per_step"] for c in cells])),
             "replay": float(np.mean(replayed)) if None not in replayed else None,
-            "accepted": sum(c["n_accepted"] for c in cells),
-            "drafted": sum(c["n_drafted"] for c in cells),
+            "n_acc_tokens": sum(c["n_acc_tokens"] for c in cells),
+            "n_draft_tokens": sum(c["n_draft_tokens"] for c in cells),
             "proposer_us": statistics.median(c["proposer_us_per_step"] for c in cells),
             "target_ms": statistics.median(c["target_ms_per_step"] for c in cells)}
     return out
@@ -835,7 +836,7 @@ def _targets_section(p, res):
 
 
 def _limits_section(p, res):
-    from ngramspec.cli.generate import GENERATE_DEFAULTS
+    from ngramspec.cli.live_flags import GENERATE_DEFAULTS
     p("## What limits the speed-up")
     p("")
     p("On the code-edit prompts, per configuration: output tokens per target decode live and "
@@ -847,8 +848,8 @@ def _limits_section(p, res):
       "| proposer µs/step | target ms/step |")
     p("|---|---|---|---|---|---|")
     for name, s in acceptance_summary(res).items():
-        p(f"| {name} | {s['live']:.2f} | {_fmt(s['replay'], '.2f')} | {s['accepted']} / "
-          f"{s['drafted']} | {s['proposer_us']:.0f} | {s['target_ms']:.1f} |")
+        p(f"| {name} | {s['live']:.2f} | {_fmt(s['replay'], '.2f')} | {s['n_acc_tokens']} / "
+          f"{s['n_draft_tokens']} | {s['proposer_us']:.0f} | {s['target_ms']:.1f} |")
     p("")
     p("`ngramspec generate`'s defaults (`GENERATE_DEFAULTS`, generate only): " + ", ".join(
         f"`{k}={v}`" for k, v in GENERATE_DEFAULTS.items()) + " — the configuration "
@@ -859,7 +860,6 @@ def _limits_section(p, res):
 def render(res, notes=None):
     """The Markdown of bench/results/e2e.md; `notes` (Markdown) follows the targets table."""
     s, m = res["settings"], res["machine"]
-    names = s["names"]
     lines = []
     p = lines.append
     p("# End to end: live speculative generation on this 2-core CPU")
@@ -896,6 +896,16 @@ def render(res, notes=None):
     if notes:
         p(notes.strip())
         p("")
+    _family_section(p, res)
+    _oracle_section(p, res)
+    _limits_section(p, res)
+    _prompt_section(p, res)
+    _batch_section(p, res.get("batch"))
+    return "\n".join(lines) + "\n"
+
+
+def _family_section(p, res) -> None:
+    names = res["settings"]["names"]
     p("## Speed-up over plain greedy decoding, per family")
     p("")
     fams = list(res["per_family"])
@@ -919,8 +929,10 @@ def render(res, notes=None):
                                                       in found else ""))
         p(f"| {name} | " + " | ".join(cells) + f" | {outputs} |")
     p("")
-    _oracle_section(p, res)
-    _limits_section(p, res)
+
+
+def _prompt_section(p, res) -> None:
+    names = res["settings"]["names"]
     p("## Per prompt")
     p("")
     p("Tokens per CPU-second and tokens/s (wall), medians; × plain: the median of the per-round "
@@ -948,7 +960,10 @@ def render(res, notes=None):
         for name in names:
             p(_prompt_row(name, row["configs"][name], row.get("replay", {}).get(name)))
         p("")
-    b = res.get("batch")
+
+
+def _batch_section(p, b) -> None:
+    """The cost of verifying k tokens versus one, when the run measured it."""
     if b:
         p("## Cost of verifying k tokens versus one")
         p("")
@@ -980,7 +995,6 @@ def render(res, notes=None):
             p(f"- {t} thread(s), wall clock: ceiling **{up:.2f}×** (at k = {n}), reached only "
               f"if every drafted token were accepted.")
         p("")
-    return "\n".join(lines) + "\n"
 
 
 def _jsonable(obj):

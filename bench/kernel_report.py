@@ -227,33 +227,65 @@ def report(args):
     labels = args.sizes.split(",")
     ngram = [x for n in PROPOSERS for x in ([n] if args.no_cpp else [n, CPP + n])]
     names = ngram + ([PROMPT_LOOKUP] if not args.no_prompt_lookup else [])
-    info = benchlib.machine(with_cpp=not args.no_cpp)
-    corpus = benchlib.Corpus("code-edit")
-    ctxs = {label: corpus.context(label, SIZES[label]) for label in labels}
-    engines = benchlib.Engines()
-    timer = benchlib.timer_overhead_ns()
-    st = steady(ctxs, engines, names, args.rounds, args.pl_rounds)
-    fd = first_draft(ctxs, engines, ngram, args.rounds)
-    bg = begins({k: v for k, v in ctxs.items() if k != "48k"}, engines, ngram,
-                max(3, args.rounds // 2))
-    pc = pool_costs(max(5, args.rounds))
-    oh = overhead(engines, names, max(5, args.rounds // 2))
-    with tempfile.TemporaryDirectory() as tmp:
-        mem_ctx = corpus.context("8k", SIZES["8k"])
-        mem = benchlib.memprobe_many([(n, s) for n in PROPOSERS for s in (1, 16, 64)],
-                                     mem_ctx, 256, tmp)
-
+    m = _measure(args, labels, ngram, names)
     lines = []
 
     def p(text=""):
         print(text)
         lines.append(text)
 
+    st = m["steady"]
+    _steady_section(p, m, labels, names)
+    cpp_ratios, cpp_med = ({}, {}) if args.no_cpp else cpp_section(p, st, labels)
+    ratios, gm = _ratio_section(p, st, labels, names, args.no_cpp)
+    _call_sections(p, m, labels, ngram, names)
+    _memory_section(p, m)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": m["info"], "timer_ns": m["timer"],
+                       "steady": {f"{n}@{l}": v for (n, l), v in st.items()},
+                       "first_draft": {f"{n}@{l}": v for (n, l), v in m["first"].items()},
+                       "begin_ms": {f"{n}@{l}": v for (n, l), v in m["begin"].items()},
+                       "pool_ms": m["pool"], "overhead_us": m["overhead"], "memory": m["mem"],
+                       "ratios": {f"{n}@{l}": v for (n, l), v in ratios.items()},
+                       "geomean": gm,
+                       "ratios_cpp": {f"{n}@{l}": v for (n, l), v in cpp_ratios.items()},
+                       "ratios_cpp_median": {f"{n}@{l}": v for (n, l), v in cpp_med.items()},
+                       "geomean_cpp": geomean([v for (n, l), v in cpp_ratios.items()
+                                               if n in CORE])}, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+def _measure(args, labels, ngram, names) -> dict:
+    """Every figure of the report: machine, timer, steady draft calls, first drafts, begins,
+    pool costs, fixed call cost, memory."""
+    corpus = benchlib.Corpus("code-edit")
+    ctxs = {label: corpus.context(label, SIZES[label]) for label in labels}
+    engines = benchlib.Engines()
+    m = {"info": benchlib.machine(with_cpp=not args.no_cpp),
+         "timer": benchlib.timer_overhead_ns()}
+    m["steady"] = steady(ctxs, engines, names, args.rounds, args.pl_rounds)
+    m["first"] = first_draft(ctxs, engines, ngram, args.rounds)
+    m["begin"] = begins({k: v for k, v in ctxs.items() if k != "48k"}, engines, ngram,
+                        max(3, args.rounds // 2))
+    m["pool"] = pool_costs(max(5, args.rounds))
+    m["overhead"] = overhead(engines, names, max(5, args.rounds // 2))
+    with tempfile.TemporaryDirectory() as tmp:
+        m["mem_ctx"] = corpus.context("8k", SIZES["8k"])
+        m["mem"] = benchlib.memprobe_many([(n, s) for n in PROPOSERS for s in (1, 16, 64)],
+                                          m["mem_ctx"], 256, tmp)
+    return m
+
+
+def _steady_section(p, m, labels, names) -> None:
+    st = m["steady"]
     p("## Machine\n")
-    for k, v in info.items():
+    for k, v in m["info"].items():
         p(f"- {k}: {v}")
-    p(f"- an empty `perf_counter_ns()` interval reads {timer:.0f} ns on this machine (included "
-      f"in every per-call figure, as in `ngramspec replay`)\n")
+    p(f"- an empty `perf_counter_ns()` interval reads {m['timer']:.0f} ns on this machine "
+      f"(included in every per-call figure, as in `ngramspec replay`)\n")
 
     p("## Draft call, steady state: us per call\n")
     p("Each call's minimum over the rounds, averaged over the calls; in parentheses the same "
@@ -274,15 +306,17 @@ def report(args):
         f"{st[('simple', l)]['mean_context']:.0f}" for l in labels) + " |")
     p("")
 
-    cpp_ratios, cpp_med = ({}, {}) if args.no_cpp else cpp_section(p, st, labels)
 
+def _ratio_section(p, st, labels, names, no_cpp):
+    """Ours / llama.cpp's per call (the spec's figures) and the long-context speed-ups;
+    returns the ratios and their geometric mean."""
     p("## Ratio ngramspec / llama.cpp per call (llama.cpp: spec section 9, its own C++ on its "
       "own traces, not measured here)\n")
     ref_labels = [l for l in labels if l in SIZE_REF]
     p("| proposer | " + " | ".join(f"{l} vs {LLAMA_CPP_ROWS[SIZE_REF[l]]}" for l in ref_labels)
       + " | geometric mean | max |")
     p("|" + "---|" * (len(ref_labels) + 3))
-    ratios, per_prop = {}, {}
+    ratios = {}
     for name in CORE:
         cells, rs = [], []
         for l in ref_labels:
@@ -292,7 +326,6 @@ def report(args):
             rs.append(r)
             ratios[(name, l)] = r
             cells.append(f"{ours:.3f} / {ref:.2f} = **{r:.2f}×**")
-        per_prop[name] = rs
         p(f"| {name} | " + " | ".join(cells) + f" | {geomean(rs):.2f}× | {max(rs):.2f}× |")
     gm = geomean(list(ratios.values()))
     med = {(n, l): st[(n, l)]["median"] / LLAMA_CPP_US[SIZE_REF[l]][n] for (n, l) in ratios}
@@ -301,6 +334,21 @@ def report(args):
       f"({max(ratios, key=ratios.get)[0]} at {max(ratios, key=ratios.get)[1]}; target <= 2×). "
       f"With each call's median instead of its minimum: geometric mean "
       f"{geomean(list(med.values())):.3f}×, largest {max(med.values()):.2f}×.\n")
+    _long_context_lines(p, st, labels, no_cpp)
+    if PROMPT_LOOKUP in names:
+        p("\nSpeed-up over llama-cpp-python's LlamaPromptLookupDecoding (its us / ours), same "
+          "contexts, same run:\n")
+        p("| proposer | " + " | ".join(labels) + " |")
+        p("|" + "---|" * (len(labels) + 1))
+        for name in PROPOSERS:
+            p(f"| {name} | " + " | ".join(
+                f"{st[(PROMPT_LOOKUP, l)]['us'] / st[(name, l)]['us']:.0f}×" for l in labels)
+              + " |")
+    p("")
+    return ratios, gm
+
+
+def _long_context_lines(p, st, labels, no_cpp) -> None:
     if "32k" in labels:
         est = benchlib.llama_simple_estimate(SIZES["32k"])
         ours = st[("simple", "32k")]["us"]
@@ -312,21 +360,15 @@ def report(args):
         p(f"ngram-simple at 48k: {ours:.3f} us vs llama.cpp 58.7 us (python_long, measured): "
           f"**{58.7 / ours:.1f}× faster**.")
     for l in ("32k", "48k", "128k"):
-        if l in labels and not args.no_cpp:
+        if l in labels and not no_cpp:
             ours, cpp = st[("simple", l)]["us"], st[(CPP + "simple", l)]["us"]
             p(f"ngram-simple at {l}, C++ baseline measured here: {ours:.3f} us vs {cpp:.1f} us: "
               f"**{cpp / ours:.1f}× faster**.")
-    if PROMPT_LOOKUP in names:
-        p("\nSpeed-up over llama-cpp-python's LlamaPromptLookupDecoding (its us / ours), same "
-          "contexts, same run:\n")
-        p("| proposer | " + " | ".join(labels) + " |")
-        p("|" + "---|" * (len(labels) + 1))
-        for name in PROPOSERS:
-            p(f"| {name} | " + " | ".join(
-                f"{st[(PROMPT_LOOKUP, l)]['us'] / st[(name, l)]['us']:.0f}×" for l in labels)
-              + " |")
-    p("")
 
+
+def _call_sections(p, m, labels, ngram, names) -> None:
+    """First draft after begin, the fixed cost of a call, begin() and the pool's reset."""
+    fd, oh, bg, pc = m["first"], m["overhead"], m["begin"], m["pool"]
     p("## First draft after begin: us (min over rounds)\n")
     p("| proposer | " + " | ".join(labels) + " |")
     p("|" + "---|" * (len(labels) + 1))
@@ -352,36 +394,21 @@ def report(args):
       f"ModPool(): {pc['alloc'][0]:.3f} ms (median {pc['alloc'][1]:.3f}). llama.cpp (spec): "
       + "; ".join(f"{k}: {v} ms" for k, v in benchlib.LLAMA_CPP_BEGIN_MS.items()) + ".\n")
 
+
+def _memory_section(p, m) -> None:
     p("## Memory\n")
-    p(f"Every slot served the 8k request (begin on {mem_ctx.prompt_len} prompt tokens, then 256 "
-      f"replayed verification steps). `memory_bytes()` is the engine's own accounting (the "
-      f"shared ModPool not included); RSS is the process's resident-set growth, measured in a "
-      f"fresh process.\n")
+    p(f"Every slot served the 8k request (begin on {m['mem_ctx'].prompt_len} prompt tokens, "
+      f"then 256 replayed verification steps). `memory_bytes()` is the engine's own accounting "
+      f"(the shared ModPool not included); RSS is the process's resident-set growth, measured "
+      f"in a fresh process.\n")
     p("| proposer | slots | memory_bytes() per slot | RSS growth per slot | ModPool bytes "
       "| ModPool RSS growth |")
     p("|---|---|---|---|---|---|")
-    for m in mem:
-        s = m["slots"]
-        p(f"| {m['name']} | {s} | {m['memory_bytes'] / s / 1024:.1f} KiB "
-          f"| {m['rss_engine'] / s / 1024:.1f} KiB "
-          f"| {m['pool_nbytes'] / MIB:.0f} MiB | {m['rss_pool'] / MIB:.2f} MiB |")
-
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": info, "timer_ns": timer,
-                       "steady": {f"{n}@{l}": v for (n, l), v in st.items()},
-                       "first_draft": {f"{n}@{l}": v for (n, l), v in fd.items()},
-                       "begin_ms": {f"{n}@{l}": v for (n, l), v in bg.items()},
-                       "pool_ms": pc, "overhead_us": oh, "memory": mem,
-                       "ratios": {f"{n}@{l}": v for (n, l), v in ratios.items()},
-                       "geomean": gm,
-                       "ratios_cpp": {f"{n}@{l}": v for (n, l), v in cpp_ratios.items()},
-                       "ratios_cpp_median": {f"{n}@{l}": v for (n, l), v in cpp_med.items()},
-                       "geomean_cpp": geomean([v for (n, l), v in cpp_ratios.items()
-                                               if n in CORE])}, f, indent=1)
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    for row in m["mem"]:
+        s = row["slots"]
+        p(f"| {row['name']} | {s} | {row['memory_bytes'] / s / 1024:.1f} KiB "
+          f"| {row['rss_engine'] / s / 1024:.1f} KiB "
+          f"| {row['pool_nbytes'] / MIB:.0f} MiB | {row['rss_pool'] / MIB:.2f} MiB |")
 
 
 def main(argv=None):

@@ -66,7 +66,7 @@ import httpx
 
 import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
 from llama_server import LlamaServer, find_binary, proc_cpu_seconds, spec_flags
-from ngramspec.cli.generate import GENERATE_DEFAULTS
+from ngramspec.cli.live_flags import GENERATE_DEFAULTS
 from ngramspec.registry import all_params
 from ngramspec.server.process import ServerProcess
 
@@ -212,7 +212,7 @@ def markdown(rows: list) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None):
+def _parser():
     ap = benchlib.argument_parser(__doc__)
     ap.add_argument("--family", default="code-edit")
     ap.add_argument("--slots", type=int, default=4)
@@ -241,7 +241,60 @@ def main(argv=None):
     ap.add_argument("--md", "--markdown", dest="markdown", metavar="FILE",
                     help="also write the table to this file (results/serve-load.md is the "
                          "written-up reading: do not overwrite it)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _start_servers(args, systems, params, binary, model, stops) -> dict:
+    """The target of every system, its server started; each server's stop goes to `stops`."""
+    common = ["-c", str(args.ctx_size), "-t", str(args.threads), "-b", str(args.batch_size)]
+    targets = {}
+    if any(s.startswith("ngramspec") for s in systems):
+        srv = ServerProcess("--slots", args.slots, *common,
+                            *ngramspec_spec_args(args.spec_type, params),
+                            "--spec-policy", "auto" if "ngramspec auto" in systems else "fixed",
+                            "--queue-size", max(64, args.requests), "--log-level", "warning",
+                            cwd=str(ROOT), timeout=600)
+        stops.append(srv.stop)
+        for s in systems:
+            if s.startswith("ngramspec "):
+                targets[s] = Target(s, srv.url, srv.proc.pid,
+                                    {"speculative": MODE_FIELDS[s.split()[1]]})
+    for mode, flags in (("spec", spec_flags(args.spec_type, params)), ("plain", [])):
+        name = f"llama-server {mode}"
+        if name not in systems:
+            continue
+        ls = LlamaServer(binary, model, threads=args.threads, ctx_size=args.ctx_size,
+                         slots=args.slots, batch_size=args.batch_size,
+                         flags=["--kv-unified", *flags])
+        ls.__enter__()
+        stops.append(ls.__exit__)
+        targets[name] = Target(name, ls.base_url, ls.proc.pid, {})
+    return targets
+
+
+def _rounds(targets, systems, distinct, prompts, clients, args) -> list:
+    """Warm-up (every distinct prompt once, all at once, on every server), then each round's
+    runs, the systems rotated per round."""
+    for s in systems:
+        run_config(targets[s], distinct, len(distinct), 4)
+    print(f"servers up; load average {os.getloadavg()[0]:.2f}", flush=True)
+    runs = []
+    for rnd in range(args.rounds):
+        for c in clients:
+            k = rnd % len(systems)
+            for s in systems[k:] + systems[:k]:
+                res = run_config(targets[s], prompts, c, args.max_tokens)
+                res.update(round=rnd, clients=c, system=s)
+                runs.append(res)
+                print(f"round {rnd} clients {c} {s:18s}: {res['requests_per_s']:.3f} req/s "
+                      f"{res['tokens_per_s']:6.1f} tok/s {res['tokens_per_cpu_s']:6.1f} "
+                      f"tok/CPU-s (drafted {res['draft_n']}, accepted "
+                      f"{res['draft_n_accepted']}, prompt {res['prompt_n']})", flush=True)
+    return runs
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
     params = json.loads(args.spec_params)
     servers = args.servers.split(",")
@@ -256,47 +309,11 @@ def main(argv=None):
     distinct = load_prompts(args.family, args.prompts or args.slots,
                             min(args.max_prompt, slot_ctx - args.max_tokens - 8))
     prompts = [distinct[i % len(distinct)] for i in range(args.requests)]
-    common = ["-c", str(args.ctx_size), "-t", str(args.threads), "-b", str(args.batch_size)]
     load0 = os.getloadavg()
-    targets, stops = {}, []
+    stops = []
     try:
-        if any(s.startswith("ngramspec") for s in systems):
-            srv = ServerProcess("--slots", args.slots, *common,
-                                *ngramspec_spec_args(args.spec_type, params),
-                                "--spec-policy", "auto" if "ngramspec auto" in systems else "fixed",
-                                "--queue-size", max(64, args.requests), "--log-level", "warning",
-                                cwd=str(ROOT), timeout=600)
-            stops.append(srv.stop)
-            for s in systems:
-                if s.startswith("ngramspec "):
-                    targets[s] = Target(s, srv.url, srv.proc.pid,
-                                        {"speculative": MODE_FIELDS[s.split()[1]]})
-        for mode, flags in (("spec", spec_flags(args.spec_type, params)), ("plain", [])):
-            name = f"llama-server {mode}"
-            if name not in systems:
-                continue
-            ls = LlamaServer(binary, model, threads=args.threads, ctx_size=args.ctx_size,
-                             slots=args.slots, batch_size=args.batch_size,
-                             flags=["--kv-unified", *flags])
-            ls.__enter__()
-            stops.append(ls.__exit__)
-            targets[name] = Target(name, ls.base_url, ls.proc.pid, {})
-        # Warm-up: every distinct prompt once, all at once (one per slot), on every server.
-        for s in systems:
-            run_config(targets[s], distinct, len(distinct), 4)
-        print(f"servers up; load average {os.getloadavg()[0]:.2f}", flush=True)
-        runs = []
-        for rnd in range(args.rounds):
-            for c in clients:
-                k = rnd % len(systems)
-                for s in systems[k:] + systems[:k]:
-                    res = run_config(targets[s], prompts, c, args.max_tokens)
-                    res.update(round=rnd, clients=c, system=s)
-                    runs.append(res)
-                    print(f"round {rnd} clients {c} {s:18s}: {res['requests_per_s']:.3f} req/s "
-                          f"{res['tokens_per_s']:6.1f} tok/s {res['tokens_per_cpu_s']:6.1f} "
-                          f"tok/CPU-s (drafted {res['draft_n']}, accepted "
-                          f"{res['draft_n_accepted']}, prompt {res['prompt_n']})", flush=True)
+        targets = _start_servers(args, systems, params, binary, model, stops)
+        runs = _rounds(targets, systems, distinct, prompts, clients, args)
     finally:
         for stop in reversed(stops):
             try:

@@ -137,10 +137,8 @@ class SlotLoop:
         The target's context size; > 0 bounds every draft by ``n_ctx - L - 2`` (L = context
         length), 0 leaves drafts unbounded by context.
     n_predict : int
-        Output token limit, -1 for none; >= 0 bounds drafts by ``n_remaining - 1`` and ends the
-        request once that many tokens are out.
-    n_max : int, optional
-        A further bound on every draft (an engine's number of speculative tokens); None: none.
+        Output token limit, < 0 (-1) for none (`ngramspec.stop_rules`' sentinel); >= 0 bounds
+        drafts by ``n_remaining - 1`` and ends the request once that many tokens are out.
     policy : FixedPolicy-like, optional
         Draft-length policy; ``None`` is :class:`FixedPolicy` (llama.cpp).
     record_drafts : bool
@@ -186,11 +184,11 @@ class SlotLoop:
                  "sampled", "n_output", "n_prompt", "n_draft_max", "steps", "drafts",
                  "n_draft_calls", "n_drafts", "n_draft_tokens", "n_acc_drafts", "n_acc_tokens",
                  "begin_ns", "draft_ns", "accept_ns", "_buf", "_len", "_draft", "_called",
-                 "_hooks", "_bounded", "n_max")
+                 "_hooks", "_bounded")
 
     def __init__(self, engine, slot: int, prompt, first_token, *, n_ctx: int = 0,
                  n_predict: int = -1, policy=None, record_drafts: bool = False,
-                 capacity: int = 0, n_max: int | None = None):
+                 capacity: int = 0):
         self.engine = engine
         self.slot = slot
         self.n_ctx = int(n_ctx)
@@ -198,8 +196,7 @@ class SlotLoop:
         self.policy = FixedPolicy() if policy is None else policy
         # FixedPolicy's hooks change nothing: skip the three calls per step
         self._hooks = type(self.policy) is not FixedPolicy
-        self.n_max = None if n_max is None else operator.index(n_max)
-        self._bounded = self.n_ctx > 0 or self.n_predict >= 0 or self.n_max is not None
+        self._bounded = self.n_ctx > 0 or self.n_predict >= 0
         self.record_drafts = record_drafts
         self.begin_ns = self.draft_ns = self.accept_ns = 0
         self.steps = []
@@ -260,8 +257,9 @@ class SlotLoop:
         ----------
         n_max : int, optional
             The driver's own bound of this step's draft (a request's ``speculation.n_max``, a
-            batch's token budget), beside the context's, the output's and the loop's own
-            ``n_max`` (a constant bound given at construction); part of `n_draft_max`.
+            batch's token budget, a host engine's number of speculative tokens), beside the
+            context's and the output's; part of `n_draft_max`. The one way to bound a draft
+            beyond llama-server's rules: a constant bound is passed at every step.
         n_min : int
             A draft shorter than this is dropped (llama.cpp's ``n_min``), before the policy
             sees it.
@@ -289,9 +287,7 @@ class SlotLoop:
             if self.n_predict >= 0:
                 remaining = self.n_predict - self.n_output - 1
                 bound = remaining if bound is None else min(bound, remaining)
-            if self.n_max is not None:
-                bound = self.n_max if bound is None else min(bound, self.n_max)
-            self.n_draft_max = bound
+        self.n_draft_max = bound
         hooks = self._hooks
         if hooks and (bound is None or bound > 0):
             lower = self.policy.before_draft(self)
@@ -425,8 +421,10 @@ def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=No
 
     Parameters
     ----------
-    engine, slot, n_ctx, policy, record_drafts, n_max
+    engine, slot, n_ctx, policy, record_drafts
         As for :class:`SlotLoop`.
+    n_max : int, optional
+        Every step's `SlotLoop.propose` bound (an engine's number of speculative tokens).
     prompt, output : 1-D int arrays
         The request's prompt and its recorded output tokens.
 
@@ -438,11 +436,11 @@ def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=No
     n_out = len(output)
     loop = SlotLoop(engine, slot, prompt, output[0] if n_out else None, n_ctx=n_ctx,
                     policy=policy, record_drafts=record_drafts,
-                    capacity=len(prompt) + n_out + 1, n_max=n_max)
+                    capacity=len(prompt) + n_out + 1)
     propose, verify = loop.propose, loop.verify
     tokens = output.tolist() if isinstance(output, np.ndarray) else list(output)
     while not loop.done and loop.n_output < n_out:
-        n_d = len(propose())
+        n_d = len(propose(n_max))
         produced = loop.n_output
         # a list slice is the cheap target of the many steps without a draft; an array slice
         # compares faster with a draft

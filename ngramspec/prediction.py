@@ -59,9 +59,10 @@ class PredictionDrafter:
     ----------
     pos : int
         Where the output is in the prediction: the index of the token expected next.
-    n_drafted, n_accepted : int
+    gen_tokens, acc_tokens : int
         Prediction tokens drafted and verified, and accepted by the target (OpenAI's
-        ``accepted_prediction_tokens``; the difference is ``rejected_prediction_tokens``).
+        ``accepted_prediction_tokens``; the difference is ``rejected_prediction_tokens``); a
+        proposer's counts, named as `ngramspec.stats` names them.
 
     Notes
     -----
@@ -73,7 +74,7 @@ class PredictionDrafter:
     to find the place again.
     """
 
-    __slots__ = ("tokens", "n_max", "n_match", "pos", "n_drafted", "n_accepted", "_index",
+    __slots__ = ("tokens", "n_max", "n_match", "pos", "gen_tokens", "acc_tokens", "_index",
                  "_start", "_n_draft", "_cap", "n_start")
 
     def __init__(self, prediction, *, n_max: int = PREDICTION_N_MAX,
@@ -87,7 +88,7 @@ class PredictionDrafter:
             raise ValueError(f"n_start = {n_start!r} is out of range: allowed 1 .. {n_max}")
         self.n_max, self.n_match = n_max, n_match
         self.pos = 0
-        self.n_drafted = self.n_accepted = 0
+        self.gen_tokens = self.acc_tokens = 0
         self._start = -1
         self.n_start = n_start
         self._cap = n_start
@@ -150,7 +151,7 @@ class PredictionDrafter:
         self._cap = min(self.n_max, 2 * self._cap) if n_accepted >= self._n_draft \
             else self.n_start
         self.pos = self._start + n_accepted
-        self.n_accepted += n_accepted
+        self.acc_tokens += n_accepted
         self._start = -1
 
 
@@ -191,11 +192,11 @@ class PredictedEngine:
 
     @property
     def accepted_prediction_tokens(self) -> int:
-        return self.drafter.n_accepted
+        return self.drafter.acc_tokens
 
     @property
     def rejected_prediction_tokens(self) -> int:
-        return self.drafter.n_drafted - self.drafter.n_accepted
+        return self.drafter.gen_tokens - self.drafter.acc_tokens
 
     def begin(self, slot, prompt) -> None:
         """The chain's ``begin`` (the prediction needs none)."""
@@ -214,7 +215,7 @@ class PredictedEngine:
     def accept(self, slot, n_accepted) -> None:
         """Report the accepted length to whichever drafted."""
         if self._from_prediction:
-            self.drafter.n_drafted += self._n_draft
+            self.drafter.gen_tokens += self._n_draft
             self.drafter.accept(int(n_accepted))
             self._from_prediction = False
         elif self.engine is not None:

@@ -1,5 +1,37 @@
 """llama.cpp's ``statistics <type>: ...`` lines (``common/speculative.cpp``) and llama-server's
-``draft acceptance`` line, from `SpecEngine.stats()` dicts."""
+``draft acceptance`` line, from `SpecEngine.stats()` dicts; and the one name of every statistic.
+
+One name per statistic
+----------------------
+Every layer reports a count under its one name here; a new report reuses it. Finish reasons
+have their own one vocabulary, `ngramspec.stop_rules`.
+
+Driver counts: what a driver verified, per request or summed over requests (`SlotLoop` and its
+golden-format record, replay's records and totals, `GenerationResult`, ``Scheduler.stats()``).
+The names are the golden files' (``shared/golden/README.md``)::
+
+    n_draft_calls      draft calls made
+    n_drafts           non-empty drafts verified
+    n_draft_tokens     draft tokens verified
+    n_acc_drafts       verified drafts with at least one token accepted
+    n_acc_tokens       draft tokens accepted
+
+Proposer counts: one proposer's, cumulative (`SpecEngine.stats()`, the golden files'
+``llama_stats``, the per-proposer totals of ``Scheduler.stats()``). The names are llama.cpp's
+(``common_speculative_print_stats``)::
+
+    calls_b, calls_g, calls_a            begin, draft and accept calls
+    gen_drafts, acc_drafts               drafts made, drafts with a token accepted
+    gen_tokens, acc_tokens               draft tokens made, accepted
+    acc_per_pos                          acceptances per draft position
+    t_begin_us, t_draft_us, t_accept_us  microseconds in begin, draft, accept
+
+Wire names stay the wire's: a server response's ``timings.draft_n`` / ``draft_n_accepted``
+(llama-server's JSON); ``/metrics``' ``llamacpp:n_drafted_total`` /
+``llamacpp:n_drafted_accepted_total`` (llama-server's) and
+``vllm:spec_decode_num_draft_tokens_total`` / ``vllm:spec_decode_num_accepted_tokens_total``
+(vLLM's Prometheus names).
+"""
 from __future__ import annotations
 
 

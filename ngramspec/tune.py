@@ -668,61 +668,80 @@ def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
         swept = parse_types(list(set(GRIDS) | set(NGRAMSPEC_GRIDS)))
         raise ValueError(f"--types: nothing to sweep; the types tune sweeps are "
                          f"{', '.join(swept)}")
-    state = {"done": 0, "total": len(configs)}
-
-    def tick():
-        state["done"] += 1
-        if progress is not None:
-            progress(state["done"], state["total"])
-
-    pool = None
-    if jobs > 1:
-        pool = ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker,
-                                   initargs=(list(heldout), cost_model, static_paths, n_ctx))
-    else:
-        _init_worker(list(heldout), cost_model, static_paths, n_ctx)
-
-    def run_all(batch):
-        figures = [None] * len(batch)
-        if pool is None:
-            for i, c in enumerate(batch):
-                figures[i] = _run_one(i, c)[1]
-                tick()
-        else:
-            futures = [pool.submit(_run_one, i, c) for i, c in enumerate(batch)]
-            for fut in as_completed(futures):
-                i, f = fut.result()
-                figures[i] = f
-                tick()
-        return figures
-
-    try:
-        figures = run_all(configs)
+    with _Runner(jobs, progress, (list(heldout), cost_model, static_paths, n_ctx)) as runner:
+        figures = runner.run(configs)
         if chains:
-            entries = _rank(configs, figures)
-            extra = []
-            for k in slots:
-                for compatible in (True, False):
-                    extra += chain_configs(_best_per_type(entries, k, compatible))
-            extra = [c for c in dict.fromkeys(extra) if c not in set(configs)]
-            state["total"] += len(extra)
-            extra_figures = run_all(extra)
-            single = dict(zip(configs, figures))
-            for c, f in zip(extra, extra_figures):
-                if not _same_as_a_member(c, f, single):
-                    configs.append(c)
-                    figures.append(f)
+            configs, figures = _add_chains(runner, configs, figures, slots)
         if auto and ngramspec_options:
             extra = auto_configs(_rank(configs, figures), slots)
-            state["total"] += len(extra)
-            figures = figures + run_all(extra)
+            figures = figures + runner.run(extra)
             configs = configs + extra
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)     # Ctrl-C: do not run the queued rest
     entries = _rank(configs, figures)
     return TuneReport(entries, len(train), len(heldout), slots, cost_name,
                       static_path, n_ctx)
+
+
+class _Runner:
+    """Replays configurations in this process or in `jobs` worker processes, ticking the
+    progress callback after each; a ``with`` block shuts the workers down (Ctrl-C included:
+    the queued rest does not run)."""
+
+    def __init__(self, jobs: int, progress: Optional[Callable], worker_args: tuple):
+        self.progress = progress
+        self.done = self.total = 0
+        self.pool = None
+        if jobs > 1:
+            self.pool = ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker,
+                                            initargs=worker_args)
+        else:
+            _init_worker(*worker_args)
+
+    def __enter__(self) -> "_Runner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def _tick(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+    def run(self, batch: Sequence[Config]) -> list:
+        """Each configuration's figures, in `batch`'s order."""
+        self.total += len(batch)
+        figures = [None] * len(batch)
+        if self.pool is None:
+            for i, c in enumerate(batch):
+                figures[i] = _run_one(i, c)[1]
+                self._tick()
+            return figures
+        futures = [self.pool.submit(_run_one, i, c) for i, c in enumerate(batch)]
+        for fut in as_completed(futures):
+            i, f = fut.result()
+            figures[i] = f
+            self._tick()
+        return figures
+
+
+def _add_chains(runner: _Runner, configs: list, figures: list, slots) -> tuple:
+    """The chains of each slot count's best settings per type (llama.cpp-compatible ones, then
+    any), replayed; a chain that drafted exactly as one of its members is left out."""
+    entries = _rank(configs, figures)
+    extra = []
+    for k in slots:
+        for compatible in (True, False):
+            extra += chain_configs(_best_per_type(entries, k, compatible))
+    extra = [c for c in dict.fromkeys(extra) if c not in set(configs)]
+    extra_figures = runner.run(extra)
+    single = dict(zip(configs, figures))
+    configs, figures = list(configs), list(figures)
+    for c, f in zip(extra, extra_figures):
+        if not _same_as_a_member(c, f, single):
+            configs.append(c)
+            figures.append(f)
+    return configs, figures
 
 
 # Replay's counters: two configurations with equal counters drafted exactly the same.

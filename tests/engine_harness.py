@@ -290,12 +290,12 @@ def reference_drafts(engine_factory, sims: List[SimRequest], max_model_len: int,
             if j == 0:
                 slot_of[r.rid] = heapq.heappop(free)
                 loops[r.rid] = SlotLoop(engine, slot_of[r.rid], r.prompt, int(r.targets[0][0]),
-                                        n_ctx=max_model_len, n_max=k, policy=policy)
+                                        n_ctx=max_model_len, policy=policy)
         for _, j, r in events:
             if j:
                 t = r.targets[j]
                 loops[r.rid].verify(t, n_verified=len(t) - 1)
-            out[r.rid].append(loops[r.rid].propose().tolist())
+            out[r.rid].append(loops[r.rid].propose(k).tolist())
     return out
 
 

@@ -245,6 +245,34 @@ def test_plugin_silent_otherwise(model_path, monkeypatch, amx_file, plain_file, 
                        monkeypatch) == []
 
 
+def test_plugin_not_attached_warns_on_amx_hosts_only(monkeypatch, amx_file, plain_file):
+    """A plug-in no load_llama attached (its Llama built with llama-cpp-python's defaults, or
+    called directly) cannot see its Llama: it warns on an AMX host, naming load_llama."""
+    import numpy as np
+
+    from ngramspec.integrations.llama_cpp import NgramspecDraftModel
+    ids = np.arange(20, dtype=np.intc) % 5
+    for flags, n in ((plain_file, 0), (amx_file, 1)):
+        monkeypatch.setattr(repack, "_warned", False)
+        monkeypatch.setattr(repack, "CPUINFO_PATH", str(flags))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            NgramspecDraftModel("ngram-simple")(ids)
+        got = [w for w in caught if issubclass(w.category, RuntimeWarning)
+               and "AMX" in str(w.message)]
+        assert len(got) == n
+    assert "not loaded by load_llama" in str(got[0].message)
+
+
+def test_plugin_attaches_only_to_its_own_llama():
+    from ngramspec.integrations.llama_cpp import NgramspecDraftModel
+
+    class NotItsLlama:
+        draft_model = None
+    with pytest.raises(ValueError, match="draft_model is not this draft model"):
+        NgramspecDraftModel("ngram-simple").attach(NotItsLlama())
+
+
 def test_draft_model_from_llama_warns(model_path, monkeypatch, amx_file):
     from ngramspec.llama.draft_model import DraftModelProposer
     from ngramspec.llama.repack import load_llama

@@ -61,7 +61,7 @@ def test_generation_merges_into_the_dynamic_file(llm, prompt, tmp_path):
         assert load_cache(path).to_dict() == want.to_dict()
         assert res.dynamic_cache_ngrams == len(want)
         runs.append(res)
-    assert runs[2].n_accepted > runs[0].n_accepted
+    assert runs[2].n_acc_tokens > runs[0].n_acc_tokens
 
 
 def test_update_dynamic_cache_type_is_checked(llm, prompt):

@@ -278,7 +278,7 @@ def _gen_json(capsys, *argv):
 def test_ctx_size_is_honoured(live, capsys):
     """llama.cpp pads the context to 256 positions; --ctx-size 8 still means 8."""
     d = _gen_json(capsys, "-p", "a b a b", "-n", "50", "-c", "8")
-    assert d["stop_reason"] == "n_ctx"
+    assert d["finish_reason"] == "context"
     # the KV cache holds at most 8 positions: the prompt and all outputs but the last
     assert d["n_prompt"] + d["n_output"] - 1 == 8
     r = cli(capsys, "generate", "-t", "1", "-p", "a b " * 10, "-n", "5", "-c", "8")

@@ -164,7 +164,7 @@ def test_generate_streams_and_ctrl_c_keeps_the_output():
     out = (first + out).decode()
     assert p.returncode == 130, err
     text, _, report = out.partition("\n\nspec-type ")
-    assert len(text) > len(first.decode()) - 1 and "(stop: interrupted)" in report
+    assert len(text) > len(first.decode()) - 1 and "(finish: interrupted)" in report
     assert "statistics        ngram-mod:" in report
     assert "interrupted: the statistics cover the output so far" in report
     assert err.decode().strip().endswith("interrupted")
@@ -180,5 +180,5 @@ def test_generate_json_on_ctrl_c_is_one_object():
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, err
     res = json.loads(out)
-    assert res["interrupted"] is True and res["stop_reason"] == "interrupted"
+    assert res["interrupted"] is True and res["finish_reason"] == "interrupted"
     assert res["n_output"] == len(res["output_tokens"]) > 0

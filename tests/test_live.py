@@ -58,7 +58,7 @@ def prompt(llm):
 @pytest.fixture(scope="module")
 def plain(llm, prompt):
     res = generate_plain(llm, prompt, n_predict=N_PREDICT)
-    assert res.n_output == N_PREDICT and res.stop_reason == "n_predict"
+    assert res.n_output == N_PREDICT and res.finish_reason == "length"
     return res
 
 
@@ -80,7 +80,7 @@ def test_ngram_types_match_plain_greedy(llm, prompt, plain, spec_type):
     eng = SpecEngine(spec_type)
     res = generate_speculative(llm, prompt, eng, n_predict=N_PREDICT, record_steps=True)
     assert_same_greedy(llm, prompt, res.output_tokens, plain.output_tokens)
-    assert res.n_output == N_PREDICT and res.stop_reason == "n_predict"
+    assert res.n_output == N_PREDICT and res.finish_reason == "length"
     check_steps(res, len(prompt), N_CTX, N_PREDICT)
 
     # The driver's view and the engine's counters agree (llama.cpp statistics, spec 7).
@@ -89,12 +89,12 @@ def test_ngram_types_match_plain_greedy(llm, prompt, plain, spec_type):
     assert [s["calls_b"] for s in stats] == [1] * len(stats)
     assert sum(s["calls_a"] for s in stats) == len(drafted)
     assert sum(s["gen_drafts"] for s in stats) == len(drafted)
-    assert sum(s["gen_tokens"] for s in stats) == res.n_drafted == sum(len(s[2]) for s in drafted)
-    assert sum(s["acc_tokens"] for s in stats) == res.n_accepted == sum(s[3] for s in drafted)
+    assert sum(s["gen_tokens"] for s in stats) == res.n_draft_tokens == sum(len(s[2]) for s in drafted)
+    assert sum(s["acc_tokens"] for s in stats) == res.n_acc_tokens == sum(s[3] for s in drafted)
     assert len(res.stats_lines) == len(stats)
     assert all(line.startswith("statistics ") for line in res.stats_lines)
     # A code edit copies the file: speculation must have saved target decodes.
-    assert res.n_accepted > 0
+    assert res.n_acc_tokens > 0
     assert res.n_target_decodes < N_PREDICT - 1
     t = res.timings()
     assert t["target_s"] > 0 and t["proposers_s"] >= 0 and t["draft_model_s"] == 0
@@ -117,7 +117,7 @@ def test_live_steps_equal_a_replay_of_its_output(llm, prompt):
         k = loop.verify(out[loop.n_output:loop.n_output + len(draft) + 1])
         replayed.append((L, sampled, draft.tolist(), k))
     assert replayed == res.steps
-    assert (loop.n_draft_tokens, loop.n_acc_tokens) == (res.n_drafted, res.n_accepted)
+    assert (loop.n_draft_tokens, loop.n_acc_tokens) == (res.n_draft_tokens, res.n_acc_tokens)
 
 
 def test_on_tokens_streams_the_output_step_by_step(llm, prompt):
@@ -139,9 +139,27 @@ def test_context_limit_stops_like_plain(llm, prompt):
                                record_steps=True)
     assert_same_greedy(llm, prompt, res.output_tokens, plain.output_tokens)
     check_steps(res, len(prompt), n_ctx, -1)
-    if res.output_tokens == plain.output_tokens and plain.stop_reason == "n_ctx":
-        assert res.stop_reason == "n_ctx"
+    if res.output_tokens == plain.output_tokens and plain.finish_reason == "context":
+        assert res.finish_reason == "context"
         assert res.n_output == n_ctx - len(prompt) + 1
+
+
+def test_plain_is_one_token_per_decode(llm, prompt):
+    """generate_plain is the loop without an engine, and still the reference: exactly the tokens
+    of a hand-written greedy loop of single-token decodes on the same context."""
+    from ngramspec.llama.decoder import finish_request, prompt_pass, target_and_prompt
+    n = 24
+    res = generate_plain(llm, prompt, n_predict=n)
+    dec, p = target_and_prompt(llm, prompt)
+    tok, _ = prompt_pass(llm, dec, p)
+    want = [tok]
+    for L in range(p.size, p.size + n - 1):
+        tok = int(np.argmax(dec.decode(np.array([tok], np.int32), L, all_logits=False)[0]))
+        want.append(tok)
+    finish_request(llm, dec, p.size)
+    assert res.output_tokens == want
+    assert res.n_target_decodes == n - 1 and res.n_draft_tokens == res.n_acc_tokens == 0
+    assert res.finish_reason == "length" and res.stats == [] and res.stats_lines == []
 
 
 def test_draft_model_same_model_accepts_every_token(llm, model_path, prompt, plain):
@@ -321,14 +339,29 @@ def test_cli_generate_json_compare():
         assert res["divergence"]["within_float_noise"], res["divergence"]
 
 
-def test_cli_text_report(capsys, tmp_path, prompt):
+def test_cli_text_report(capsys, tmp_path, prompt, monkeypatch):
+    """The text report; one run checks its flags once and the engine against the model once."""
+    from ngramspec.cli import live_flags
+    from ngramspec.llama import live
+    calls = []
+
+    def counting(name, check):
+        def wrapper(*args):
+            calls.append(name)
+            return check(*args)
+        return wrapper
+    monkeypatch.setattr(live_flags, "check_spec_flags",
+                        counting("flags", live_flags.check_spec_flags))
+    monkeypatch.setattr(live, "check_engine_models", counting("engine", live.check_engine_models))
     toks = tmp_path / "prompt.json"
     toks.write_text(json.dumps([int(t) for t in prompt]))
     rc = cli_main(["generate", "--prompt-tokens", str(toks), "-n", "16", "-c", str(N_CTX),
-                   "-t", "1", "--spec-type", "ngram-mod"])
+                   "-t", "1", "--spec-type", "ngram-mod", "--spec-policy", "fixed"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "statistics        ngram-mod:" in out and "tokens/s" in out
+    assert "output 16 tokens (finish: length)" in out and "draft tokens accepted" in out
+    assert sorted(calls) == ["engine", "flags"]
 
 
 @pytest.mark.parametrize("argv, needle", [

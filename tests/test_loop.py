@@ -65,6 +65,21 @@ def test_context_bound_and_no_call_when_it_is_not_positive():
     assert all(s[0] <= 16 - 2 for s in loop.steps)
 
 
+def test_the_driver_bound_is_per_call_and_joins_the_server_bound():
+    """propose(n_max) is the one extra bound (a host engine's K passes it at every step): it is
+    part of n_draft_max on an unbounded loop too, and the smaller of it and n_ctx - L - 2 wins."""
+    eng = ScriptedEngine([[7] * 10] * 3)
+    loop = SlotLoop(eng, 0, list(range(10)), 1)
+    assert loop.propose(3).tolist() == [7, 7, 7] and loop.n_draft_max == 3
+    loop.verify([7, 7, 7, 2])
+    assert loop.propose().size == 10 and loop.n_draft_max is None
+    loop.verify([0])
+    bounded = SlotLoop(ScriptedEngine([[7] * 10]), 0, list(range(10)), 1, n_ctx=16)
+    assert bounded.propose(5).size == 4 and bounded.n_draft_max == 16 - 10 - 2
+    with pytest.raises(TypeError):
+        SlotLoop(eng, 0, [1], 2, n_max=4)          # one way only: the per-call bound
+
+
 def test_n_predict_bounds_drafts_and_ends_the_request():
     eng = ScriptedEngine([[7] * 10] * 4)
     loop = SlotLoop(eng, 0, [1, 2], 1, n_predict=5)

@@ -44,7 +44,7 @@ def test_auto_policy_gives_the_plain_greedy_output(llm, prompt, plain, profile, 
     assert policy.n_steps == len(res.steps)
     if profile == "gpu":
         # a flat cost: drafts of the edited file get verified
-        assert policy.n_verified > 0 and res.n_accepted > 0
+        assert policy.n_verified > 0 and res.n_acc_tokens > 0
 
 
 def test_generate_defaults_to_auto_and_calibrates_once(capsys):

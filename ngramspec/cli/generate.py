@@ -7,26 +7,18 @@ import sys
 from ngramspec import cost, registry
 from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
                                   add_repack_flag, add_spec_flags, check_model_file,
-                                  check_spec_flags, check_writable, engine_params, int_arg,
-                                  load_cache_files)
+                                  check_writable, int_arg, load_cache_files)
+from ngramspec.cli.live_flags import (GENERATE_DEFAULTS, generate_params, spec_types,
+                                      state_generate_defaults)
 from ngramspec.engine import SpecEngine
 from ngramspec.llama import calibration
-from ngramspec.llama.decoder import check_engine_models
 from ngramspec.llama.draft_model import check_draft_model_file
 from ngramspec.llama.divergence import divergence_report
-from ngramspec.llama.live import GenerationInterrupted, generate_plain, generate_speculative
+from ngramspec.llama.live import GenerationInterrupted, LiveTarget, generate_plain
 from ngramspec.llama.model import load_model
 from ngramspec.llama.text import text_stream
 from ngramspec.llama.tokenizer import tokenize_prompt
 from ngramspec.tokens import token_array
-
-# generate's own defaults, chosen from bench/results/e2e-fixed.md: on a CPU, verifying a batch of k
-# tokens costs c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one
-# thread), so a rejected draft is expensive: llama.cpp's 64-token drafts (tuned for GPUs) lose
-# where the small model leaves its input, 16-token ones leave speed where it copies; 8..32 did best
-# on both. replay and the engine keep llama.cpp's.
-GENERATE_DEFAULTS = {"ngram_mod_n_min": 8, "ngram_mod_n_max": 32}
-
 
 def add_parser(subparsers):
     p = subparsers.add_parser(
@@ -71,34 +63,6 @@ def add_parser(subparsers):
     state_generate_defaults(p)
     p.set_defaults(run=run)
     return p
-
-
-def state_generate_defaults(parser):
-    """Show GENERATE_DEFAULTS instead of llama.cpp's defaults in the flags' help."""
-    for action in parser._actions:
-        if action.dest in GENERATE_DEFAULTS and action.help:
-            head, _, rest = action.help.rpartition("(default: ")
-            rng = rest.partition(",")[2].rstrip(")")
-            action.help = (f"{head}(default: {GENERATE_DEFAULTS[action.dest]} for "
-                           f"{parser.prog.split()[-1]}, llama.cpp's "
-                           f"{rest.partition(',')[0].rstrip(')')};{rng})")
-
-
-def generate_params(args) -> dict:
-    """Engine keywords of the flags given, GENERATE_DEFAULTS filling the others.
-
-    One of --spec-ngram-mod-n-min / -n-max given alone moves the other default along
-    (n_min <= n_max), so the flag never silently turns ngram-mod's drafting off.
-    """
-    given = engine_params(args)
-    params = {**GENERATE_DEFAULTS, **given}
-    lo, hi = "ngram_mod_n_min", "ngram_mod_n_max"
-    if hi in given and lo not in given:
-        params[lo] = min(params[lo], params[hi])
-    elif lo in given and hi not in given:
-        params[hi] = max(params[hi], params[lo])
-    check_spec_flags(args.spec_type, params)
-    return params
 
 
 def _read_text(flag, path):
@@ -153,15 +117,6 @@ def _read_prompt_tokens(path):
     return token_array(toks, f"--prompt-tokens {path}", non_empty=True)
 
 
-def spec_types(args):
-    types = registry.parse_types(args.spec_type)
-    if args.model_draft and "draft-simple" not in types:
-        types = registry.parse_types(types + ["draft-simple"])
-    if "draft-simple" in types and not args.model_draft:
-        raise ValueError("spec type draft-simple needs --model-draft")
-    return types
-
-
 def _build_engine(llm, types, params, args):
     if "draft-simple" in types:
         # another vocabulary is refused before any weights or caches are set up
@@ -173,21 +128,23 @@ def _build_engine(llm, types, params, args):
     return SpecEngine.from_proposers(registry.build_proposers(types, 1, None, params), n_slots=1)
 
 
-def _execute(args):
+def _check_inputs(args):
+    """Every flag, then every file, before the model loads: ``(types, params, prompt ids or
+    None, prompt text or None, cost model or None)``."""
     if args.chat and args.prompt_tokens:
         raise ValueError("--chat applies to a text prompt, not to --prompt-tokens")
     # Flags first, then files: a bad flag is reported as such, whatever the files hold.
-    check_spec_flags(args.spec_type, generate_params(args))
-    spec_types(args)
+    params = generate_params(args)
+    types = spec_types(args)
     if args.lookup_cache_dynamic is not None:
         # It is written after the generation: find out now, not after minutes of decoding.
         check_writable("--lookup-cache-dynamic", args.lookup_cache_dynamic)
     # Cache files are loaded before the model (a bad file fails fast); one adds ngram-cache.
-    args.spec_type, params = load_cache_files(args.spec_type, generate_params(args))
-    types = spec_types(args)
+    spec_type, params = load_cache_files(args.spec_type, params)
+    if spec_type != args.spec_type:
+        types = registry.parse_types(types + ["ngram-cache"])
     check_model_file("--model", args.model)
     check_model_file("--model-draft", args.model_draft)
-    # Inputs are read before the model load, so that a bad file fails fast.
     prompt_ids, text = None, args.prompt
     if args.prompt_tokens:
         prompt_ids = _read_prompt_tokens(args.prompt_tokens)
@@ -197,17 +154,18 @@ def _execute(args):
     cost_model = None
     if args.cost_model is not None:
         cost_model = cost.load_cost_model(args.cost_model)
+    return types, params, prompt_ids, text, cost_model
+
+
+def _execute(args):
+    types, params, prompt_ids, text, cost_model = _check_inputs(args)
     llm = load_model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
                      n_threads=args.threads, repack=args.repack)
     prompt = prompt_ids if prompt_ids is not None else tokenize_prompt(llm, text, chat=args.chat)
     if len(prompt) == 0:
         raise ValueError("the prompt is empty")
-
-    engine = None
-    if types:
-        engine = _build_engine(llm, types, params, args)
-        check_engine_models(llm, engine)    # before seconds of calibration: fail fast
-
+    engine = _build_engine(llm, types, params, args) if types else None
+    target = LiveTarget(llm, engine)    # checks the engine against the model: before calibrating
     policy = None
     if engine is not None and args.spec_policy == "auto":
         policy = _auto_policy(llm, cost_model, quiet=args.json)
@@ -215,9 +173,8 @@ def _execute(args):
     stream = None if args.json else _Stream(llm)
     interrupted = False
     try:
-        spec = generate_speculative(llm, prompt, engine, n_predict=args.n_predict,
-                                    update_dynamic_cache=args.lookup_cache_dynamic,
-                                    policy=policy, on_tokens=stream)
+        spec = target.generate(prompt, n_predict=args.n_predict, policy=policy,
+                               update_dynamic_cache=args.lookup_cache_dynamic, on_tokens=stream)
     except GenerationInterrupted as exc:
         spec, interrupted = exc.result, True
     if stream is not None:
@@ -232,26 +189,32 @@ def _execute(args):
     res["stats_lines"] = spec.stats_lines
     plain = None
     if args.compare and not interrupted:
-        try:
-            plain = generate_plain(llm, prompt, n_predict=args.n_predict)
-        except KeyboardInterrupt:
-            interrupted = True
-            res["plain_interrupted"] = True
-    if plain is not None:
-        match = plain.output_tokens == spec.output_tokens
-        res.update({
-            "plain_output_tokens": plain.output_tokens,
-            "plain_tokens_per_s": plain.tokens_per_s,
-            # None (n/a) when a run produced no timed tokens (-n 0, or EOS at once).
-            "speedup": (spec.tokens_per_s / plain.tokens_per_s
-                        if plain.tokens_per_s and spec.tokens_per_s else None),
-            "outputs_match": match,
-        })
-        if not match:
-            rep = divergence_report(llm, prompt, spec.output_tokens, plain.output_tokens)
-            res["divergence"] = None if rep is None else rep.to_dict()
+        plain, interrupted = _compare(llm, prompt, args.n_predict, spec, res)
     res["interrupted"] = interrupted
     return res, spec, plain
+
+
+def _compare(llm, prompt, n_predict, spec, res):
+    """``--compare``: plain decoding of the same prompt, its speed and output beside the
+    speculative run's in `res`; ``(plain result or None, interrupted)``."""
+    try:
+        plain = generate_plain(llm, prompt, n_predict=n_predict)
+    except KeyboardInterrupt:
+        res["plain_interrupted"] = True
+        return None, True
+    match = plain.output_tokens == spec.output_tokens
+    res.update({
+        "plain_output_tokens": plain.output_tokens,
+        "plain_tokens_per_s": plain.tokens_per_s,
+        # None (n/a) when a run produced no timed tokens (-n 0, or EOS at once).
+        "speedup": (spec.tokens_per_s / plain.tokens_per_s
+                    if plain.tokens_per_s and spec.tokens_per_s else None),
+        "outputs_match": match,
+    })
+    if not match:
+        rep = divergence_report(llm, prompt, spec.output_tokens, plain.output_tokens)
+        res["divergence"] = None if rep is None else rep.to_dict()
+    return plain, False
 
 
 class _Stream:
@@ -293,9 +256,10 @@ def _print_text(res, spec, plain):
     t = res["timings"]
     lines = [
         f"spec-type {res['spec_type']}: prompt {res['n_prompt']} tokens, "
-        f"output {res['n_output']} tokens (stop: {res['stop_reason']})",
+        f"output {res['n_output']} tokens (finish: {res['finish_reason']})",
         f"speculative: {t['tokens_per_s']:8.2f} tokens/s  "
-        f"({res['n_target_decodes']} target decodes, {res['n_accepted']}/{res['n_drafted']} "
+        f"({res['n_target_decodes']} target decodes, "
+        f"{res['n_acc_tokens']}/{res['n_draft_tokens']} "
         f"draft tokens accepted)",
         f"  time split: target {t['target_s'] * 1e3:.1f} ms, draft model "
         f"{t['draft_model_s'] * 1e3:.1f} ms, proposers {t['proposers_s'] * 1e3:.1f} ms, "

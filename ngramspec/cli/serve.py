@@ -16,8 +16,8 @@ import sys
 from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
                                   add_spec_flags, bounded, check_model_file, int_arg,
                                   load_cache_files, positive_int)
-from ngramspec.cli.generate import (GENERATE_DEFAULTS, generate_params, spec_types,
-                                    state_generate_defaults)
+from ngramspec.cli.live_flags import (GENERATE_DEFAULTS, generate_params, spec_types,
+                                      state_generate_defaults)
 from ngramspec.cost import load_cost_model
 from ngramspec.llama.model import default_model_path, load_model
 from ngramspec.llama.scheduler import Scheduler

@@ -32,7 +32,7 @@ a non-empty draft, also for ``k = 0``) before it drafts again. Any other input s
 """
 from __future__ import annotations
 
-import sys
+import weakref
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -74,9 +74,12 @@ class NgramspecDraftModel(LlamaDraftModel):
     -----
     Memory: the engine's (the ngram-mod pool is 16 MiB), plus a copy of the last input and draft.
 
-    On its first call it warns once (``RuntimeWarning``) when the ``Llama`` calling it was
+    On its first call it warns once (``RuntimeWarning``) when the ``Llama`` it drafts for was
     loaded with llama.cpp's extra buffer types on a CPU with AMX (:mod:`ngramspec.llama.repack`;
-    build the ``Llama`` with :func:`ngramspec.llama.repack.load_llama` instead).
+    build the ``Llama`` with :func:`ngramspec.llama.repack.load_llama` instead, which also
+    `attach`-es the draft model). llama-cpp-python never tells a draft model its ``Llama``: one
+    that was not attached is taken as built with llama-cpp-python's defaults (extra buffer
+    types on), so it warns on any AMX host.
 
     Thread-safety: not thread-safe; like the ``Llama`` it is attached to, one generation at a time.
     """
@@ -92,6 +95,20 @@ class NgramspecDraftModel(LlamaDraftModel):
         self.n_requests = 0
         self._prev: Optional[np.ndarray] = None      # last input_ids seen (inp + [sampled])
         self._loop: Optional[SlotLoop] = None         # the request in progress
+        self._llm: Optional[weakref.ref] = None       # the Llama of `attach`
+
+    def attach(self, llm) -> None:
+        """Bind this draft model to the ``Llama`` whose ``draft_model`` it is (`load_llama`
+        does it); its first call then checks that ``Llama``'s weight repacking.
+
+        Raises
+        ------
+        ValueError
+            ``llm.draft_model`` is not this draft model.
+        """
+        if getattr(llm, "draft_model", None) is not self:
+            raise ValueError("attach(llm): llm.draft_model is not this draft model")
+        self._llm = weakref.ref(llm)    # the Llama holds this object: no cycle through it
 
     def _accepted(self, ids: np.ndarray) -> Optional[int]:
         """Draft tokens accepted since the previous call; None when ``ids`` starts a new request."""
@@ -107,18 +124,11 @@ class NgramspecDraftModel(LlamaDraftModel):
             return None
         return k
 
-    def _check_attached(self) -> None:
-        # llama-cpp-python gives the draft model no reference to its Llama: the caller's `self`
-        # (Llama.generate calls self.draft_model(...)) is the one it is attached to.
-        frame = sys._getframe(2)
-        llm = frame.f_locals.get("self") if frame is not None else None
-        if llm is not None and getattr(llm, "draft_model", None) is self:
-            warn_if_amx_repack(llm, stacklevel=4)
-
     def __call__(self, input_ids, /, **kwargs: Any) -> np.ndarray:
         ids = np.array(input_ids, dtype=np.int32)  # a copy: Llama reuses its input_ids buffer
         if self.n_calls == 0:
-            self._check_attached()
+            # stacklevel 3: Llama.generate, the caller
+            warn_if_amx_repack(self._llm() if self._llm is not None else None, stacklevel=3)
         self.n_calls += 1
         if ids.size < 2:  # nothing in the cache yet: no context to draft from
             self._prev, self._loop = None, None

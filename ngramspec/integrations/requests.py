@@ -107,8 +107,10 @@ class RequestLoops:
     n_slots : int
         The engine's slots; when all are taken, a new request takes the slot of the one seen
         least recently (a host that never says a request ended cannot leak slots).
-    n_ctx, n_max : int
-        `SlotLoop`'s bounds: drafts are at most ``n_ctx - L - 2`` and `n_max` tokens.
+    n_ctx : int
+        `SlotLoop`'s context bound: drafts are at most ``n_ctx - L - 2`` tokens.
+    n_max : int, optional
+        The host's number of speculative tokens, every step's `SlotLoop.propose` bound.
     policy : optional
         Draft-length policy shared by all requests (`ngramspec.policy`).
 
@@ -154,7 +156,7 @@ class RequestLoops:
             self.end(oldest.key)
         slot = heapq.heappop(self._free)
         loop = SlotLoop(self.engine, slot, prompt, int(first_token), n_ctx=self.n_ctx,
-                        n_max=self.n_max, policy=self.policy, capacity=len(prompt) + 256)
+                        policy=self.policy, capacity=len(prompt) + 256)
         req = Request(key, loop, self._seq, self.step)
         self._seq += 1
         self.requests[key] = req
@@ -182,7 +184,7 @@ class RequestLoops:
             loop.verify(new_tokens, n_verified=g - 1)
             req.n += g
         req.pending = True
-        return loop.propose()
+        return loop.propose(self.n_max)
 
     def end(self, key) -> None:
         """Forget request `key` (no-op if unknown); its slot is free again."""

@@ -2,7 +2,7 @@
 
 * `model`: the embedded GGUF, loading a model; `repack`: llama.cpp's weight repacking (AMX);
 * `decoder`: the batch decoder over a llama.cpp context; `tokenizer`: text <-> tokens;
-* `live`: greedy speculative generation (the `ngramspec.loop.SlotLoop` on a live context);
+* `live`: greedy generation, speculative or plain (`ngramspec.loop.SlotLoop` on a live context);
 * `divergence`: why two greedy outputs differ (llama.cpp's float noise, measured per path);
 * `scheduler`: the batched multi-slot engine with sampling (`params`, `sampling`, `batch`, ...);
 * `draft_model`: the ``draft-simple`` proposer; `calibration`: the measured verify-cost curve;
@@ -19,7 +19,7 @@ from ngramspec.lazy import lazy_exports
 # command line's flags) then loads that module only, not the scheduler and the drivers.
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".divergence": ("DivergenceReport", "divergence_report", "first_divergence"),
-    ".live": ("GenerationInterrupted", "GenerationResult", "generate_plain",
+    ".live": ("GenerationInterrupted", "GenerationResult", "LiveTarget", "generate_plain",
               "generate_speculative"),
     ".model": ("ModelNotFoundError", "default_model_path", "load_model"),
     ".params": ("SamplingParams", "SpeculationParams"),

@@ -1,17 +1,19 @@
-"""Live greedy speculative decoding on llama-cpp-python, driven as llama-server drives proposers.
+"""Live greedy generation on llama-cpp-python: one llama context as the target of the one loop.
 
 The driver decodes through `ngramspec.llama.decoder` (llama.cpp's low-level C API);
 ``llama_cpp.Llama`` is only used to load the model and to tokenize. Verification is greedy: the
 draft is accepted up to the first position where the target's argmax differs, so the output is
-the plain greedy output (up to ties within float noise, see
-`ngramspec.llama.divergence`); only the
-speed changes.
+the plain greedy output (up to ties within float noise, see `ngramspec.llama.divergence`); only
+the speed changes.
 
 Per request: prompt pass, first token = argmax of the prompt's last logits (no speculation on
 that step); then `ngramspec.loop.SlotLoop` runs llama-server's slot loop (begin, the
-``n_draft_max`` bound, draft, accept) with this module as its target: one decode of
+``n_draft_max`` bound, draft, accept) with `LiveTarget` as its target: one decode of
 ``[sampled] + draft`` with logits at every position, the argmax per position as the target's
-tokens, rejected positions removed from the KV cache, ``k + 1`` tokens emitted.
+tokens, rejected positions removed from the KV cache, ``k + 1`` tokens emitted. Plain decoding
+(`generate_plain`) is the same loop without an engine: every draft is empty, so each step
+decodes one token. Every step's tokens are emitted through `ngramspec.stop_rules` (the stop
+rules and finish reasons of every driver).
 """
 from __future__ import annotations
 
@@ -24,14 +26,17 @@ import numpy as np
 from ngramspec.cache_file import as_path, merge_into_dynamic
 from ngramspec.loop import SlotLoop
 from ngramspec.registry import TYPES
+from ngramspec.stop_rules import CONTEXT, INTERRUPTED, LENGTH, context_full, cut_step
 
 from .decoder import check_engine_models, finish_request, prompt_pass, target_and_prompt
 from .tokenizer import detokenize
 
-__all__ = ["GenerationResult", "GenerationInterrupted", "generate_speculative", "generate_plain"]
+__all__ = ["GenerationResult", "GenerationInterrupted", "LiveTarget", "generate_speculative",
+           "generate_plain"]
 
 # Proposers that run a model of their own (draft-simple): their time is the draft model's.
 _MODEL_TYPES = frozenset(name for name, spec in TYPES.items() if spec.live)
+_clock = time.perf_counter
 
 
 @dataclass
@@ -46,9 +51,10 @@ class GenerationResult:
         Detokenized output (control tokens render as nothing).
     n_prompt : int
         Prompt length in tokens.
-    stop_reason : str
-        ``"eos"``, ``"n_predict"``, ``"n_ctx"`` (KV cache full) or ``"interrupted"`` (Ctrl-C;
-        the result of `GenerationInterrupted`).
+    finish_reason : str
+        One of `ngramspec.stop_rules.FINISH_REASONS`: ``"stop"`` (an end-of-generation token),
+        ``"length"`` (``n_predict``), ``"context"`` (KV cache full) or ``"interrupted"``
+        (Ctrl-C; the result of `GenerationInterrupted`).
     t_prompt_s : float
         Prompt pass, first token and ``engine.begin`` (the proposers' prompt ingestion, a draft
         model's own prompt pass) included.
@@ -58,15 +64,16 @@ class GenerationResult:
         Split of ``t_gen_s``: target decodes (with argmax), the draft model (``draft-simple``),
         and every other proposer (engine calls minus the draft model).
     n_target_decodes : int
-        ``llama_decode`` calls of the generation phase (one per iteration).
-    n_drafted, n_accepted : int
-        Draft tokens verified and accepted by the driver (after the ``n_draft_max`` bound).
+        ``llama_decode`` calls of the generation phase (one per step).
+    n_draft_tokens, n_acc_tokens : int
+        Draft tokens verified and accepted by the driver (after the ``n_draft_max`` bound;
+        `ngramspec.stats` lists every statistic's one name).
     stats : list of dict
         The engine's per-proposer counters after the run (cumulative, as llama.cpp keeps them).
     stats_lines : list of str
         llama.cpp's ``statistics <type>: ...`` lines.
     steps : list of tuple, optional
-        With ``record_steps=True``: ``(L, sampled, draft, k)`` per iteration.
+        With ``record_steps=True``: ``(L, sampled, draft, k)`` per step.
     prompt_reused : bool
         The prompt's KV cache and first token came from the previous request with the same
         prompt (``t_prompt_s`` is then about 0).
@@ -81,15 +88,15 @@ class GenerationResult:
     output_tokens: List[int]
     text: str
     n_prompt: int
-    stop_reason: str
+    finish_reason: str
     t_prompt_s: float
     t_gen_s: float
     t_target_s: float
     t_draft_model_s: float = 0.0
     t_proposers_s: float = 0.0
     n_target_decodes: int = 0
-    n_drafted: int = 0
-    n_accepted: int = 0
+    n_draft_tokens: int = 0
+    n_acc_tokens: int = 0
     stats: List[Dict[str, Any]] = field(default_factory=list)
     stats_lines: List[str] = field(default_factory=list)
     steps: Optional[List[tuple]] = None
@@ -123,10 +130,10 @@ class GenerationResult:
         """JSON-ready summary (``generate --json`` field names)."""
         return {"output_tokens": [int(t) for t in self.output_tokens], "text": self.text,
                 "n_output": self.n_output, "n_prompt": self.n_prompt,
-                "stop_reason": self.stop_reason, "tokens_per_s": self.tokens_per_s,
+                "finish_reason": self.finish_reason, "tokens_per_s": self.tokens_per_s,
                 "prompt_reused": self.prompt_reused,
                 "timings": self.timings(), "n_target_decodes": self.n_target_decodes,
-                "n_drafted": self.n_drafted, "n_accepted": self.n_accepted,
+                "n_draft_tokens": self.n_draft_tokens, "n_acc_tokens": self.n_acc_tokens,
                 "stats": self.stats}
 
 
@@ -139,7 +146,7 @@ class GenerationInterrupted(KeyboardInterrupt):
     Attributes
     ----------
     result : GenerationResult
-        The tokens emitted before the interrupt, ``stop_reason == "interrupted"``, the timings
+        The tokens emitted before the interrupt, ``finish_reason == "interrupted"``, the timings
         and proposer statistics so far.
 
     Notes
@@ -151,6 +158,153 @@ class GenerationInterrupted(KeyboardInterrupt):
     def __init__(self, result: "GenerationResult"):
         super().__init__("interrupted")
         self.result = result
+
+
+class LiveTarget:
+    """A ``llama_cpp.Llama``'s own context as the target of `ngramspec.loop.SlotLoop`.
+
+    Parameters
+    ----------
+    llm : llama_cpp.Llama
+        Target model (see :func:`ngramspec.llama.model.load_model`). Its context is taken over
+        for each request.
+    engine : ngramspec.SpecEngine or None
+        Proposer chain; ``None`` runs the same loop without drafts (plain decoding).
+
+    Raises
+    ------
+    ValueError
+        The engine could draft ids the model does not have (a draft model of another
+        vocabulary, an n-gram cache file of another tokenizer): checked once, here.
+
+    Notes
+    -----
+    Memory: nothing of its own; the context's decoder is cached per ``llm``.
+
+    Thread-safety: not thread-safe; one request at a time per ``llm`` and per engine slot.
+    """
+
+    def __init__(self, llm, engine=None):
+        if engine is not None:
+            check_engine_models(llm, engine)
+        self.llm = llm
+        self.engine = engine
+
+    def generate(self, prompt_tokens, *, n_predict: int = -1, slot: int = 0,
+                 record_steps: bool = False, update_dynamic_cache=None, policy=None,
+                 on_tokens=None) -> GenerationResult:
+        """Greedy generation of one request: `generate_speculative`'s parameters, result and
+        exceptions (the engine and the model are the target's)."""
+        if update_dynamic_cache is not None:
+            update_dynamic_cache = as_path("update_dynamic_cache", update_dynamic_cache)
+        dec, prompt = target_and_prompt(self.llm, prompt_tokens)
+        if n_predict == 0:      # nothing to generate: not even the prompt pass
+            res = GenerationResult([], "", int(prompt.size), LENGTH, 0.0, 0.0, 0.0,
+                                   stats=_stats(self.engine), stats_lines=_lines(self.engine))
+        else:
+            req = _Request(self, dec, prompt, n_predict, slot, policy, record_steps)
+            res = req.run(on_tokens)
+            finish_request(self.llm, dec, prompt.size)
+            if res.finish_reason == INTERRUPTED:
+                raise GenerationInterrupted(res)
+        if update_dynamic_cache is not None:
+            # The whole stream, as llama.cpp's lookup example merges its context cache at exit.
+            stream = np.concatenate([prompt, np.asarray(res.output_tokens, dtype=np.int32)])
+            res.dynamic_cache_ngrams = len(merge_into_dynamic(update_dynamic_cache, stream))
+        return res
+
+
+class _Request:
+    """One generation in progress: the prompt pass, then a decode per step until a stop rule
+    ends it; the output, the finish reason and the timings as they accrue."""
+
+    def __init__(self, target: LiveTarget, dec, prompt, n_predict, slot, policy, record_steps):
+        self.llm, self.engine, self.dec = target.llm, target.engine, dec
+        self.n_prompt = int(prompt.size)
+        self.n_predict = n_predict
+        self.out: List[int] = []
+        self.steps: Optional[List[tuple]] = [] if record_steps else None
+        self.t_target = 0.0
+        self.n_decodes = 0
+        t0 = _clock()
+        sampled, self.reused = prompt_pass(self.llm, dec, prompt)
+        # Part of the prompt phase: every proposer ingests the prompt in begin() (a draft model
+        # runs its own prompt pass there).
+        self.loop = SlotLoop(self.engine, slot, prompt, sampled, n_ctx=dec.n_ctx,
+                             n_predict=n_predict, policy=policy, capacity=dec.n_ctx)
+        self.t_prompt = _clock() - t0
+        self.stats0 = _stats(self.engine)
+        self.finish_reason: Optional[str] = None
+        self.emit([sampled])
+
+    def emit(self, tokens: List[int]) -> List[int]:
+        """Output the step's tokens the stop rules keep; they set the finish reason."""
+        keep, self.finish_reason = cut_step(tokens, len(self.out), self.n_predict,
+                                            self.dec.is_eog)
+        kept = tokens[:keep]
+        self.out.extend(kept)
+        return kept
+
+    def step(self) -> List[int]:
+        """One decode of ``[sampled] + draft``, the argmax at every position; the tokens kept."""
+        loop, dec = self.loop, self.dec
+        L = loop.n_context
+        sampled = loop.sampled
+        draft = loop.propose()
+        m = len(draft)
+        t0 = _clock()
+        batch = np.empty(m + 1, dtype=np.int32)
+        batch[0] = sampled
+        batch[1:] = draft
+        target = np.argmax(dec.decode(batch, L, all_logits=True), axis=1)
+        self.t_target += _clock() - t0
+        self.n_decodes += 1
+        k = loop.verify(target)
+        if self.steps is not None:
+            self.steps.append((L, sampled, draft.tolist(), k))
+        if k < m:
+            dec.seq_rm(loop.n_context)  # rejected draft positions
+        return self.emit(draft[:k].tolist() + [int(target[k])])
+
+    def run(self, on_tokens) -> GenerationResult:
+        """Steps until a stop rule, a full context or Ctrl-C ends the request."""
+        t1 = _clock()
+        try:
+            if on_tokens is not None:
+                on_tokens(self.out[:])
+            while self.finish_reason is None:
+                if context_full(self.loop.n_context, self.dec.n_ctx):
+                    self.finish_reason = CONTEXT    # no position left for `sampled`
+                    break
+                kept = self.step()
+                if on_tokens is not None:
+                    on_tokens(kept)
+        except KeyboardInterrupt:
+            # Keep what was generated: the caller reports it (the KV cache is released after).
+            self.finish_reason = INTERRUPTED
+        return self.result(_clock() - t1)
+
+    def result(self, t_gen: float) -> GenerationResult:
+        loop, engine = self.loop, self.engine
+        stats = _stats(engine)
+        t_engine = (loop.draft_ns + loop.accept_ns) / 1e9
+        t_draft_model = (_draft_time_us(stats) - _draft_time_us(self.stats0)) / 1e6
+        return GenerationResult(
+            output_tokens=self.out, text=detokenize(self.llm, self.out), n_prompt=self.n_prompt,
+            finish_reason=self.finish_reason, t_prompt_s=self.t_prompt, t_gen_s=t_gen,
+            t_target_s=self.t_target, t_draft_model_s=t_draft_model,
+            t_proposers_s=max(0.0, t_engine - t_draft_model), n_target_decodes=self.n_decodes,
+            n_draft_tokens=loop.n_draft_tokens, n_acc_tokens=loop.n_acc_tokens,
+            stats=stats, stats_lines=_lines(engine), steps=self.steps,
+            prompt_reused=self.reused)
+
+
+def _stats(engine) -> List[Dict[str, Any]]:
+    return engine.stats() if engine is not None else []
+
+
+def _lines(engine) -> List[str]:
+    return list(engine.stats_lines()) if engine is not None else []
 
 
 def _draft_time_us(stats) -> int:
@@ -170,14 +324,15 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
     prompt_tokens : sequence of int
         Full prompt; ``engine.begin(slot, prompt)`` receives it once.
     engine : ngramspec.SpecEngine or None
-        Proposer chain; ``None`` runs the same loop without drafts.
+        Proposer chain; ``None`` runs the same loop without drafts (`generate_plain`).
     n_predict : int
-        Output token limit; ``-1`` = until EOS or a full context. Bounds the drafts as
-        ``n_remaining - 1`` (llama-server's ``server_slot::get_n_draft_max``).
+        Output token limit; < 0 (-1) = until EOS or a full context
+        (`ngramspec.stop_rules`' sentinel). Bounds the drafts as ``n_remaining - 1``
+        (llama-server's ``server_slot::get_n_draft_max``).
     slot : int
         Engine slot (llama-server's ``seq_id``) used for this request.
     record_steps : bool
-        Keep ``(L, sampled, draft, k)`` for every iteration in ``result.steps``.
+        Keep ``(L, sampled, draft, k)`` for every step in ``result.steps``.
     update_dynamic_cache : str or os.PathLike, optional
         An ngram-cache dynamic cache file (``--lookup-cache-dynamic``): after the generation,
         the 1..4-grams of prompt + output are merged into it (created if absent), so the next
@@ -204,151 +359,26 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
 
     Notes
     -----
+    Memory: the output, the loop's context buffer (4 bytes per token of ``n_ctx``) and, with
+    ``record_steps``, every step's draft.
+
     Thread-safety: not thread-safe; one request at a time per ``llm`` and per engine slot.
     """
-    if update_dynamic_cache is not None:
-        update_dynamic_cache = as_path("update_dynamic_cache", update_dynamic_cache)
-    if engine is not None:
-        check_engine_models(llm, engine)
-    dec, prompt = target_and_prompt(llm, prompt_tokens)
-    n_ctx = dec.n_ctx
-    pc = time.perf_counter
-
-    out: List[int] = []
-    steps: Optional[List[tuple]] = [] if record_steps else None
-    t_target = 0.0
-    n_decodes = 0
-
-    if n_predict == 0:
-        res = GenerationResult([], "", int(prompt.size), "n_predict", 0.0, 0.0, 0.0,
-                               stats=engine.stats() if engine is not None else [],
-                               stats_lines=engine.stats_lines() if engine is not None else [])
-        _save_dynamic(res, update_dynamic_cache, prompt)
-        return res
-    t0 = pc()
-    sampled, reused = prompt_pass(llm, dec, prompt)
-    # Part of the prompt phase: every proposer ingests the prompt in begin() (a draft model runs
-    # its own prompt pass there).
-    loop = SlotLoop(engine, slot, prompt, sampled, n_ctx=n_ctx, n_predict=n_predict,
-                    policy=policy, capacity=n_ctx)
-    t1 = pc()
-    stats0 = engine.stats() if engine is not None else []
-    out.append(sampled)
-    stop = "eos" if dec.is_eog(sampled) else None
-    if stop is None and 0 < n_predict <= len(out):
-        stop = "n_predict"
-
-    try:
-        if on_tokens is not None:
-            on_tokens(out[:])
-        while stop is None:
-            L = loop.n_context
-            if L >= n_ctx:  # no position left for `sampled`
-                stop = "n_ctx"
-                break
-            sampled = loop.sampled
-            draft = loop.propose()
-            m = len(draft)
-
-            # The live target: one decode of [sampled] + draft, the argmax at every position.
-            tt = pc()
-            batch = np.empty(m + 1, dtype=np.int32)
-            batch[0] = sampled
-            batch[1:] = draft
-            target = np.argmax(dec.decode(batch, L, all_logits=True), axis=1)
-            t_target += pc() - tt
-            n_decodes += 1
-
-            k = loop.verify(target)
-            if steps is not None:
-                steps.append((L, sampled, [int(t) for t in draft], k))
-            if k < m:
-                dec.seq_rm(loop.n_context)  # rejected draft positions
-
-            n_before = len(out)
-            for t in list(draft[:k]) + [int(target[k])]:
-                out.append(int(t))
-                # Tokens after a stop inside the accepted draft are dropped (llama-server's
-                # process_token stops the slot there).
-                if dec.is_eog(t):
-                    stop = "eos"
-                    break
-                if 0 < n_predict <= len(out):
-                    stop = "n_predict"
-                    break
-            if on_tokens is not None:
-                on_tokens(out[n_before:])
-    except KeyboardInterrupt:
-        # Keep what was generated: the caller reports it (the KV cache is released below).
-        stop = "interrupted"
-
-    t2 = pc()
-    t_engine = (loop.draft_ns + loop.accept_ns) / 1e9
-    stats = engine.stats() if engine is not None else []
-    t_draft_model = (_draft_time_us(stats) - _draft_time_us(stats0)) / 1e6
-    res = GenerationResult(
-        output_tokens=out, text=detokenize(llm, out), n_prompt=int(prompt.size), stop_reason=stop,
-        t_prompt_s=t1 - t0, t_gen_s=t2 - t1, t_target_s=t_target,
-        t_draft_model_s=t_draft_model, t_proposers_s=max(0.0, t_engine - t_draft_model),
-        n_target_decodes=n_decodes, n_drafted=loop.n_draft_tokens,
-        n_accepted=loop.n_acc_tokens,
-        stats=stats, stats_lines=list(engine.stats_lines()) if engine is not None else [],
-        steps=steps, prompt_reused=reused)
-    finish_request(llm, dec, prompt.size)
-    if stop == "interrupted":
-        raise GenerationInterrupted(res)
-    _save_dynamic(res, update_dynamic_cache, prompt)
-    return res
-
-
-def _save_dynamic(res: GenerationResult, path: Optional[str], prompt: np.ndarray) -> None:
-    # The whole stream, as llama.cpp's lookup example merges its context cache at exit.
-    if path is not None:
-        stream = np.concatenate([prompt, np.asarray(res.output_tokens, dtype=np.int32)])
-        res.dynamic_cache_ngrams = len(merge_into_dynamic(path, stream))
+    return LiveTarget(llm, engine).generate(
+        prompt_tokens, n_predict=n_predict, slot=slot, record_steps=record_steps,
+        update_dynamic_cache=update_dynamic_cache, policy=policy, on_tokens=on_tokens)
 
 
 def generate_plain(llm, prompt_tokens, *, n_predict: int = -1) -> GenerationResult:
     """Plain greedy generation, one token per ``llama_decode`` (the reference for comparisons).
 
-    Same stop rules as :func:`generate_speculative`: EOS, ``n_predict`` or a full context.
+    `generate_speculative`'s loop without an engine: the same stop rules (an end-of-generation
+    token, ``n_predict``, a full context), result and Ctrl-C handling (`GenerationInterrupted`).
 
     Notes
     -----
+    Memory: the output and the loop's context buffer (4 bytes per token of ``n_ctx``).
+
     Thread-safety: not thread-safe; one request at a time per ``llm``.
     """
-    dec, prompt = target_and_prompt(llm, prompt_tokens)
-    n_ctx = dec.n_ctx
-    pc = time.perf_counter
-    out: List[int] = []
-    if n_predict == 0:
-        return GenerationResult([], "", int(prompt.size), "n_predict", 0.0, 0.0, 0.0)
-    t0 = pc()
-    tok, reused = prompt_pass(llm, dec, prompt)
-    t1 = pc()
-    L = prompt.size
-    out.append(tok)
-    stop = "eos" if dec.is_eog(tok) else None
-    one = np.empty(1, dtype=np.int32)
-    n_decodes = 0
-    while stop is None:
-        if 0 < n_predict <= len(out):
-            stop = "n_predict"
-            break
-        if L >= n_ctx:
-            stop = "n_ctx"
-            break
-        one[0] = tok
-        tok = int(np.argmax(dec.decode(one, L, all_logits=False)[0]))
-        n_decodes += 1
-        L += 1
-        out.append(tok)
-        if dec.is_eog(tok):
-            stop = "eos"
-    t2 = pc()
-    res = GenerationResult(output_tokens=out, text=detokenize(llm, out),
-                           n_prompt=int(prompt.size), stop_reason=stop, t_prompt_s=t1 - t0,
-                           t_gen_s=t2 - t1, t_target_s=t2 - t1, n_target_decodes=n_decodes,
-                           prompt_reused=reused)
-    finish_request(llm, dec, prompt.size)
-    return res
+    return LiveTarget(llm).generate(prompt_tokens, n_predict=n_predict)

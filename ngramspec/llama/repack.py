@@ -186,7 +186,9 @@ def load_llama(model_path: str, *, repack: Union[str, bool] = "auto", flags: Fla
     """``llama_cpp.Llama(model_path, **llama_kwargs)`` with ``use_extra_bufts`` from ``repack``.
 
     The way to build a ``Llama`` (for the plug-in, say) that does not crash on AMX hosts:
-    ``load_llama("model.gguf", n_ctx=4096, logits_all=True, draft_model=...)``.
+    ``load_llama("model.gguf", n_ctx=4096, logits_all=True, draft_model=...)``; a draft model
+    with an ``attach(llm)`` method (`ngramspec.integrations.llama_cpp.NgramspecDraftModel`) is
+    attached to the new ``Llama``.
 
     Parameters
     ----------
@@ -220,11 +222,18 @@ def load_llama(model_path: str, *, repack: Union[str, bool] = "auto", flags: Fla
     if bool(llm.model_params.use_extra_bufts) != enabled:  # a llama-cpp-python that changed
         raise RuntimeError("llama-cpp-python did not take use_extra_bufts from "
                            "llama_model_default_params(); cannot control weight repacking")
+    # llama-cpp-python never tells a draft model its Llama: ngramspec's plug-in is told here
+    attach = getattr(llama_kwargs.get("draft_model"), "attach", None)
+    if attach is not None:
+        attach(llm)
     return llm
 
 
 def warn_if_amx_repack(llm, *, flags: FlagsSource = None, stacklevel: int = 2) -> bool:
     """Warn once per process when ``llm`` was loaded with extra buffer types on an AMX host.
+
+    ``llm=None`` is a ``Llama`` the caller cannot see (a plug-in that was not attached to its
+    ``Llama``), taken as built with llama-cpp-python's defaults: extra buffer types on.
 
     Returns True when the warning applies (whether or not it was already given).
 
@@ -233,16 +242,19 @@ def warn_if_amx_repack(llm, *, flags: FlagsSource = None, stacklevel: int = 2) -
     Thread-safety: safe; two threads racing on the first warning may both give it.
     """
     global _warned
-    params = getattr(llm, "model_params", None)
-    if params is None or not bool(getattr(params, "use_extra_bufts", False)):
-        return False
+    if llm is not None:
+        params = getattr(llm, "model_params", None)
+        if params is None or not bool(getattr(params, "use_extra_bufts", False)):
+            return False
     if not host_has_amx(flags):
         return False
     if not _warned:
         _warned = True
+        which = ("the Llama was loaded with llama.cpp's extra buffer types" if llm is not None
+                 else "a Llama not loaded by load_llama has llama.cpp's extra buffer types")
         warnings.warn(
-            "this CPU has AMX and the Llama was loaded with llama.cpp's extra buffer types "
-            "(weight repacking), whose AMX kernel crashes on multi-token batches; load it with "
+            f"this CPU has AMX and {which} (weight repacking), whose AMX kernel crashes on "
+            "multi-token batches; load it with "
             "ngramspec.llama.repack.load_llama(path, ...) or inside "
             "ngramspec.llama.repack.extra_buffer_types(False)", RuntimeWarning,
             stacklevel=stacklevel)
