@@ -186,13 +186,14 @@ def main(argv=None):
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         ap.error(f"--configs: unknown {', '.join(unknown)}; allowed: {', '.join(CONFIGS)}")
+    if args.recorded is not None and args.recorded < 1:
+        ap.error("--recorded must be >= 1")
+    # after the checks that need nothing: "local" needs this machine's cached calibration
     try:
         cost_model = load_cost_model(args.cost_model)
     except (ValueError, KeyError, OSError) as exc:
         ap.error(f"--cost-model {args.cost_model}: {exc}")
     if args.recorded is not None:
-        if args.recorded < 1:
-            ap.error("--recorded must be >= 1")
         rows = recorded_outputs(args.recorded, args.n_predict)
         outputs = (f"{args.recorded} prompts per family with the traces' recorded outputs, cut "
                    f"to {args.n_predict} tokens")
