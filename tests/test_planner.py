@@ -1,11 +1,14 @@
 """The scheduler's planner without a model: which requests end before a step, which tokens of
 which slots one decode gets (drafts bounded by the batch and the request, cut by the joint
 policy), which prompt chunks fill the rest."""
+import ast
+import pathlib
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from ngramspec.llama import planner
 from ngramspec.llama.planner import PREFILL_RESERVE, plan_step
 from ngramspec.loop import SlotLoop
 from ngramspec.stop_rules import CANCELLED, CONTEXT
@@ -141,3 +144,14 @@ def test_nothing_to_do_is_an_empty_plan():
     assert plan.n_tokens == 0 and plan.verifies == plan.chunks == plan.finishes == ()
     with pytest.raises(Exception):
         plan.finishes = ()          # a plan is a value
+
+
+def test_the_planner_imports_no_llama_binding():
+    """No llama_cpp, ctypes or sibling module of ngramspec.llama (all of which reach a context):
+    the planner is plain Python over the loops."""
+    tree = ast.parse(pathlib.Path(planner.__file__).read_text(encoding="utf-8"))
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    imported += [("." * n.level) + (n.module or "") for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom)]
+    assert imported and not [m for m in imported if m.startswith((".", "llama_cpp", "ctypes",
+                                                                   "ngramspec.llama"))]

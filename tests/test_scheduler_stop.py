@@ -40,6 +40,9 @@ def test_cancel_frees_the_slot(sched, prompts):
     h.cancel()
     res = h.result(timeout=30)
     assert res.finish_reason == "cancelled" and res.predicted_n < N_CTX_SLOT - len(p)
+    h.cancel()                       # a finished request, an unknown id: nothing happens
+    sched.cancel(10**9)
+    assert h.result(timeout=1) is res
     # a queued request cancelled before admission never runs
     hs = [sched.submit(p, SamplingParams(max_tokens=8)) for _ in range(8)]
     hs[-1].cancel()

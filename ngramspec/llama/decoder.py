@@ -2,9 +2,10 @@
 per-request life cycle (prompt pass with llama-server's exact-prompt cache, reset, finish).
 
 Talks to llama.cpp through llama-cpp-python's low-level C API (``llama_decode`` on the package's
-one batch, `ngramspec.llama.batch.MultiSeqBatch`; ``llama_get_logits``, ``llama_memory_seq_rm``). Used by the live generation
-driver (`ngramspec.llama.live`), the draft model (`ngramspec.llama.draft_model`) and the
-calibration (`ngramspec.llama.calibration`); it knows nothing of drafting.
+one batch, `ngramspec.llama.batch.MultiSeqBatch`; ``llama_get_logits``,
+``llama_memory_seq_rm``). Used by the live generation driver (`ngramspec.llama.live`), the draft
+model (`ngramspec.llama.draft_model`) and the calibration (`ngramspec.llama.calibration`); it
+knows nothing of drafting.
 """
 from __future__ import annotations
 

@@ -145,10 +145,10 @@ class Scheduler:
     Memory: the model, a KV cache of ``n_ctx`` cells, ``n_batch`` rows of logits, the proposers'
     per-slot state (see ``SpecEngine``), a copy of each slot's cached tokens.
 
-    Thread-safety: :meth:`submit`, :meth:`stats`, :meth:`stop`, the tokenizer helpers and every
-    :class:`RequestHandle` method may be called from any thread; the request queue is protected
-    by a lock. ``on_token`` callbacks run on the decode thread: keep them short (an exception in
-    one fails that request).
+    Thread-safety: :meth:`submit`, :meth:`cancel`, :meth:`stats`, :meth:`stop`, the tokenizer
+    helpers and every :class:`RequestHandle` method may be called from any thread; the request
+    queue is protected by a lock. ``on_token`` callbacks run on the decode thread: keep them
+    short (an exception in one fails that request).
     """
 
     def __init__(self, llm_or_path=None, *, n_slots: int = 4, n_ctx: int = 4096,
