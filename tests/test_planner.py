@@ -81,6 +81,7 @@ def test_a_prompt_that_fits_is_its_last_chunk_and_a_full_batch_leaves_prompts_ou
     p, q = prompting(0, size=5, n_past=2), prompting(1, size=100)
     plan = plan_step([p, q], n_batch=8, n_ctx_slot=128)
     assert [(c.start, c.stop, c.last) for c in plan.chunks] == [(2, 5, True), (0, 5, False)]
+    assert str(plan) == "prompt slot 0: 2 .. 5 (last)\nprompt slot 1: 0 .. 5"
     r = prompting(2, size=50)
     plan = plan_step([q, r], n_batch=8, n_ctx_slot=128)
     assert [c.req for c in plan.chunks] == [q]
@@ -101,6 +102,10 @@ def test_cancelled_and_full_requests_end_before_the_decode():
     plan = plan_step([gone, full, fine, pending], n_batch=32, n_ctx_slot=64)
     assert plan.finishes == ((gone, CANCELLED), (pending, CANCELLED), (full, CONTEXT))
     assert [v.req for v in plan.verifies] == [fine] and plan.chunks == ()
+    draft = plan.verifies[0].draft.tolist()
+    assert str(plan).splitlines() == ["end slot 0: cancelled", "end slot 3: cancelled",
+                                      "end slot 1: context",
+                                      f"verify slot 2 at 63: 7 + draft {draft}"]
     assert gone.loop.pending_draft.size == 0 and full.loop.pending_draft.size == 0
 
 
@@ -142,6 +147,7 @@ def test_the_joint_policy_cuts_its_drafts_for_the_whole_step():
 def test_nothing_to_do_is_an_empty_plan():
     plan = plan_step([], n_batch=8, n_ctx_slot=64)
     assert plan.n_tokens == 0 and plan.verifies == plan.chunks == plan.finishes == ()
+    assert str(plan) == "nothing to decode"
     with pytest.raises(Exception):
         plan.finishes = ()          # a plan is a value
 

@@ -19,7 +19,7 @@ attributes the planner reads (``cancel_requested``, ``loop``, ``spec.n_max``, ``
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Sequence, Tuple
 
 import numpy as np
@@ -32,7 +32,7 @@ __all__ = ["PREFILL_RESERVE", "PromptChunk", "StepPlan", "Verify", "plan_step"]
 PREFILL_RESERVE = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Verify:
     """One generating slot's run: ``[sampled] + draft`` at positions ``pos0 ..``, logits at each.
 
@@ -47,7 +47,7 @@ class Verify:
         Position of ``sampled`` (the slot's context length).
     """
 
-    req: object
+    req: object = field(repr=False)
     seq: int
     tokens: np.ndarray
     pos0: int
@@ -63,7 +63,7 @@ class PromptChunk:
     """The part ``prompt[start:stop]`` of a request's prompt the step decodes; with ``last`` it
     completes the prompt and its last token's logits give the first output token."""
 
-    req: object
+    req: object = field(repr=False)
     seq: int
     start: int
     stop: int
@@ -87,6 +87,15 @@ class StepPlan:
     finishes: Tuple[Tuple[object, str], ...]
     verifies: Tuple[Verify, ...]
     chunks: Tuple[PromptChunk, ...]
+
+    def __str__(self) -> str:
+        """One line per entry, by slot: what the step ends, verifies and prefills."""
+        lines = [f"end slot {r.slot.id}: {reason}" for r, reason in self.finishes]
+        lines += [f"verify slot {v.seq} at {v.pos0}: {int(v.tokens[0])} + draft "
+                  f"{v.draft.tolist()}" for v in self.verifies]
+        lines += [f"prompt slot {c.seq}: {c.start} .. {c.stop}{' (last)' if c.last else ''}"
+                  for c in self.chunks]
+        return "\n".join(lines) or "nothing to decode"
 
     @property
     def n_tokens(self) -> int:
