@@ -582,6 +582,8 @@ class Scheduler:
     def _step(self) -> None:
         """plan -> execute -> update: one ``llama_decode`` of every running request."""
         plan = plan_step(self._active, self.n_batch, self.n_ctx_slot, self.auto_policy)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("step plan:\n%s", plan)
         for r, reason in plan.finishes:
             self._finish(r, reason)
         n = plan.n_tokens
