@@ -82,7 +82,7 @@ def run(llm, prompts, clients, n_requests, n_predict, n_slots, n_ctx_slot, confi
     return {"wall_s": wall, "cpu_s": cpu, "tokens": n_out,
             "tok_s": n_out / wall, "tok_cpu_s": n_out / cpu,
             "decode_calls": st["decode_calls"], "decode_tokens": st["decode_tokens"],
-            "drafted": st["draft_tokens"], "accepted": st["draft_tokens_accepted"]}
+            "drafted": st["n_draft_tokens"], "accepted": st["n_acc_tokens"]}
 
 
 def measure(args):

@@ -189,7 +189,7 @@ def build_scheduler(args):
     model = args.model
     if model is None:
         model = default_model_path()
-    chain = ",".join(t for t in types if t != "draft-simple") or "none"
+    chain = ",".join(types) or "none"   # the scheduler puts draft-simple on the draft model
     draft, others = args.model_draft, {}
     if draft is not None:
         draft = load_model(args.model_draft, n_ctx=64, n_batch=64,

@@ -4,6 +4,10 @@
 token through ctypes; this batch instead points every token's ``seq_id`` at one element of a
 single numpy array, so a step's tokens, positions, sequence ids and output flags are four numpy
 slice assignments. The struct is passed to ``llama_decode`` by value and never freed by llama.cpp.
+
+The package's one ``llama_batch`` wrapper: the scheduler's steps (`ngramspec.llama.executor`),
+the one-sequence `ngramspec.llama.decoder.Decoder` (live generation, the draft model, the
+calibration) and the noise measurement of `ngramspec.llama.divergence` all decode through it.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ class MultiSeqBatch:
     -----
     Memory: 17 bytes per token of capacity plus a pointer per token.
 
-    Thread-safety: not thread-safe; owned by the scheduler's decode thread.
+    Thread-safety: not thread-safe; owned by one thread (the scheduler's decode thread, a
+    `Decoder`'s).
     """
 
     def __init__(self, capacity: int):

@@ -1,20 +1,21 @@
 """The llama-cpp adapter: one batch decoder over a llama.cpp context, and the target context's
 per-request life cycle (prompt pass with llama-server's exact-prompt cache, reset, finish).
 
-Talks to llama.cpp through llama-cpp-python's low-level C API (``llama_batch_init``,
-``llama_decode``, ``llama_get_logits``, ``llama_memory_seq_rm``). Used by the live generation
-driver (`ngramspec.llama.live`), the draft model (`ngramspec.llama.draft_model`) and the
-calibration (`ngramspec.llama.calibration`); it knows nothing of drafting.
+Talks to llama.cpp through llama-cpp-python's low-level C API (``llama_decode`` on the package's
+one batch, `ngramspec.llama.batch.MultiSeqBatch`; ``llama_get_logits``,
+``llama_memory_seq_rm``). Used by the live generation driver (`ngramspec.llama.live`), the draft
+model (`ngramspec.llama.draft_model`) and the calibration (`ngramspec.llama.calibration`); it
+knows nothing of drafting.
 """
 from __future__ import annotations
 
-import ctypes
 from typing import Optional
 
 import numpy as np
 
 from ngramspec.tokens import token_array
 
+from .batch import MultiSeqBatch
 from .model import require_llama_cpp
 
 __all__ = ["Decoder", "check_engine_models", "check_prompt", "context_params", "finish_request", "prompt_pass",
@@ -22,7 +23,8 @@ __all__ = ["Decoder", "check_engine_models", "check_prompt", "context_params", "
 
 
 class Decoder:
-    """One ``llama_batch`` over one context, filled through numpy views of its C arrays.
+    """One sequence's decodes on one context, through the package's one ``llama_batch`` wrapper
+    (`ngramspec.llama.batch.MultiSeqBatch`).
 
     Parameters
     ----------
@@ -34,8 +36,8 @@ class Decoder:
 
     Notes
     -----
-    Memory: one ``llama_batch`` of ``n_batch`` tokens (freed by `close` or on collection) and,
-    as the target decoder, a copy of the cached prompt.
+    Memory: one batch of ``n_batch`` tokens and, as the target decoder, a copy of the cached
+    prompt.
 
     Thread-safety: not thread-safe; one decoder per thread and context.
     """
@@ -50,38 +52,19 @@ class Decoder:
         self.n_ctx = int(lc.llama_n_ctx_seq(ctx))
         self.n_batch = int(n_batch)
         self.mem = lc.llama_get_memory(ctx)
-        self.batch = lc.llama_batch_init(self.n_batch, 0, 1)
-        b = self.batch
-        # Views over the batch's malloc'ed arrays: one vectorized copy per decode instead of a
-        # ctypes assignment per token.
-        self.tok = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
-        self.pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
-        self.nsq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
-        self.out = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)),
-                                         shape=(self.n_batch,))
-        self.nsq[:] = 1
-        self._seq = None
-        self.set_seq(seq_id)
+        self.batch: Optional[MultiSeqBatch] = MultiSeqBatch(self.n_batch)
+        self._seq = int(seq_id)
         # Prompt cache of the target decoder (see prompt_pass): the prompt whose KV is kept.
         self.cached_prompt: Optional[np.ndarray] = None
         self.cached_first = -1
 
     def set_seq(self, seq_id: int) -> None:
-        if seq_id != self._seq:
-            for i in range(self.n_batch):
-                self.batch.seq_id[i][0] = seq_id
-            self._seq = seq_id
+        """The sequence of the next decodes."""
+        self._seq = int(seq_id)
 
     def close(self) -> None:
-        if self.batch is not None:
-            self._lc.llama_batch_free(self.batch)
-            self.batch = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
+        """Release the batch (its arrays are numpy's: nothing for llama.cpp to free)."""
+        self.batch = None
 
     def clear(self) -> None:
         if self.mem is not None:
@@ -111,21 +94,14 @@ class Decoder:
         if all_logits and n > self.n_batch:
             raise ValueError(f"batch of {n} tokens with all logits exceeds n_batch {self.n_batch}")
         arr = np.asarray(tokens, dtype=np.int32)
+        batch = self.batch
         for start in range(0, n, self.n_batch):
             m = min(self.n_batch, n - start)
-            self.tok[:m] = arr[start:start + m]
-            self.pos[:m] = np.arange(pos0 + start, pos0 + start + m, dtype=np.int32)
-            self.out[:m] = 1 if all_logits else 0
-            last = start + m == n
-            if last:
-                self.out[m - 1] = 1
-            self.batch.n_tokens = m
-            rc = self._lc.llama_decode(self.ctx, self.batch)
-            if rc != 0:
-                raise RuntimeError(f"llama_decode returned {rc}")
-        n_out = n if all_logits else 1
-        ptr = self._lc.llama_get_logits(self.ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+            batch.clear()
+            batch.add(self._seq, arr[start:start + m], pos0 + start,
+                      "all" if all_logits else "last" if start + m == n else "none")
+            rows = batch.decode(self.ctx)
+        return rows
 
     def is_eog(self, token: int) -> bool:
         return bool(self._lc.llama_vocab_is_eog(self.vocab, int(token)))

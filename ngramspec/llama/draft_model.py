@@ -204,12 +204,29 @@ class DraftModelProposer(PyProposer):
         # Tokens held by each slot's sequence of the draft KV cache: _cache[s][:_n[s]].
         self._cache = [np.empty(self.n_ctx, dtype=np.int32) for _ in range(int(n_slots))]
         self._n = [0] * int(n_slots)
+        # A slot's own p_min (a server request's speculation.p_min), None: self.p_min.
+        self._slot_p_min = [None] * int(n_slots)
         self._checked = set()
 
     @property
     def model_ptr(self):
         """``llama_model *`` of the draft model (for :func:`check_vocab_compatible`)."""
         return self._model.model
+
+    def set_p_min(self, slot: int, p_min: Optional[float]) -> None:
+        """The p_min of ``slot``'s drafts from now on (a request's own, set at its start); None
+        restores the proposer's ``p_min``.
+
+        Raises
+        ------
+        ValueError
+            ``slot`` outside ``0 .. n_slots - 1`` or ``p_min`` outside ``--spec-draft-p-min``'s
+            range.
+        """
+        slot = check_int("slot", slot, 0, len(self._slot_p_min) - 1)
+        if p_min is not None:
+            p_min = _PARAMS["spec_draft_p_min"].check(p_min, "p_min")
+        self._slot_p_min[slot] = p_min
 
     def check_target(self, target) -> None:
         """Raise :class:`VocabMismatchError` unless ``target`` shares this model's vocabulary."""
@@ -267,7 +284,9 @@ class DraftModelProposer(PyProposer):
         logits = self._sync(slot, inp, int(sampled))
         dec, cache, n_cache = self._dec, self._cache[slot], total
         result = []
-        p_min = self.p_min
+        p_min = self._slot_p_min[slot]
+        if p_min is None:
+            p_min = self.p_min
         while True:
             tok = int(np.argmax(logits))
             if p_min > 0.0:

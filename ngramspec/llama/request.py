@@ -4,7 +4,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 __all__ = ["QueueFull", "Chunk", "Completion", "RequestHandle"]
 
@@ -86,14 +86,26 @@ _END = object()
 class RequestHandle:
     """A submitted request: wait for it, stream it, or cancel it.
 
+    Parameters
+    ----------
+    request_id : int
+    cancel : callable(request_id)
+        Asks the scheduler to stop the request (`Scheduler.cancel`).
+
     Notes
     -----
+    The client's side is `result`, iteration and `cancel`; the scheduler's decode thread is the
+    producer (`deliver`, `complete`).
+
+    Memory: the chunks not yet read, the completion.
+
     Thread-safety: every method may be called from any thread. Iterating the handle from two
     threads at once splits the chunks between them.
     """
 
-    def __init__(self, req):
-        self._req = req
+    def __init__(self, request_id: int, cancel: Callable[[int], None]):
+        self._id = request_id
+        self._cancel = cancel
         self._chunks: "queue.SimpleQueue" = queue.SimpleQueue()
         self._done = threading.Event()
         self._completion: Optional[Completion] = None
@@ -101,7 +113,7 @@ class RequestHandle:
 
     @property
     def id(self) -> int:
-        return self._req.id
+        return self._id
 
     @property
     def done(self) -> bool:
@@ -112,8 +124,7 @@ class RequestHandle:
 
         The completion then has ``finish_reason == "cancelled"`` (unless it had finished already).
         """
-        self._req.cancel_requested = True
-        self._req.sched._wake()
+        self._cancel(self._id)
 
     def result(self, timeout: Optional[float] = None) -> Completion:
         """Wait for the completion.
@@ -140,10 +151,12 @@ class RequestHandle:
                 return
             yield item
 
-    def _push(self, chunk: Chunk) -> None:
+    def deliver(self, chunk: Chunk) -> None:
+        """The producer's side: a step's chunk for the client."""
         self._chunks.put(chunk)
 
-    def _finish(self, completion: Optional[Completion], error: Optional[BaseException]) -> None:
+    def complete(self, completion: Optional[Completion], error: Optional[BaseException]) -> None:
+        """The producer's side, once: the request's outcome (or the error that ended it)."""
         self._completion, self._error = completion, error
         self._chunks.put(_END)
         self._done.set()

@@ -1,24 +1,24 @@
 """The batched serving engine: N request slots on one llama context, one ``llama_decode`` per step.
 
-llama-server's slot loop over llama-cpp-python's low-level API. Each step of the decode thread:
+llama-server's slot loop over llama-cpp-python's low-level API, split as vLLM v1's scheduler is:
+each step of the decode thread is *plan -> execute -> update*.
 
-1. retires cancelled requests (their slot is free for the next step);
-2. every generating slot proposes a draft (``SlotLoop.propose``: the proposer chain, bounded by
-   llama-server's ``n_ctx - L - 2`` / ``n_remaining - 1`` rules, the request's ``n_max`` and the
-   step's token budget) and adds ``[sampled] + draft`` to the batch, logits at every position,
-   under its own sequence id (= slot);
-3. prompts being processed fill the rest of the batch (``n_batch`` tokens in all): a long prompt
-   is decoded in chunks over several steps while the running requests keep generating;
-4. one ``llama_decode``;
-5. each generating slot samples its target tokens with its own sampler, accepting the draft while
-   the sample equals it (:func:`ngramspec.llama.sampling.sample_run`; lossless), verifies
-   (``SlotLoop.verify``), drops its rejected KV cells (``llama_memory_seq_rm``) and emits its tokens
-   (callback / stream); a slot whose prompt is complete samples its first token;
-6. finished requests (EOS, a stop string, ``max_tokens``, a full slot context) are retired, and
-   queued requests are admitted into free slots — the slot whose cached tokens share the longest
-   prefix with the prompt, so the next turn of a chat decodes only its new tokens; a request
-   whose prompt a busy slot holds waits a little for that slot rather than decode the prompt
-   again (:mod:`ngramspec.llama.admission`).
+1. admission: queued requests go into free slots (:mod:`ngramspec.llama.admission`: the slot
+   whose cached tokens share the longest prefix with the prompt, so the next turn of a chat
+   decodes only its new tokens; a request whose prompt a busy slot holds waits a little for that
+   slot rather than decode the prompt again);
+2. plan (:func:`ngramspec.llama.planner.plan_step`, no llama context): the requests that end
+   before the decode (cancelled, a full slot context), every generating slot's
+   ``[sampled] + draft`` (``SlotLoop.propose``, bounded by llama-server's rules, the request's
+   ``n_max`` and the step's token budget; the "auto" requests' drafts cut jointly by the one
+   `AutoPolicy`) and the prompt chunks that fill the rest of the ``n_batch`` tokens (a long
+   prompt is decoded over several steps while the running requests keep generating);
+3. execute (:class:`ngramspec.llama.executor.StepExecutor`): one ``llama_decode``; each
+   generating slot samples with its own sampler, accepting the draft while the sample equals it
+   (lossless), verifies (``SlotLoop.verify``) and drops its rejected KV cells; a completed prompt
+   samples its first token;
+4. update: the tokens go through the stop rules (:mod:`ngramspec.stop_rules`, stop strings through
+   the request's `TextStream`) to the client (callback / stream); ended requests free their slots.
 """
 from __future__ import annotations
 
@@ -34,13 +34,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from . import admission
-from .batch import MultiSeqBatch
 from .decoder import check_engine_models, context_params
 from .calibration import context_calibration
+from .executor import StepExecutor, StepOutput
 from .model import default_threads, load_model
 from .params import SamplingParams, SpeculationParams, _integer
+from .planner import StepPlan, plan_step
 from .request import Chunk, Completion, QueueFull, RequestHandle
-from .sampling import Sampler, sample_run
+from .sampling import Sampler
 from .text import TextStream, token_piece_fn
 
 from ngramspec.cost import CostModel
@@ -49,6 +50,7 @@ from ngramspec.loop import SlotLoop
 from ngramspec.policy import POLICIES, AutoPolicy
 from ngramspec.prediction import PredictedEngine, PredictionDrafter
 from ngramspec.registry import parse_types
+from ngramspec.stop_rules import CANCELLED, ERROR, LENGTH, STOP, cut_step
 from ngramspec.tokens import token_array
 
 __all__ = ["Scheduler", "RequestHandle", "Completion", "Chunk", "QueueFull"]
@@ -57,25 +59,24 @@ log = logging.getLogger("ngramspec.scheduler")
 
 #: llama.cpp's LLAMA_MAX_SEQ (sequences of one context).
 MAX_SLOTS = 256
-#: Prompt tokens a step keeps for admitted prompts when drafts could fill the whole batch.
-PREFILL_RESERVE = 64
 #: Seconds per prompt token assumed by admission before any step was timed (a small model on a
 #: CPU core; the cost model, or the mean of the timed steps, replaces it).
 PROMPT_S_PER_TOKEN = 1e-3
+#: `SpecEngine.stats`' counts that `Scheduler.stats` sums per proposer type.
+PROPOSER_COUNTS = ("gen_tokens", "acc_tokens", "gen_drafts", "acc_drafts")
 
 
 class _Request:
     """The decode thread's state of one request."""
 
-    def __init__(self, sched, rid, prompt, sampling, spec, on_token, prediction=None):
-        self.sched = sched
+    def __init__(self, rid, prompt, sampling, spec, on_token, prediction, cancel):
         self.prediction: Optional[PredictionDrafter] = prediction   # Predicted Outputs
         self.id = rid
         self.prompt: np.ndarray = prompt
         self.sampling: SamplingParams = sampling
         self.spec: SpeculationParams = spec
         self.on_token = on_token
-        self.handle = RequestHandle(self)
+        self.handle = RequestHandle(rid, cancel)
         self.cancel_requested = False
         self.slot: Optional["_Slot"] = None
         self.n_past = 0                # prompt tokens in the slot's KV cache
@@ -84,9 +85,6 @@ class _Request:
         self.loop = None
         self.text: Optional[TextStream] = None
         self.tokens: List[int] = []
-        self.draft = None              # this step's draft
-        self.first_idx = 0             # batch index of this step's first token
-        self.last_idx = -1             # batch index of the prompt's last token (its final chunk)
         self.callback_error: Optional[BaseException] = None
         self.draft_n = self.draft_acc = 0
         self.t_submit = time.perf_counter()
@@ -147,10 +145,10 @@ class Scheduler:
     Memory: the model, a KV cache of ``n_ctx`` cells, ``n_batch`` rows of logits, the proposers'
     per-slot state (see ``SpecEngine``), a copy of each slot's cached tokens.
 
-    Thread-safety: :meth:`submit`, :meth:`stats`, :meth:`stop`, the tokenizer helpers and every
-    :class:`RequestHandle` method may be called from any thread; the request queue is protected
-    by a lock. ``on_token`` callbacks run on the decode thread: keep them short (an exception in
-    one fails that request).
+    Thread-safety: :meth:`submit`, :meth:`cancel`, :meth:`stats`, :meth:`stop`, the tokenizer
+    helpers and every :class:`RequestHandle` method may be called from any thread; the request
+    queue is protected by a lock. ``on_token`` callbacks run on the decode thread: keep them
+    short (an exception in one fails that request).
     """
 
     def __init__(self, llm_or_path=None, *, n_slots: int = 4, n_ctx: int = 4096,
@@ -158,8 +156,6 @@ class Scheduler:
                  spec_type: Union[str, Sequence[str]] = "ngram-mod",
                  spec_params: Optional[dict] = None, draft_model=None, queue_size: int = 64,
                  policy: str = "fixed", cost_model=None):
-        import llama_cpp as lc
-        self._lc = lc
         self.n_slots = _integer("n_slots", n_slots, 1, MAX_SLOTS)
         n_ctx = _integer("n_ctx", n_ctx, 8 * self.n_slots)
         self.n_batch = _integer("n_batch", n_batch, 8)
@@ -170,39 +166,18 @@ class Scheduler:
         self.policy = policy
         if cost_model is not None and not isinstance(cost_model, CostModel):
             raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
-        threads = _integer("n_threads", n_threads, 1) if n_threads is not None \
+        self.n_threads = _integer("n_threads", n_threads, 1) if n_threads is not None \
             else default_threads()
-        self.n_threads = threads
-        if llm_or_path is None or isinstance(llm_or_path, (str, os.PathLike)):
-            # A small context of its own: the Llama serves as tokenizer and chat template only.
-            self.llm = load_model(None if llm_or_path is None else os.fspath(llm_or_path),
-                                  n_ctx=64, n_batch=64, n_threads=threads)
-        else:
-            self.llm = llm_or_path
-        model = self.llm.model
-        cp = context_params(n_ctx=n_ctx, n_batch=self.n_batch, n_seq_max=self.n_slots,
-                            n_threads=threads, unified=True)
-        self._ctx = lc.llama_init_from_model(model, cp)
-        if not self._ctx:
-            raise RuntimeError("llama_init_from_model failed (n_ctx too large for memory?)")
-        self._mem = lc.llama_get_memory(self._ctx)
-        self.vocab = lc.llama_model_get_vocab(model)
-        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
-        self.n_ctx = int(lc.llama_n_ctx(self._ctx))
-        self.n_ctx_slot = self.n_ctx // self.n_slots
-        self._eog = [t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t)]
-        self._eog_set = frozenset(self._eog)
-        self._piece = token_piece_fn(self.vocab)
-        self._batch = MultiSeqBatch(self.n_batch)
-
+        self._open_context(llm_or_path, n_ctx)
         self._engine, self.spec_types = self._build_engine(spec_type, spec_params, draft_model)
         self._engines: Dict[tuple, object] = {}
+        # draft-simple keeps a p_min per slot: each request sets its own at its start
         self._draft_proposer = next((p for p in (self._engine.proposers if self._engine else ())
                                      if p.name == "draft-simple"), None)
-        self._draft_p_min = getattr(self._draft_proposer, "p_min", 0.0)
         self._slots = [_Slot(i, self.n_ctx_slot) for i in range(self.n_slots)]
         self._queue: deque = deque()
         self._active: List[_Request] = []     # admitted, in admission order
+        self._live: Dict[int, _Request] = {}  # submitted, not finished (cancel's look-up)
         self._cond = threading.Condition()
         self._ids = itertools.count(1)
         self._thread: Optional[threading.Thread] = None
@@ -216,10 +191,36 @@ class Scheduler:
         self._stats = {"requests_submitted": 0, "requests_finished": 0,
                        "requests_cancelled": 0, "tokens_predicted": 0, "tokens_prompt": 0,
                        "tokens_prompt_cached": 0, "decode_calls": 0, "decode_tokens": 0,
-                       "draft_tokens": 0, "draft_tokens_accepted": 0, "t_decode_s": 0.0,
+                       "n_draft_tokens": 0, "n_acc_tokens": 0, "t_decode_s": 0.0,
                        "t_steps_cpu_s": 0.0}
 
     # -- construction helpers ------------------------------------------------------------------
+
+    def _open_context(self, llm_or_path, n_ctx: int) -> None:
+        """The target's weights and this scheduler's own context on them (one sequence per slot,
+        a unified KV cache), and the step executor that decodes on it."""
+        import llama_cpp as lc
+        self._lc = lc
+        if llm_or_path is None or isinstance(llm_or_path, (str, os.PathLike)):
+            # A small context of its own: the Llama serves as tokenizer and chat template only.
+            self.llm = load_model(None if llm_or_path is None else os.fspath(llm_or_path),
+                                  n_ctx=64, n_batch=64, n_threads=self.n_threads)
+        else:
+            self.llm = llm_or_path
+        model = self.llm.model
+        cp = context_params(n_ctx=n_ctx, n_batch=self.n_batch, n_seq_max=self.n_slots,
+                            n_threads=self.n_threads, unified=True)
+        self._ctx = lc.llama_init_from_model(model, cp)
+        if not self._ctx:
+            raise RuntimeError("llama_init_from_model failed (n_ctx too large for memory?)")
+        self.vocab = lc.llama_model_get_vocab(model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx = int(lc.llama_n_ctx(self._ctx))
+        self.n_ctx_slot = self.n_ctx // self.n_slots
+        self._eog = [t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t)]
+        self._eog_set = frozenset(self._eog)
+        self._piece = token_piece_fn(self.vocab)
+        self._executor = StepExecutor(self._ctx, self.n_batch, self._eog_set)
 
     def _build_engine(self, spec_type, spec_params, draft_model):
         types = [t for t in parse_types(spec_type) if t != "none"]
@@ -298,7 +299,7 @@ class Scheduler:
         else:
             with self._cond:
                 for r in list(self._queue):
-                    self._finish(r, "cancelled")
+                    self._finish(r, CANCELLED)
                 self._queue.clear()
         self._free()
 
@@ -354,6 +355,39 @@ class Scheduler:
         RuntimeError
             The scheduler is stopped.
         """
+        prompt, sampling, spec, drafter = self._check_request(prompt_tokens, sampling,
+                                                              speculation, on_token, prediction)
+        with self._cond:
+            if self._stopping or self._closed:
+                raise RuntimeError("the scheduler is stopped")
+            # Requests a free slot will take at the decode thread's next turn are not waiting:
+            # only those beyond the free slots count against the queue.
+            free = sum(1 for s in self._slots if s.req is None)
+            if len(self._queue) >= self.queue_size + free:
+                raise QueueFull(f"the request queue is full ({self.queue_size} waiting)")
+            req = _Request(next(self._ids), prompt, sampling, spec, on_token, drafter,
+                           self.cancel)
+            self._queue.append(req)
+            self._live[req.id] = req
+            self._stats["requests_submitted"] += 1
+            self._cond.notify_all()
+        return req.handle
+
+    def cancel(self, request_id: int) -> None:
+        """Ask the decode thread to stop a request (`RequestHandle.cancel`); its slot is free
+        within one step. A finished or unknown id is ignored.
+
+        Thread-safety: may be called from any thread.
+        """
+        with self._cond:
+            req = self._live.get(request_id)
+            if req is not None:
+                req.cancel_requested = True
+            self._cond.notify_all()
+
+    def _check_request(self, prompt_tokens, sampling, speculation, on_token, prediction):
+        """`submit`'s arguments checked against this model and its slots: ``(prompt array,
+        sampling, speculation, prediction drafter or None)``."""
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         spec = speculation if speculation is not None else SpeculationParams()
@@ -366,19 +400,7 @@ class Scheduler:
         sampling = self._check_sampling(sampling)
         if on_token is not None and not callable(on_token):
             raise TypeError("on_token must be callable")
-        with self._cond:
-            if self._stopping or self._closed:
-                raise RuntimeError("the scheduler is stopped")
-            # Requests a free slot will take at the decode thread's next turn are not waiting:
-            # only those beyond the free slots count against the queue.
-            free = sum(1 for s in self._slots if s.req is None)
-            if len(self._queue) >= self.queue_size + free:
-                raise QueueFull(f"the request queue is full ({self.queue_size} waiting)")
-            req = _Request(self, next(self._ids), prompt, sampling, spec, on_token, drafter)
-            self._queue.append(req)
-            self._stats["requests_submitted"] += 1
-            self._cond.notify_all()
-        return req.handle
+        return prompt, sampling, spec, drafter
 
     def _check_prompt(self, prompt_tokens) -> np.ndarray:
         # The package's one token validator (ngramspec.tokens), then this model's own bounds.
@@ -436,12 +458,13 @@ class Scheduler:
 
         Keys: ``n_slots``, ``slots_busy``, ``queue_length``, ``requests_submitted``,
         ``requests_finished``, ``requests_cancelled``, ``tokens_predicted``, ``tokens_prompt``,
-        ``tokens_prompt_cached``, ``decode_calls``, ``decode_tokens``, ``draft_tokens``,
-        ``draft_tokens_accepted``, ``t_decode_s`` (wall time in ``llama_decode``),
-        ``t_steps_cpu_s`` (CPU time of the decode thread's steps: with one decode thread
-        llama.cpp computes on it, so this is the work done, whatever the machine's load), and
-        ``proposers``: per proposer type
-        ``{"drafted": ..., "accepted": ..., "drafts": ..., "drafts_accepted": ...}``.
+        ``tokens_prompt_cached``, ``decode_calls``, ``decode_tokens``, ``n_draft_tokens`` and
+        ``n_acc_tokens`` (draft tokens the steps verified and accepted: the drivers' names, see
+        `ngramspec.stats`), ``t_decode_s`` (wall time in ``llama_decode``), ``t_steps_cpu_s``
+        (CPU time of the decode thread's steps: with one decode thread llama.cpp computes on
+        it, so this is the work done, whatever the machine's load), and ``proposers``: per
+        proposer type the sums of `SpecEngine.stats`' ``gen_tokens``, ``acc_tokens``,
+        ``gen_drafts`` and ``acc_drafts`` over every engine of the chain's proposers.
         """
         with self._cond:
             out = dict(self._stats)
@@ -450,15 +473,12 @@ class Scheduler:
             out["queue_length"] = len(self._queue)
             engines = ([self._engine] if self._engine is not None else []) \
                 + list(self._engines.values())
-        per: Dict[str, dict] = {t: {"drafted": 0, "accepted": 0, "drafts": 0,
-                                    "drafts_accepted": 0} for t in self.spec_types}
+        per: Dict[str, dict] = {t: dict.fromkeys(PROPOSER_COUNTS, 0) for t in self.spec_types}
         for eng in engines:
             for st in eng.stats():
                 d = per[st["type"]]
-                d["drafted"] += st["gen_tokens"]
-                d["accepted"] += st["acc_tokens"]
-                d["drafts"] += st["gen_drafts"]
-                d["drafts_accepted"] += st["acc_drafts"]
+                for key in PROPOSER_COUNTS:
+                    d[key] += st[key]
         out["proposers"] = per
         return out
 
@@ -476,10 +496,6 @@ class Scheduler:
 
     # -- the decode thread ---------------------------------------------------------------------
 
-    def _wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
     def _run(self) -> None:
         try:
             self._serve()
@@ -490,7 +506,7 @@ class Scheduler:
                 pending = list(self._queue) + list(self._active)
                 self._queue.clear()
             for r in pending:
-                self._finish(r, "error", error=exc)
+                self._finish(r, ERROR, error=exc)
             raise
 
     def _serve(self) -> None:
@@ -509,8 +525,8 @@ class Scheduler:
                 except Exception as exc:  # a decode failure fails the running requests only
                     log.exception("scheduler step failed")
                     for r in list(self._active):
-                        self._finish(r, "error", error=exc)
-                        self._lc.llama_memory_seq_rm(self._mem, r.slot.id, 0, -1)
+                        self._finish(r, ERROR, error=exc)
+                        self._executor.drop(r.slot.id, 0)
                         r.slot.n_cached = 0
                 with self._cond:
                     self._stats["t_steps_cpu_s"] += time.thread_time() - c0
@@ -518,7 +534,7 @@ class Scheduler:
     def _reap_queue(self) -> None:
         for r in [r for r in self._queue if r.cancel_requested]:
             self._queue.remove(r)
-            self._finish(r, "cancelled")
+            self._finish(r, CANCELLED)
 
     def _admit(self) -> None:
         """Admit queued requests into free slots (:func:`ngramspec.llama.admission.plan`: the
@@ -548,7 +564,7 @@ class Scheduler:
     def _place(self, req: _Request, slot: _Slot, lcp: int) -> None:
         # The prompt's last token is always decoded: its logits give the first token.
         lcp = min(lcp, req.prompt.size - 1)
-        self._lc.llama_memory_seq_rm(self._mem, slot.id, lcp, -1)
+        self._executor.drop(slot.id, lcp)
         slot.n_cached = lcp
         slot.req = req
         self._use += 1
@@ -564,81 +580,44 @@ class Scheduler:
         self._stats["tokens_prompt_cached"] += lcp
 
     def _step(self) -> None:
-        batch = self._batch
-        batch.clear()
-        for r in [r for r in self._active if r.cancel_requested]:
-            self._finish(r, "cancelled")
-        gen = [r for r in self._active if r.loop is not None]
-        pre = [r for r in self._active if r.loop is None]
-        for r in list(gen):
-            if r.loop.context.size + 1 > self.n_ctx_slot:  # no cell left for `sampled`
-                self._finish(r, "context")
-                gen.remove(r)
-        # Drafts of all generating slots must fit the batch with room kept for prompts.
-        reserve = min(PREFILL_RESERVE, self.n_batch // 4) if pre else 0
-        cap = max(0, (self.n_batch - reserve) // max(1, len(gen)) - 1)
-        dp = self._draft_proposer
-        for r in gen:
-            n_max = cap if r.spec.n_max is None else min(cap, r.spec.n_max)
-            n_min = r.spec.n_min or 0
-            if dp is not None and r.spec.p_min is not None:
-                # the request's own p_min for this draft call (the decode thread owns dp)
-                dp.p_min = r.spec.p_min
-                draft = r.loop.propose(n_max, n_min)
-                dp.p_min = self._draft_p_min
-            else:
-                draft = r.loop.propose(n_max, n_min)
-            r.draft = draft
-        self._cut_auto_drafts(gen, pre)
-        for r in gen:
-            toks = np.empty(len(r.draft) + 1, dtype=np.int32)
-            toks[0] = r.loop.sampled
-            toks[1:] = r.draft
-            r.first_idx = batch.add(r.slot.id, toks, r.loop.context.size, "all")
-        for r in pre:
-            r.last_idx = -1
-            if batch.free == 0:
-                continue
-            n = min(batch.free, r.prompt.size - r.n_past)
-            last = r.n_past + n == r.prompt.size
-            i = batch.add(r.slot.id, r.prompt[r.n_past:r.n_past + n], r.n_past,
-                          "last" if last else "none")
-            r.n_past += n
-            if last:
-                r.last_idx = i + n - 1
-        if batch.n == 0:
+        """plan -> execute -> update: one ``llama_decode`` of every running request."""
+        plan = plan_step(self._active, self.n_batch, self.n_ctx_slot, self.auto_policy)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("step plan:\n%s", plan)
+        for r, reason in plan.finishes:
+            self._finish(r, reason)
+        n = plan.n_tokens
+        if n == 0:
             return
-        t0 = time.perf_counter()
-        rows = batch.decode(self._ctx)
-        dt = time.perf_counter() - t0
-        row_of = np.cumsum(batch.logits[:batch.n]) - 1  # batch index -> output row
+        out = self._executor.decode(plan)
         with self._cond:
             self._stats["decode_calls"] += 1
-            self._stats["decode_tokens"] += batch.n
-            self._stats["t_decode_s"] += dt
-        for r in gen:
-            self._verify(r, rows, int(row_of[r.first_idx]))
-        for r in pre:
-            if r.last_idx >= 0:
-                self._first_token(r, rows[int(row_of[r.last_idx])], r.last_idx)
+            self._stats["decode_tokens"] += n
+            self._stats["t_decode_s"] += out.seconds
+        self._update(plan, out)
 
-    def _cut_auto_drafts(self, gen: List[_Request], pre: List[_Request]) -> None:
-        """Cut the drafts of ``"auto"`` requests to the lengths the policy chooses for the whole
-        step (`AutoPolicy.choose_lengths`)."""
-        policy = self.auto_policy
-        auto = [r for r in gen if r.loop.policy is policy and len(r.draft)]
-        if not auto:
-            return
-        n_fixed = sum(len(r.draft) for r in gen if r.loop.policy is not policy)
-        n_prompt = min(sum(r.prompt.size - r.n_past for r in pre),
-                       max(0, self.n_batch - len(gen) - n_fixed))
-        ks = policy.choose_lengths([r.loop for r in auto], len(gen) + n_fixed + n_prompt,
-                                   float(len(gen)))
-        for r, k in zip(auto, ks):
-            r.draft = r.draft[:k]
+    def _update(self, plan: StepPlan, out: StepOutput) -> None:
+        """Apply a decoded plan: verify and emit each generating slot's tokens, advance the
+        prompts, start the requests whose prompt is complete."""
+        executor = self._executor
+        for run, at in zip(plan.verifies, out.verify_at):
+            r = run.req
+            tokens, n_acc = executor.verify(run, out, at)
+            m = len(run.draft)
+            r.draft_n += m
+            r.draft_acc += n_acc
+            with self._cond:
+                self._stats["n_draft_tokens"] += m
+                self._stats["n_acc_tokens"] += n_acc
+            self._emit(r, tokens)
+        for chunk, at in zip(plan.chunks, out.chunk_at):
+            chunk.req.n_past = chunk.stop
+            if chunk.last:
+                self._start_generating(chunk.req, executor.first_token(chunk, out, at))
 
-    def _first_token(self, r: _Request, row: np.ndarray, idx: int) -> None:
-        tok = r.sampler.sample(self._ctx, idx, row)
+    def _start_generating(self, r: _Request, tok: int) -> None:
+        """The request's prompt is in its slot and ``tok`` is its first output token: begin its
+        loop on its proposers and emit the token."""
         r.t_first = time.perf_counter()
         r.slot.cached[:r.prompt.size] = r.prompt
         r.slot.n_cached = int(r.prompt.size)
@@ -646,58 +625,26 @@ class Scheduler:
         engine = self._engine_for(spec.types) if spec.enabled else None
         if spec.enabled and r.prediction is not None:
             engine = PredictedEngine(r.prediction, engine)
+        if self._draft_proposer is not None:
+            # the request's own p_min, held by its slot (None: the proposer's)
+            self._draft_proposer.set_p_min(r.slot.id, spec.p_min)
         auto = engine is not None and (spec.policy or self.policy) == "auto"
         r.loop = SlotLoop(engine, r.slot.id, r.prompt, tok, n_ctx=self.n_ctx_slot,
                           n_predict=r.sampling.max_tokens,
                           policy=self.auto_policy if auto else None, capacity=self.n_ctx_slot)
         self._emit(r, [tok])
 
-    def _verify(self, r: _Request, rows: np.ndarray, row0: int) -> None:
-        loop, draft = r.loop, r.draft
-        m = len(draft)
-        remaining = (r.sampling.max_tokens - len(r.tokens)) if r.sampling.max_tokens > 0 \
-            else m + 1
-        eog = self._eog_set if not r.sampling.ignore_eos else frozenset()
-        first_idx = r.first_idx
-        target = sample_run(r.sampler, self._ctx, rows[row0:row0 + m + 1], first_idx, draft,
-                            max(1, remaining), eog.__contains__)
-        L0 = loop.context.size
-        # A draft cut by the joint choice: its verified part is what was decoded.
-        n_acc = loop.verify(np.asarray(target, dtype=np.int32), n_verified=m)
-        r.draft_n += m
-        r.draft_acc += n_acc
-        L = loop.context.size
-        # The sampled token and the accepted draft are in the KV cache; drop the rest.
-        if L < L0 + m + 1:
-            self._lc.llama_memory_seq_rm(self._mem, r.slot.id, L, -1)
-        r.slot.cached[L0:L] = loop.context[L0:L]
-        r.slot.n_cached = L
-        with self._cond:
-            self._stats["draft_tokens"] += m
-            self._stats["draft_tokens_accepted"] += n_acc
-        self._emit(r, target[:n_acc + 1])
-
     def _emit(self, r: _Request, tokens: List[int]) -> None:
         """Append emitted tokens, apply the stop rules, stream; finish the request if it ends."""
-        reason = None
-        keep = len(tokens)
-        if not r.sampling.ignore_eos:
-            for i, t in enumerate(tokens):
-                if t in self._eog_set:
-                    keep, reason = i + 1, "stop"
-                    break
-        mt = r.sampling.max_tokens
-        if mt > 0 and len(r.tokens) + keep > mt:
-            keep, reason = mt - len(r.tokens), "length"
-        elif mt > 0 and len(r.tokens) + keep == mt:
-            reason = reason or "length"
+        is_eog = None if r.sampling.ignore_eos else self._eog_set.__contains__
+        keep, reason = cut_step(tokens, len(r.tokens), r.sampling.max_tokens, is_eog)
         tokens = [int(t) for t in tokens[:keep]]
         n_kept, chunk = r.text.push(tokens)
         if r.text.stopped:
-            tokens, reason = tokens[:n_kept], "stop"
+            tokens, reason = tokens[:n_kept], STOP
         r.tokens.extend(tokens)
         if reason is None and r.loop is not None and r.loop.done:
-            reason = "length"
+            reason = LENGTH  # the loop's output limit (sample_run stopped at it)
         if reason is not None:
             chunk += r.text.finish()
         if tokens or chunk:
@@ -706,7 +653,7 @@ class Scheduler:
             self._finish(r, reason)
 
     def _deliver(self, r: _Request, tokens: List[int], text: str) -> None:
-        r.handle._push(Chunk(tokens, text))
+        r.handle.deliver(Chunk(tokens, text))
         if r.on_token is not None:
             try:
                 r.on_token(tokens, text)
@@ -718,19 +665,30 @@ class Scheduler:
     def _finish(self, r: _Request, reason: str, error: Optional[BaseException] = None) -> None:
         if r.handle.done:
             return
-        now = time.perf_counter()
         if r in self._active:
             self._active.remove(r)
         if r.slot is not None:
             r.slot.req = None
         if r.sampler is not None:
             r.sampler.close()
-        error = error or r.callback_error
+        comp = self._completion(r, reason)
+        with self._cond:
+            self._live.pop(r.id, None)
+            self._stats["requests_finished"] += 1
+            self._stats["tokens_predicted"] += len(r.tokens)
+            if reason == CANCELLED:
+                self._stats["requests_cancelled"] += 1
+        r.handle.complete(comp, error or r.callback_error)
+
+    @staticmethod
+    def _completion(r: _Request, reason: str) -> Completion:
+        """What the request's client gets back."""
+        now = time.perf_counter()
         text = r.text.text if r.text is not None else ""
         stop_string = r.text.stop_string if r.text is not None else None
         engine = r.loop.engine if r.loop is not None else None
         t_first = r.t_first or now
-        comp = Completion(
+        return Completion(
             tokens=list(r.tokens), text=text, finish_reason=reason, prompt_n=int(r.prompt.size),
             prompt_cached_n=r.n_cached, predicted_n=len(r.tokens),
             prompt_ms=(t_first - r.t_admit) * 1e3 if r.t_admit else 0.0,
@@ -739,9 +697,3 @@ class Scheduler:
             queued_ms=((r.t_admit or now) - r.t_submit) * 1e3,
             accepted_prediction_tokens=getattr(engine, "accepted_prediction_tokens", 0),
             rejected_prediction_tokens=getattr(engine, "rejected_prediction_tokens", 0))
-        with self._cond:
-            self._stats["requests_finished"] += 1
-            self._stats["tokens_predicted"] += len(r.tokens)
-            if reason == "cancelled":
-                self._stats["requests_cancelled"] += 1
-        r.handle._finish(comp, error)

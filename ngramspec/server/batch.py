@@ -54,7 +54,7 @@ class BatchSummary:
         Over this run's successful requests.
     seconds : float
         Wall time of this run's requests.
-    draft_tokens, draft_tokens_accepted : int
+    n_draft_tokens, n_acc_tokens : int
         Drafted tokens verified and accepted (every proposer, the predictions included).
     accepted_prediction_tokens, rejected_prediction_tokens : int
         Predicted Outputs' counts summed over the requests that gave a prediction.
@@ -68,8 +68,8 @@ class BatchSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
-    draft_tokens: int = 0
-    draft_tokens_accepted: int = 0
+    n_draft_tokens: int = 0
+    n_acc_tokens: int = 0
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
     proposers: Dict[str, dict] = field(default_factory=dict)
@@ -80,9 +80,9 @@ class BatchSummary:
 
     def line(self) -> str:
         """The one-line summary ``run-batch`` prints."""
-        acc = (f"{self.draft_tokens_accepted}/{self.draft_tokens} draft tokens accepted "
-               f"({self.draft_tokens_accepted / self.draft_tokens:.1%})"
-               if self.draft_tokens else "no drafts")
+        acc = (f"{self.n_acc_tokens}/{self.n_draft_tokens} draft tokens accepted "
+               f"({self.n_acc_tokens / self.n_draft_tokens:.1%})"
+               if self.n_draft_tokens else "no drafts")
         pred = ""
         if self.accepted_prediction_tokens or self.rejected_prediction_tokens:
             pred = (f", prediction tokens {self.accepted_prediction_tokens} accepted / "
@@ -277,8 +277,8 @@ async def _run(app, scheduler_stats, input_path, writer, done_ids, done_lines, s
             await asyncio.gather(*tasks)
         after = scheduler_stats()
     summary.seconds = time.perf_counter() - t0
-    summary.draft_tokens = after["draft_tokens"] - before["draft_tokens"]
-    summary.draft_tokens_accepted = after["draft_tokens_accepted"] - before["draft_tokens_accepted"]
+    summary.n_draft_tokens = after["n_draft_tokens"] - before["n_draft_tokens"]
+    summary.n_acc_tokens = after["n_acc_tokens"] - before["n_acc_tokens"]
     summary.proposers = after["proposers"]
 
 

@@ -77,9 +77,9 @@ class _SchedulerCollector:
     def collect(self):
         st = self.scheduler.stats()
         props = st.get("proposers", {})
-        drafts = sum(p["drafts"] for p in props.values())
-        drafted = sum(p["drafted"] for p in props.values())
-        accepted = sum(p["accepted"] for p in props.values())
+        drafts = sum(p["gen_drafts"] for p in props.values())
+        drafted = sum(p["gen_tokens"] for p in props.values())
+        accepted = sum(p["acc_tokens"] for p in props.values())
         processed = st["tokens_prompt"] - st["tokens_prompt_cached"]
         t_prompt_n, t_prompt_s, t_pred_n, t_pred_s = self.timing.snapshot()
         counter = lambda *a: _family(CounterMetricFamily, *a)  # noqa: E731
@@ -129,10 +129,10 @@ class _SchedulerCollector:
         # ngramspec: per proposer, slots, queue, requests
         fams = {key: CounterMetricFamily(f"ngramspec:spec_{name}", doc, labels=["spec_type"])
                 for key, name, doc in (
-                    ("drafts", "drafts", "Non-empty drafts, per proposer."),
-                    ("drafted", "draft_tokens", "Draft tokens generated, per proposer."),
-                    ("drafts_accepted", "accepted_drafts", "Drafts with an accepted token."),
-                    ("accepted", "accepted_tokens", "Draft tokens accepted, per proposer."))}
+                    ("gen_drafts", "drafts", "Non-empty drafts, per proposer."),
+                    ("gen_tokens", "draft_tokens", "Draft tokens generated, per proposer."),
+                    ("acc_drafts", "accepted_drafts", "Drafts with an accepted token."),
+                    ("acc_tokens", "accepted_tokens", "Draft tokens accepted, per proposer."))}
         for spec_type, p in props.items():
             for key, fam in fams.items():
                 fam.add_metric([spec_type], p[key])

@@ -1,0 +1,187 @@
+"""What one step of the batched scheduler decodes: the step plan, and the planner that builds it.
+
+vLLM v1's split: ``schedule()`` returns a plain plan and ``update_from_output()`` applies the
+model's output to it. Here `plan_step` is the first half. It reads the running requests and
+decides, before anything is decoded,
+
+* which requests end now (a cancel, a slot context with no cell left for the next token:
+  `ngramspec.stop_rules.context_full`);
+* each generating slot's run ``[sampled] + draft``: the draft proposed through the request's
+  `ngramspec.loop.SlotLoop` (bounded by the batch's share per slot, the request's ``n_max``,
+  dropped below its ``n_min``) and, for the requests of the joint cost-aware policy, cut to the
+  lengths `ngramspec.policy.AutoPolicy.choose_lengths` chooses for the whole step;
+* each prompt's next chunk, in the tokens of ``n_batch`` the runs leave.
+
+It touches no llama context: the executor (`ngramspec.llama.executor`) decodes the plan in one
+``llama_decode``, then samples, verifies and trims the KV cache. A request is anything with the
+attributes the planner reads (``cancel_requested``, ``loop``, ``spec.n_max``, ``spec.n_min``,
+``prompt``, ``n_past``, ``slot.id``), so the planner is tested without a model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+from ngramspec.stop_rules import CANCELLED, CONTEXT, context_full
+
+__all__ = ["PREFILL_RESERVE", "PromptChunk", "StepPlan", "Verify", "plan_step"]
+
+#: Prompt tokens a step keeps for admitted prompts when drafts could fill the whole batch.
+PREFILL_RESERVE = 64
+
+
+@dataclass(frozen=True, eq=False)
+class Verify:
+    """One generating slot's run: ``[sampled] + draft`` at positions ``pos0 ..``, logits at each.
+
+    Attributes
+    ----------
+    req : the request
+    seq : int
+        Its sequence id (= slot).
+    tokens : numpy.ndarray
+        int32 ``[sampled] + draft``: the draft as the step verifies it (cut by the joint choice).
+    pos0 : int
+        Position of ``sampled`` (the slot's context length).
+    """
+
+    req: object = field(repr=False)
+    seq: int
+    tokens: np.ndarray
+    pos0: int
+
+    @property
+    def draft(self) -> np.ndarray:
+        """The draft tokens the step verifies."""
+        return self.tokens[1:]
+
+
+@dataclass(frozen=True)
+class PromptChunk:
+    """The part ``prompt[start:stop]`` of a request's prompt the step decodes; with ``last`` it
+    completes the prompt and its last token's logits give the first output token."""
+
+    req: object = field(repr=False)
+    seq: int
+    start: int
+    stop: int
+    last: bool
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.req.prompt[self.start:self.stop]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step: the requests that end before it, and the runs its one ``llama_decode`` decodes
+    (generating slots first, then prompt chunks, in batch order).
+
+    Notes
+    -----
+    Memory: one int32 array per generating slot (its run). Thread-safety: immutable.
+    """
+
+    finishes: Tuple[Tuple[object, str], ...]
+    verifies: Tuple[Verify, ...]
+    chunks: Tuple[PromptChunk, ...]
+
+    def __str__(self) -> str:
+        """One line per entry, by slot: what the step ends, verifies and prefills."""
+        lines = [f"end slot {r.slot.id}: {reason}" for r, reason in self.finishes]
+        lines += [f"verify slot {v.seq} at {v.pos0}: {int(v.tokens[0])} + draft "
+                  f"{v.draft.tolist()}" for v in self.verifies]
+        lines += [f"prompt slot {c.seq}: {c.start} .. {c.stop}{' (last)' if c.last else ''}"
+                  for c in self.chunks]
+        return "\n".join(lines) or "nothing to decode"
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens of the batch."""
+        return sum(len(v.tokens) for v in self.verifies) + sum(c.stop - c.start
+                                                               for c in self.chunks)
+
+
+def plan_step(active: Sequence, n_batch: int, n_ctx_slot: int, joint=None) -> StepPlan:
+    """The plan of the next step over the admitted requests ``active`` (admission order).
+
+    Parameters
+    ----------
+    active : sequence of requests
+        Generating ones have a ``loop`` (`ngramspec.loop.SlotLoop`); the others are processing
+        their prompt (``n_past`` of its tokens are in the slot's KV cache).
+    n_batch : int
+        Tokens of one decode.
+    n_ctx_slot : int
+        A slot's share of the KV cache.
+    joint : AutoPolicy, optional
+        The policy whose loops' drafts are cut jointly (`AutoPolicy.choose_lengths`).
+
+    Returns
+    -------
+    StepPlan
+
+    Notes
+    -----
+    Proposes each generating slot's draft (``SlotLoop.propose``: the loop is then waiting for
+    its verification); changes nothing else. Thread-safety: the decode thread's, as the loops.
+    """
+    cancelled = [r for r in active if r.cancel_requested]
+    running = [r for r in active if not r.cancel_requested]
+    pre = [r for r in running if r.loop is None]
+    gen, full = [], []
+    for r in running:
+        if r.loop is not None:
+            # the sampled token needs a cell: none left ends the request before the decode
+            (full if context_full(r.loop.n_context, n_ctx_slot) else gen).append(r)
+    finishes = tuple([(r, CANCELLED) for r in cancelled] + [(r, CONTEXT) for r in full])
+    drafts = _propose(gen, bool(pre), n_batch)
+    if joint is not None:
+        _cut_jointly(gen, drafts, pre, n_batch, joint)
+    verifies = []
+    for r, draft in zip(gen, drafts):
+        run = np.empty(len(draft) + 1, dtype=np.int32)
+        run[0] = r.loop.sampled
+        run[1:] = draft
+        verifies.append(Verify(r, r.slot.id, run, r.loop.n_context))
+    free = n_batch - sum(len(v.tokens) for v in verifies)
+    chunks = []
+    for r in pre:
+        n = min(free, r.prompt.size - r.n_past)
+        if n <= 0:
+            continue
+        chunks.append(PromptChunk(r, r.slot.id, r.n_past, r.n_past + n,
+                                  r.n_past + n == r.prompt.size))
+        free -= n
+    return StepPlan(finishes, tuple(verifies), tuple(chunks))
+
+
+def _propose(gen: Sequence, prompts_waiting: bool, n_batch: int) -> List[np.ndarray]:
+    """Each generating request's draft, bounded so that all of them fit the batch with room kept
+    for the prompts being processed."""
+    reserve = min(PREFILL_RESERVE, n_batch // 4) if prompts_waiting else 0
+    cap = max(0, (n_batch - reserve) // max(1, len(gen)) - 1)
+    drafts = []
+    for r in gen:
+        n_max = cap if r.spec.n_max is None else min(cap, r.spec.n_max)
+        drafts.append(r.loop.propose(n_max, r.spec.n_min or 0))
+    return drafts
+
+
+def _cut_jointly(gen: Sequence, drafts: List[np.ndarray], pre: Sequence, n_batch: int,
+                 joint) -> None:
+    """Cut the drafts of `joint`'s requests to the lengths it chooses for the whole step (the
+    loop keeps its whole pending draft: verification counts the cut part as not verified)."""
+    auto = [i for i, r in enumerate(gen) if r.loop.policy is joint and len(drafts[i])]
+    if not auto:
+        return
+    n_fixed = sum(len(d) for r, d in zip(gen, drafts) if r.loop.policy is not joint)
+    n_prompt = min(sum(r.prompt.size - r.n_past for r in pre),
+                   max(0, n_batch - len(gen) - n_fixed))
+    ks = joint.choose_lengths([gen[i].loop for i in auto], len(gen) + n_fixed + n_prompt,
+                              float(len(gen)))
+    for i, k in zip(auto, ks):
+        drafts[i] = drafts[i][:k]
+
