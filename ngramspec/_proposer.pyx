@@ -17,6 +17,7 @@ from libc cimport stdlib
 from libc.string cimport memcpy
 
 from ngramspec._types cimport TOKEN_MAX_C, token_t
+from ngramspec.validation import check_int as _check_int
 
 cnp.import_array()
 
@@ -160,24 +161,12 @@ cdef token_t token_slow(object value, str name) except? -1:
 
 
 def check_int(name, value, lo, hi=None):
-    """Validate an integer parameter against llama.cpp's range; return it as int."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        rng = f"{lo} .. {hi}" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} = {value} is out of range: allowed {rng}")
-    return value
-
-
-def check_real(name, value, lo, hi):
-    """Validate a real parameter against its range lo .. hi; return it as float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    value = float(value)
-    if not lo <= value <= hi:                # NaN fails too
-        raise ValueError(f"{name} = {value} is out of range: allowed {lo} .. {hi}")
-    return value
+    """`ngramspec.validation.check_int` with a compiled fast path for the kernels' hot calls (a
+    draft's ``n_max``, an accept's ``n_accepted``): an int in range returns here; anything else
+    is converted or refused there, with the package's one message format."""
+    if PyLong_CheckExact(value) and value >= lo and (hi is None or value <= hi):
+        return value
+    return _check_int(name, value, lo, hi)
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,8 +199,7 @@ cdef class Proposer:
         n_slots = check_int("n_slots", n_slots, 1)
         if n_slots > sys.maxsize:
             raise MemoryError(f"n_slots = {n_slots} is too large: allowed 1 .. {sys.maxsize}")
-        if max_draft < 1:
-            raise ValueError(f"max_draft = {max_draft} is out of range: allowed >= 1")
+        check_int("max_draft", max_draft, 1)
         self.busy = <unsigned char*>alloc_per_slot(n_slots, 1, f"{name}'s slot flags")
         try:
             self.pending = <Py_ssize_t*>alloc_per_slot(n_slots, sizeof(Py_ssize_t),
