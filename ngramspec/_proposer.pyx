@@ -17,7 +17,7 @@ from libc cimport stdlib
 from libc.string cimport memcpy
 
 from ngramspec._types cimport TOKEN_MAX_C, token_t
-from ngramspec.validation import check_int as _check_int
+from ngramspec.validation import Refused, WrongType, check_int as _check_int
 
 cnp.import_array()
 
@@ -86,6 +86,12 @@ cdef void* alloc_per_slot(Py_ssize_t n_slots, size_t each, str what) except NULL
 # Argument validation (the one boundary every public entry goes through)
 # --------------------------------------------------------------------------------------------
 
+cdef object _not_a_token(str field, object value):
+    """The error of an integer that is no token id (``prompt[3] = -1 is not a token id``)."""
+    return Refused(field, f"{value} is not a token id: ids must be in 0 .. {TOKEN_MAX}",
+                   value=value, allowed=f"0 .. {TOKEN_MAX}", sep=" = ")
+
+
 def _tokens_slow(obj, str name):
     """Convert any 1-D integer array-like to a C-contiguous int32 array, or raise.
 
@@ -93,19 +99,21 @@ def _tokens_slow(obj, str name):
     data, not token ids; so are bools, as everywhere an integer is expected."""
     if isinstance(obj, (bytes, bytearray)) or (isinstance(obj, memoryview)
                                                and isinstance(obj.obj, (bytes, bytearray))):
-        raise TypeError(f"{name} must be a 1-D sequence of integer token ids, got "
-                        f"{type(obj.obj if isinstance(obj, memoryview) else obj).__name__} "
-                        f"(bytes are not token ids: tokenize the text first)")
+        raise WrongType(name, obj, "a 1-D sequence of integer token ids", got=(
+            f"{type(obj.obj if isinstance(obj, memoryview) else obj).__name__} (bytes are not "
+            f"token ids: tokenize the text first)"))
     if isinstance(obj, (list, tuple)) and bool in map(type, obj):
         pos = list(map(type, obj)).index(bool)
-        raise TypeError(f"{name}[{pos}] = {obj[pos]} is not a token id: ids must be integers, "
-                        f"not bool")
+        raise WrongType(f"{name}[{pos}]", obj[pos], "an integer token id", detail=(
+            f" = {obj[pos]} is not a token id: ids must be integers, not bool"))
     try:
         arr = np.asarray(obj)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a 1-D sequence of integer token ids ({exc})") from None
+        raise WrongType(name, obj, "a 1-D sequence of integer token ids", detail=(
+            f" must be a 1-D sequence of integer token ids ({exc})")) from None
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {arr.shape}")
+        raise Refused(name, f"must be a 1-D sequence of token ids, got shape {arr.shape}",
+                      sep=" ")
     check_length(arr.size, name)
     if arr.size == 0:
         return np.empty(0, dtype=np.int32)
@@ -115,16 +123,16 @@ def _tokens_slow(obj, str name):
         # ints in [2**63, 2**64) mixed with small ones) a float64 array
         for pos, v in enumerate(obj):
             if v < 0 or v > TOKEN_MAX:
-                raise ValueError(f"{name}[{pos}] = {v} is not a token id: ids must be in "
-                                 f"0 .. {TOKEN_MAX}")
+                raise _not_a_token(f"{name}[{pos}]", v)
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+        raise WrongType(name, obj, "integer token ids", detail=(
+            f" must hold integer token ids, got dtype {arr.dtype}"))
     lo = int(arr.min())
     hi = int(arr.max())
     if lo < 0 or hi > TOKEN_MAX:
         bad = lo if lo < 0 else hi
         pos = int(np.flatnonzero(arr == bad)[0])
-        raise ValueError(f"{name}[{pos}] = {bad} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
+        raise _not_a_token(f"{name}[{pos}]", bad)
     # ascontiguousarray keeps a misaligned int32 buffer as it is: the kernels need int32
     # alignment (C's rules; vectorized loops may assume it)
     return np.require(arr, np.int32, ("C", "A"))
@@ -139,24 +147,22 @@ cdef token_t token_slow(object value, str name) except? -1:
     if exact_int_in(value, 0, TOKEN_MAX_C, &v):
         return <token_t>v
     if isinstance(value, bool):              # an int subclass, refused as for every integer
-        raise TypeError(f"{name} must be an integer token id, got bool")
+        raise WrongType(name, value, "an integer token id")
     if PyLong_CheckExact(value):
         try:
             v = PyLong_AsLongLong(value)
         except OverflowError:
-            raise ValueError(f"{name} = {value} is not a token id: ids must be in "
-                             f"0 .. {TOKEN_MAX}") from None
+            raise _not_a_token(name, value) from None
     else:
         try:
             w = operator.index(value)
         except TypeError:
-            raise TypeError(f"{name} must be an integer token id, got "
-                            f"{type(value).__name__}") from None
+            raise WrongType(name, value, "an integer token id") from None
         if w < 0 or w > TOKEN_MAX:
-            raise ValueError(f"{name} = {w} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
+            raise _not_a_token(name, w)
         v = w
     if v < 0 or v > TOKEN_MAX:
-        raise ValueError(f"{name} = {v} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
+        raise _not_a_token(name, v)
     return <token_t>v
 
 

@@ -103,11 +103,18 @@ class WrongType(ParamError, TypeError):
     value : object
     expected : str
         ``"an integer"``, ``"a number"``, ``"a bool"``...
+    got : str, optional
+        What the message says was given; default the value's type name.
+    detail : str, optional
+        The whole message after the field, where the wrong type is better said otherwise
+        (``prompt[3] = True is not a token id: ids must be integers, not bool``).
     """
 
-    def __init__(self, field: str, value: Any, expected: str):
-        super().__init__(field, f" must be {expected}, got {type(value).__name__}", value=value,
-                         allowed=expected)
+    def __init__(self, field: str, value: Any, expected: str, *, got: Optional[str] = None,
+                 detail: Optional[str] = None):
+        if detail is None:
+            detail = f" must be {expected}, got {got or type(value).__name__}"
+        super().__init__(field, detail, value=value, allowed=expected)
 
 
 class Refused(ParamError, ValueError):

@@ -10,6 +10,7 @@ pytest.importorskip("fastapi")
 
 from clitools import cli  # noqa: E402
 from ngramspec.llama.params import SamplingParams, SpeculationParams  # noqa: E402
+from ngramspec.tokens import token_array  # noqa: E402
 from ngramspec.validation import ContextOverflow  # noqa: E402
 from servertools import CTX, KEY, PROMPTS, SLOTS, greedy  # noqa: E402
 
@@ -33,6 +34,8 @@ BAD = [
     ("/v1/completions", {"prompt": ""}, "prompt"),
     ("/v1/completions", {"prompt": [1, "a"]}, "prompt[1]"),
     ("/v1/completions", {"prompt": [10**7]}, "prompt"),
+    ("/v1/completions", {"prompt": [5, -1]}, "prompt"),
+    ("/v1/completions", {"prompt": [2**40]}, "prompt"),
     ("/v1/completions", {"prompt": LONG}, "prompt"),
     ("/v1/completions", {"prompt": "x", "speculative": {"type": "ngram-nope"}},
      "speculative.type"),
@@ -120,6 +123,8 @@ def test_cli_errors_are_one_line(capsys, tmp_path):
      "logit_bias[12] = 1e+308 is out of range: allowed -100 .. 100, or -inf (bans the token)"),
     (lambda: _raise(ContextOverflow("prompt_tokens", "does not fit")), "messages", "messages",
      "messages: does not fit"),
+    (lambda: token_array([5, -1], "prompt_tokens"), "prompt", "prompt",
+     "prompt[1] = -1 is not a token id: ids must be in 0 .. 2147483647"),
 ])
 def test_scheduler_errors_name_the_request_field(make, prompt_field, param, message):
     from ngramspec.server.errors import FieldError

@@ -49,8 +49,8 @@ def request_errors(prompt_field: str, max_field: str = "max_tokens"):
     ------
     FieldError
         From a `ParamError`: ``param`` the request's field (an index such as
-        ``logit_bias[12]`` belongs to its field); ``code`` ``context_length_exceeded`` for a
-        `ContextOverflow`. From any other ValueError or TypeError: ``param`` ``body``.
+        ``logit_bias[12]`` belongs to its field, and the message keeps it); ``code``
+        ``context_length_exceeded`` for a `ContextOverflow`. From any other ValueError or TypeError: ``param`` ``body``.
     """
     try:
         yield
@@ -58,7 +58,8 @@ def request_errors(prompt_field: str, max_field: str = "max_tokens"):
         root = exc.field.partition("[")[0]
         param = {"prompt_tokens": prompt_field, "max_tokens": max_field}.get(
             root, REQUEST_FIELDS.get(root, root))
-        message = str(exc) if param == root else exc.message_for(param)
+        # an index stays with the field it indexes: prompt_tokens[3] -> prompt[3]
+        message = exc.message_for(param + exc.field[len(root):])
         code = "context_length_exceeded" if isinstance(exc, ContextOverflow) else None
         raise FieldError(param, message, code=code) from None
     except (ValueError, TypeError) as exc:    # names no field: the body as a whole
