@@ -24,7 +24,7 @@ from ngramspec._mod import ModPool, ModProposer
 from ngramspec._simple import SimpleProposer
 from ngramspec._suffix import SuffixProposer
 from ngramspec.cache_file import NgramCache, as_path, load_cache
-from ngramspec.validation import check_int, check_real, range_text
+from ngramspec.validation import Refused, check_int, check_real, range_text
 
 __all__ = ["CacheFile", "Param", "SpecType", "TYPES", "UNSUPPORTED", "all_params",
            "build_proposers", "check_slot_memory", "check_values", "parse_types"]
@@ -405,9 +405,10 @@ def check_values(spec_type, params: dict, *, by_flag: bool = False) -> dict:
         # Only a pair given together is refused: one given alone keeps llama.cpp's behaviour
         # with the other's default (llama-server accepts --spec-ngram-mod-n-max 0 alone).
         if lo in params and hi in params and values[lo] > values[hi]:
-            raise ValueError(f"{label(known[lo])} = {values[lo]} is greater than "
-                             f"{label(known[hi])} = {values[hi]}: allowed "
-                             f"{label(known[lo])} <= {label(known[hi])}")
+            bound = f"{label(known[lo])} <= {label(known[hi])}"
+            raise Refused(label(known[lo]), f"{values[lo]} is greater than {label(known[hi])} = "
+                                            f"{values[hi]}: allowed {bound}",
+                          value=values[lo], allowed=bound, sep=" = ")
     return values
 
 
