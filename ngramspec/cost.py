@@ -208,7 +208,8 @@ class CostModel:
 
     def seconds(self, n_tokens: int, n_past: int = 0) -> float:
         """Absolute seconds of one decode of `n_tokens` tokens over `n_past` cached ones."""
-        return float(self.seconds_many(check_int("n_tokens", n_tokens), check_int("n_past", n_past)))
+        return float(self.seconds_many(check_int("n_tokens", n_tokens),
+                                       check_int("n_past", n_past)))
 
     def cost(self, n_tokens: int, n_past: int = 0) -> float:
         """c(n_tokens, n_past) = seconds(n_tokens, n_past) / seconds(1, n_past); c(1) == 1.0."""

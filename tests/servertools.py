@@ -14,8 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 KEY = "test-key-0123456789"
 CTX, SLOTS = 4096, 4                  # 1024 tokens per slot
 EXAMPLE = pathlib.Path(ngramspec.__file__).parent / "examples" / "code_edit_prompt.txt"
-# The greedy equalities of the server tests (stream = non-stream, concurrent = sequential, chat = completion of the
-# rendered chat) hold only where no greedy choice is a near tie: the KV-cache layout and the batch
+# The greedy equalities of the server tests (stream = non-stream, concurrent = sequential,
+# chat = completion of the rendered chat) hold only where no greedy choice is a near tie: the KV-cache layout and the batch
 # composition change the logits' low bits (float noise), and the 135M model has ties within 0.05
 # logit on most short prompts ("The capital of France is"). The prompts here were chosen for a
 # top-2 logit gap >= 0.4 on every greedy token they are asked for: the example code edit with the

@@ -50,7 +50,8 @@ def request_errors(prompt_field: str, max_field: str = "max_tokens"):
     FieldError
         From a `ParamError`: ``param`` the request's field (an index such as
         ``logit_bias[12]`` belongs to its field, and the message keeps it); ``code``
-        ``context_length_exceeded`` for a `ContextOverflow`. From any other ValueError or TypeError: ``param`` ``body``.
+        ``context_length_exceeded`` for a `ContextOverflow`. From any other ValueError or
+        TypeError: ``param`` ``body``.
     """
     try:
         yield
