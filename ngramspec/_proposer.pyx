@@ -17,6 +17,7 @@ from libc cimport stdlib
 from libc.string cimport memcpy
 
 from ngramspec._types cimport TOKEN_MAX_C, token_t
+from ngramspec.validation import Refused, WrongType, check_int as _check_int
 
 cnp.import_array()
 
@@ -85,6 +86,12 @@ cdef void* alloc_per_slot(Py_ssize_t n_slots, size_t each, str what) except NULL
 # Argument validation (the one boundary every public entry goes through)
 # --------------------------------------------------------------------------------------------
 
+cdef object _not_a_token(str field, object value):
+    """The error of an integer that is no token id (``prompt[3] = -1 is not a token id``)."""
+    return Refused(field, f"{value} is not a token id: ids must be in 0 .. {TOKEN_MAX}",
+                   value=value, allowed=f"0 .. {TOKEN_MAX}", sep=" = ")
+
+
 def _tokens_slow(obj, str name):
     """Convert any 1-D integer array-like to a C-contiguous int32 array, or raise.
 
@@ -92,19 +99,21 @@ def _tokens_slow(obj, str name):
     data, not token ids; so are bools, as everywhere an integer is expected."""
     if isinstance(obj, (bytes, bytearray)) or (isinstance(obj, memoryview)
                                                and isinstance(obj.obj, (bytes, bytearray))):
-        raise TypeError(f"{name} must be a 1-D sequence of integer token ids, got "
-                        f"{type(obj.obj if isinstance(obj, memoryview) else obj).__name__} "
-                        f"(bytes are not token ids: tokenize the text first)")
+        raise WrongType(name, obj, "a 1-D sequence of integer token ids", got=(
+            f"{type(obj.obj if isinstance(obj, memoryview) else obj).__name__} (bytes are not "
+            f"token ids: tokenize the text first)"))
     if isinstance(obj, (list, tuple)) and bool in map(type, obj):
         pos = list(map(type, obj)).index(bool)
-        raise TypeError(f"{name}[{pos}] = {obj[pos]} is not a token id: ids must be integers, "
-                        f"not bool")
+        raise WrongType(f"{name}[{pos}]", obj[pos], "an integer token id", detail=(
+            f" = {obj[pos]} is not a token id: ids must be integers, not bool"))
     try:
         arr = np.asarray(obj)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a 1-D sequence of integer token ids ({exc})") from None
+        raise WrongType(name, obj, "a 1-D sequence of integer token ids", detail=(
+            f" must be a 1-D sequence of integer token ids ({exc})")) from None
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {arr.shape}")
+        raise Refused(name, f"must be a 1-D sequence of token ids, got shape {arr.shape}",
+                      sep=" ")
     check_length(arr.size, name)
     if arr.size == 0:
         return np.empty(0, dtype=np.int32)
@@ -114,16 +123,16 @@ def _tokens_slow(obj, str name):
         # ints in [2**63, 2**64) mixed with small ones) a float64 array
         for pos, v in enumerate(obj):
             if v < 0 or v > TOKEN_MAX:
-                raise ValueError(f"{name}[{pos}] = {v} is not a token id: ids must be in "
-                                 f"0 .. {TOKEN_MAX}")
+                raise _not_a_token(f"{name}[{pos}]", v)
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+        raise WrongType(name, obj, "integer token ids", detail=(
+            f" must hold integer token ids, got dtype {arr.dtype}"))
     lo = int(arr.min())
     hi = int(arr.max())
     if lo < 0 or hi > TOKEN_MAX:
         bad = lo if lo < 0 else hi
         pos = int(np.flatnonzero(arr == bad)[0])
-        raise ValueError(f"{name}[{pos}] = {bad} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
+        raise _not_a_token(f"{name}[{pos}]", bad)
     # ascontiguousarray keeps a misaligned int32 buffer as it is: the kernels need int32
     # alignment (C's rules; vectorized loops may assume it)
     return np.require(arr, np.int32, ("C", "A"))
@@ -138,46 +147,32 @@ cdef token_t token_slow(object value, str name) except? -1:
     if exact_int_in(value, 0, TOKEN_MAX_C, &v):
         return <token_t>v
     if isinstance(value, bool):              # an int subclass, refused as for every integer
-        raise TypeError(f"{name} must be an integer token id, got bool")
+        raise WrongType(name, value, "an integer token id")
     if PyLong_CheckExact(value):
         try:
             v = PyLong_AsLongLong(value)
         except OverflowError:
-            raise ValueError(f"{name} = {value} is not a token id: ids must be in "
-                             f"0 .. {TOKEN_MAX}") from None
+            raise _not_a_token(name, value) from None
     else:
         try:
             w = operator.index(value)
         except TypeError:
-            raise TypeError(f"{name} must be an integer token id, got "
-                            f"{type(value).__name__}") from None
+            raise WrongType(name, value, "an integer token id") from None
         if w < 0 or w > TOKEN_MAX:
-            raise ValueError(f"{name} = {w} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
+            raise _not_a_token(name, w)
         v = w
     if v < 0 or v > TOKEN_MAX:
-        raise ValueError(f"{name} = {v} is not a token id: ids must be in 0 .. {TOKEN_MAX}")
+        raise _not_a_token(name, v)
     return <token_t>v
 
 
 def check_int(name, value, lo, hi=None):
-    """Validate an integer parameter against llama.cpp's range; return it as int."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        rng = f"{lo} .. {hi}" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} = {value} is out of range: allowed {rng}")
-    return value
-
-
-def check_real(name, value, lo, hi):
-    """Validate a real parameter against its range lo .. hi; return it as float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    value = float(value)
-    if not lo <= value <= hi:                # NaN fails too
-        raise ValueError(f"{name} = {value} is out of range: allowed {lo} .. {hi}")
-    return value
+    """`ngramspec.validation.check_int` with a compiled fast path for the kernels' hot calls (a
+    draft's ``n_max``, an accept's ``n_accepted``): an int in range returns here; anything else
+    is converted or refused there, with the package's one message format."""
+    if PyLong_CheckExact(value) and value >= lo and (hi is None or value <= hi):
+        return value
+    return _check_int(name, value, lo, hi)
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,8 +205,7 @@ cdef class Proposer:
         n_slots = check_int("n_slots", n_slots, 1)
         if n_slots > sys.maxsize:
             raise MemoryError(f"n_slots = {n_slots} is too large: allowed 1 .. {sys.maxsize}")
-        if max_draft < 1:
-            raise ValueError(f"max_draft = {max_draft} is out of range: allowed >= 1")
+        check_int("max_draft", max_draft, 1)
         self.busy = <unsigned char*>alloc_per_slot(n_slots, 1, f"{name}'s slot flags")
         try:
             self.pending = <Py_ssize_t*>alloc_per_slot(n_slots, sizeof(Py_ssize_t),

@@ -76,7 +76,8 @@ from ngramspec._sam cimport (COUNT_DEPTH, MAX_GLOBAL_MATCH, Sam, sam_bytes_for, 
                              top_child)
 from ngramspec._types cimport NOGIL_MIN_TOKENS, token_t
 
-from ngramspec._proposer import check_int, check_real
+from ngramspec._proposer import check_int
+from ngramspec.validation import check_real
 
 cnp.import_array()
 

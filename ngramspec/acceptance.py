@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ngramspec.loop import common_prefix
+from ngramspec.validation import OutOfRange, check_int, check_real
 
 __all__ = ["AcceptanceEstimator", "DraftOutcomes", "expected_accepted", "lean_on_previous"]
 
@@ -113,21 +114,11 @@ class AcceptanceEstimator:
 
     def __init__(self, n_max: int = 256, *, prior: float = 0.5, prior_weight: float = 2.0,
                  decay: float = 0.95, depth: float = 1.0):
-        if not isinstance(n_max, int) or n_max < 1:
-            raise ValueError(f"n_max must be an integer >= 1, got {n_max!r}")
-        if not 0.0 < prior < 1.0:
-            raise ValueError(f"prior must lie in (0, 1), got {prior!r}")
-        if not prior_weight > 0.0:
-            raise ValueError(f"prior_weight must be > 0, got {prior_weight!r}")
-        if not 0.0 < decay <= 1.0:
-            raise ValueError(f"decay must lie in (0, 1], got {decay!r}")
-        if not 0.0 < depth <= 1.0:
-            raise ValueError(f"depth must lie in (0, 1], got {depth!r}")
-        self.n_max = n_max
-        self.prior = float(prior)
-        self.prior_weight = float(prior_weight)
-        self.decay = float(decay)
-        self.depth = float(depth)
+        self.n_max = n_max = check_int("n_max", n_max, 1)
+        self.prior = check_real("prior", prior, 0.0, 1.0, lo_open=True, hi_open=True)
+        self.prior_weight = check_real("prior_weight", prior_weight, 0.0, lo_open=True)
+        self.decay = check_real("decay", decay, 0.0, 1.0, lo_open=True)
+        self.depth = check_real("depth", depth, 0.0, 1.0, lo_open=True)
         self.tried = np.zeros(n_max)
         self.accepted = np.zeros(n_max)
         self._n_seen = 0          # positions with any count: 0 .. _n_seen - 1
@@ -153,7 +144,7 @@ class AcceptanceEstimator:
             `n_accepted` outside 0 .. `n_draft`.
         """
         if not 0 <= n_accepted <= n_draft:
-            raise ValueError(f"n_accepted = {n_accepted} must lie in 0 .. n_draft = {n_draft}")
+            raise OutOfRange("n_accepted", n_accepted, f"0 .. n_draft = {n_draft}")
         if n_draft == 0:
             return
         self.fade()
@@ -244,9 +235,7 @@ class DraftOutcomes:
     __slots__ = ("max_pending", "pending")
 
     def __init__(self, max_pending: int = 64):
-        if not isinstance(max_pending, int) or max_pending < 1:
-            raise ValueError(f"max_pending must be an integer >= 1, got {max_pending!r}")
-        self.max_pending = max_pending
+        self.max_pending = check_int("max_pending", max_pending, 1)
         self.pending = []     # [first predicted position, draft, estimators, positions counted]
 
     def clear(self) -> None:

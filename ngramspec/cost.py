@@ -32,6 +32,7 @@ import platformdirs
 
 from ngramspec.files import atomic_write_bytes
 from ngramspec.embedded import default_model_path
+from ngramspec.validation import OutOfRange, check_int, range_text
 
 __all__ = ["CostModel", "PROFILES", "FORMAT", "load_cost_model", "cached_calibration",
            "calibration_key", "cache_dir", "cache_path", "model_identity", "step_costs",
@@ -42,12 +43,6 @@ FORMAT = "ngramspec-cost/1"
 
 #: Environment variable that overrides the cache folder (tests, read-only homes).
 CACHE_DIR_ENV = "NGRAMSPEC_CACHE_DIR"
-
-
-def _as_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    return int(value)
 
 
 class CostModel:
@@ -157,9 +152,9 @@ class CostModel:
         if not (np.issubdtype(k.dtype, np.integer) and np.issubdtype(p.dtype, np.integer)):
             raise TypeError("n_tokens and n_past must be integers")
         if k.size and k.min() < 1:
-            raise ValueError(f"n_tokens must be >= 1, got {int(k.min())}")
+            raise OutOfRange("n_tokens", int(k.min()), range_text(1))
         if p.size and p.min() < 0:
-            raise ValueError(f"n_past must be >= 0, got {int(p.min())}")
+            raise OutOfRange("n_past", int(p.min()), range_text(0))
         shape = k.shape
         k = k.ravel().astype(np.float64)
         p = p.ravel().astype(np.float64)
@@ -207,19 +202,18 @@ class CostModel:
         numpy.ndarray
             float64, element i is c(i + 1).
         """
-        n = _as_int("n_max", n_max)
-        p = _as_int("n_past", n_past)
-        if n < 1:
-            raise ValueError(f"n_max must be >= 1, got {n}")
+        n = check_int("n_max", n_max, 1)
+        p = check_int("n_past", n_past)
         return self.cost_many(np.arange(1, n + 1), np.full(n, p))
 
     def seconds(self, n_tokens: int, n_past: int = 0) -> float:
         """Absolute seconds of one decode of `n_tokens` tokens over `n_past` cached ones."""
-        return float(self.seconds_many(_as_int("n_tokens", n_tokens), _as_int("n_past", n_past)))
+        return float(self.seconds_many(check_int("n_tokens", n_tokens),
+                                       check_int("n_past", n_past)))
 
     def cost(self, n_tokens: int, n_past: int = 0) -> float:
         """c(n_tokens, n_past) = seconds(n_tokens, n_past) / seconds(1, n_past); c(1) == 1.0."""
-        if _as_int("n_tokens", n_tokens) == 1 and _as_int("n_past", n_past) >= 0:
+        if check_int("n_tokens", n_tokens) == 1 and check_int("n_past", n_past) >= 0:
             return 1.0
         return self.seconds(n_tokens, n_past) / self.seconds(1, n_past)
 

@@ -55,6 +55,7 @@ from ngramspec.acceptance import (AcceptanceEstimator, DraftOutcomes, expected_a
                                   lean_on_previous)
 from ngramspec.cost import CostModel
 from ngramspec.loop import FixedPolicy
+from ngramspec.validation import Refused, check_choice, check_int
 
 __all__ = ["AutoPolicy", "FixedPolicy", "POLICIES", "make_policy"]
 
@@ -131,10 +132,9 @@ class AutoPolicy:
                  proposer_time: bool = True, joint: bool = False):
         if not isinstance(cost_model, CostModel):
             raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
-        for name, value, lo in (("probe_len", probe_len, 1), ("probe_min", probe_min, 1),
-                                ("probe_max", probe_max, probe_min)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-                raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+        probe_len = check_int("probe_len", probe_len, 1)
+        probe_min = check_int("probe_min", probe_min, 1)
+        probe_max = check_int("probe_max", probe_max, probe_min)
         self._est_args = dict(prior=prior, prior_weight=prior_weight, decay=decay, depth=depth)
         AcceptanceEstimator(1, **self._est_args)  # checks
         self.cost_model = cost_model
@@ -428,10 +428,8 @@ def make_policy(name: str, cost_model: Optional[CostModel] = None, **kwargs):
     ValueError
         An unknown name, or ``auto`` without a cost model.
     """
-    if name == "fixed":
+    if check_choice("--spec-policy", name, POLICIES) == "fixed":
         return FixedPolicy()
-    if name == "auto":
-        if cost_model is None:
-            raise ValueError("--spec-policy auto needs a cost model")
-        return AutoPolicy(cost_model, **kwargs)
-    raise ValueError(f"--spec-policy {name!r}: allowed {', '.join(POLICIES)}")
+    if cost_model is None:
+        raise Refused("--spec-policy", "auto needs a cost model", sep=" ")
+    return AutoPolicy(cost_model, **kwargs)

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ngramspec.tokens import token_array
+from ngramspec.validation import check_int
 
 __all__ = ["PredictionDrafter", "PredictedEngine", "PREDICTION_N_MATCH", "PREDICTION_N_MAX"]
 
@@ -80,13 +81,9 @@ class PredictionDrafter:
     def __init__(self, prediction, *, n_max: int = PREDICTION_N_MAX,
                  n_match: int = PREDICTION_N_MATCH, n_start: int = PREDICTION_N_START):
         self.tokens = np.array(token_array(prediction, "prediction"), dtype=np.int32)
-        if not isinstance(n_max, int) or n_max < 1:
-            raise ValueError(f"n_max = {n_max!r} is out of range: allowed >= 1")
-        if not isinstance(n_match, int) or n_match < _MIN_MATCH:
-            raise ValueError(f"n_match = {n_match!r} is out of range: allowed >= {_MIN_MATCH}")
-        if not isinstance(n_start, int) or not 1 <= n_start <= n_max:
-            raise ValueError(f"n_start = {n_start!r} is out of range: allowed 1 .. {n_max}")
-        self.n_max, self.n_match = n_max, n_match
+        self.n_max = n_max = check_int("n_max", n_max, 1)
+        self.n_match = n_match = check_int("n_match", n_match, _MIN_MATCH)
+        n_start = check_int("n_start", n_start, 1, n_max)
         self.pos = 0
         self.gen_tokens = self.acc_tokens = 0
         self._start = -1

@@ -4,8 +4,9 @@ Names, flags, defaults and ranges are llama.cpp's (``common_params_speculative``
 ``common/common.h``, the ``--spec-*`` options of ``common/arg.cpp``). Each parameter is a flat
 keyword of `ngramspec.SpecEngine` named after its server flag (``--spec-ngram-mod-n-match`` ->
 ``ngram_mod_n_match``). The command line, the engine, the draft model and ngram-suffix all check
-values here, with one message format: ``<name> = <value> is out of range: allowed <lo> .. <hi>``,
-``<name>`` being the flag on the command line and the keyword in Python.
+values here, through `ngramspec.validation` (one message format: ``<name> = <value> is out of
+range: allowed <lo> .. <hi>``, ``<name>`` being the flag on the command line and the keyword in
+Python).
 
 Types outside the n-gram family live in their own modules and are imported only when used.
 """
@@ -23,6 +24,7 @@ from ngramspec._mod import ModPool, ModProposer
 from ngramspec._simple import SimpleProposer
 from ngramspec._suffix import SuffixProposer
 from ngramspec.cache_file import NgramCache, as_path, load_cache
+from ngramspec.validation import Refused, check_int, check_real, range_text
 
 __all__ = ["CacheFile", "Param", "SpecType", "TYPES", "UNSUPPORTED", "all_params",
            "build_proposers", "check_slot_memory", "check_values", "parse_types"]
@@ -111,9 +113,7 @@ class Param:
 
     def range_text(self) -> str:
         """The allowed range as the error messages and ``--help`` give it."""
-        if self.lo is None:
-            return "any"
-        return f"{self.lo} .. {self.hi}" if self.hi is not None else f">= {self.lo}"
+        return range_text(self.lo, self.hi)
 
     def check(self, value, label: str | None = None):
         """`value` converted to the parameter's kind and checked against its range.
@@ -132,10 +132,11 @@ class Param:
 
         Raises
         ------
-        TypeError
-            Not a number of the right kind.
-        ValueError
-            Out of range: ``<label> = <value> is out of range: allowed <lo> .. <hi>``.
+        ngramspec.validation.WrongType
+            Not a number of the right kind (a TypeError).
+        ngramspec.validation.OutOfRange
+            Out of range (a ValueError): ``<label> = <value> is out of range: allowed <lo> ..
+            <hi>``.
         """
         label = label or self.name
         if self.kind is object or value is None and self.default is None:
@@ -145,16 +146,8 @@ class Param:
         if self.kind is str:
             return str(value)
         if self.kind is int:
-            if isinstance(value, bool) or not hasattr(value, "__index__"):
-                raise TypeError(f"{label} must be an integer, got {type(value).__name__}")
-            value = value.__index__()
-        else:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{label} must be a number, got {type(value).__name__}")
-            value = float(value)
-        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
-            raise ValueError(f"{label} = {value} is out of range: allowed {self.range_text()}")
-        return value
+            return check_int(label, value, self.lo, self.hi)
+        return check_real(label, value, self.lo, self.hi)
 
 
 @dataclass(frozen=True)
@@ -412,9 +405,10 @@ def check_values(spec_type, params: dict, *, by_flag: bool = False) -> dict:
         # Only a pair given together is refused: one given alone keeps llama.cpp's behaviour
         # with the other's default (llama-server accepts --spec-ngram-mod-n-max 0 alone).
         if lo in params and hi in params and values[lo] > values[hi]:
-            raise ValueError(f"{label(known[lo])} = {values[lo]} is greater than "
-                             f"{label(known[hi])} = {values[hi]}: allowed "
-                             f"{label(known[lo])} <= {label(known[hi])}")
+            bound = f"{label(known[lo])} <= {label(known[hi])}"
+            raise Refused(label(known[lo]), f"{values[lo]} is greater than {label(known[hi])} = "
+                                            f"{values[hi]}: allowed {bound}",
+                          value=values[lo], allowed=bound, sep=" = ")
     return values
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ngramspec._proposer import TOKEN_MAX, _tokens_slow
+from ngramspec.validation import Refused
 
 __all__ = ["TOKEN_MAX", "token_array"]
 
@@ -44,5 +45,5 @@ def token_array(value, name: str, *, non_empty: bool = False) -> np.ndarray:
     """
     arr = _tokens_slow(value, name)
     if non_empty and arr.size == 0:
-        raise ValueError(f"{name} must hold at least one token id")
+        raise Refused(name, "must hold at least one token id", sep=" ")
     return arr

@@ -218,10 +218,11 @@ def test_trace_line_length_bounded(tmp_path, capsys, monkeypatch):
 
 
 def test_generate_flag_messages_name_the_flag(capsys):
-    for flags, needle in [(["-c", "0"], "argument -c/--ctx-size: must be an integer in 8 .."),
-                          (["-t", "0"], "argument -t/--threads: must be an integer in 1 .. 512"),
-                          (["-b", "0"], "argument -b/--batch-size: must be an integer in 1 .."),
-                          (["-n", "-5"], "argument -n/--n-predict: must be an integer in -1 ..")]:
+    for flags, needle in [
+            (["-c", "0"], "argument -c/--ctx-size: 0 is out of range: allowed 8 .."),
+            (["-t", "0"], "argument -t/--threads: 0 is out of range: allowed 1 .. 512"),
+            (["-b", "0"], "argument -b/--batch-size: 0 is out of range: allowed 1 .."),
+            (["-n", "-5"], "argument -n/--n-predict: -5 is out of range: allowed -1 ..")]:
         r = cli(capsys, "generate", "-p", "x", *flags)
         one_line_error(r, needle)
         assert "_positive" not in r.stderr

@@ -1,6 +1,7 @@
-"""The package's layers point one way: kernels <- registry/engine <- loop/policy/cost <- drivers
-(replay, tune, `ngramspec.llama`: live, scheduler) <- `ngramspec.server` <- `ngramspec.cli` <-
-`ngramspec.integrations` (ngramspec inside vLLM, SGLang, llama-cpp-python).
+"""The package's layers point one way: base (`ngramspec.validation`) <- kernels <- registry/engine
+<- loop/policy/cost <- drivers (replay, tune, `ngramspec.llama`: live, scheduler) <-
+`ngramspec.server` <- `ngramspec.cli` <- `ngramspec.integrations` (ngramspec inside vLLM, SGLang,
+llama-cpp-python).
 
 Read from the sources (every import statement, function-local ones included, subpackages too),
 so a cycle or an upward import fails here before it can fail at import time in some order."""
@@ -21,7 +22,10 @@ CIMPORT = re.compile(r"^\s*(?:from\s+(\.+\w*|ngramspec(?:\.\w+)?)\s+c?import\s+(
                      r"|c?import\s+(ngramspec(?:\.\w+)?))", re.M)
 SUBPACKAGES = ("llama", "server", "cli", "integrations")
 # Rank of each layer: a module imports only modules of its own rank or below.
-RANK = {"kernel": 0, "core": 1, "llama": 2, "server": 3, "cli": 4, "integrations": 5}
+RANK = {"base": -1, "kernel": 0, "core": 1, "llama": 2, "server": 3, "cli": 4,
+        "integrations": 5}
+# Below the kernels: plain Python that every layer (the kernels too) may use; imports no ngramspec.
+BASE = ("ngramspec.validation",)
 # The deprecated import path of a moved module re-exports it from its new, higher home.
 MOVED = {"ngramspec.llama.plugin": "ngramspec.integrations.llama_cpp"}
 # Function-local imports are for optional dependencies only (imported when a feature is used):
@@ -46,6 +50,8 @@ MODULES = {_name(p): p for p in _py_files()}
 def _layer(module: str) -> str:
     if module == "ngramspec.__main__":    # python -m ngramspec: the command line
         return "cli"
+    if module in BASE:
+        return "base"
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in SUBPACKAGES:
         return parts[1]
@@ -180,7 +186,15 @@ def test_kernels_import_no_python_layer():
             elif mod.startswith("ngramspec."):
                 deps.add(mod.split(".")[1])
         deps -= {path.stem}
-        assert deps <= set(KERNELS), f"{path.name} imports {sorted(deps - set(KERNELS))}"
+        allowed = set(KERNELS) | {m.split(".")[1] for m in BASE}
+        assert deps <= allowed, f"{path.name} imports {sorted(deps - allowed)}"
+
+
+def test_the_base_layer_imports_nothing_of_ngramspec():
+    """The one validation helper sits under the kernels: it imports no ngramspec module."""
+    for name in BASE:
+        deps = [m for m, _, _ in _imports(MODULES[name]) if m.startswith("ngramspec")]
+        assert not deps, (name, deps)
 
 
 def test_the_loop_needs_neither_llama_cpp_nor_kernels():

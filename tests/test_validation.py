@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 
 from ngramspec import (MapProposer, ModPool, ModProposer, PyProposer, SimpleProposer,
-                       SpecEngine)
+                       SpecEngine, SuffixProposer)
+from ngramspec.acceptance import AcceptanceEstimator
 from ngramspec._proposer import TOKEN_MAX
 from ngramspec.cli import main as cli_main
+from ngramspec.llama.params import SamplingParams, SpeculationParams
 from ngramspec.replay import replay
 from ngramspec.registry import TYPES
 from ngramspec.traces import TraceError, read_requests
@@ -941,3 +943,87 @@ def test_proposer_n_slots_bool_is_refused(cls):
         make(n_slots=True)
     with pytest.raises(ValueError, match=r"n_slots = 0 is out of range: allowed >= 1"):
         make(n_slots=0)
+
+
+# -- the one range check (ngramspec.validation): field as data, one message format -------------
+
+def _raised(fn, *args, **kwargs):
+    with pytest.raises(Exception) as info:
+        fn(*args, **kwargs)
+    return info.value
+
+
+@pytest.mark.parametrize("make, field, value, allowed", [
+    (lambda: SpecEngine("ngram-mod", ngram_mod_n_max=2000), "ngram_mod_n_max", 2000, "0 .. 1024"),
+    (lambda: ModProposer(n_match=0), "n_match", 0, "1 .. 1024"),
+    (lambda: SuffixProposer(min_prob=1.5), "min_prob", 1.5, "0.0 .. 1.0"),
+    (lambda: SamplingParams(top_k=-1), "top_k", -1, "0 .. 2147483647"),
+    (lambda: SpeculationParams(n_max=2000), "speculation.n_max", 2000, "0 .. 1024"),
+    (lambda: AcceptanceEstimator(prior=1.0), "prior", 1.0, "0.0 .. 1.0 (0.0 and 1.0 excluded)"),
+])
+def test_every_validator_raises_the_one_error_with_the_field_as_data(make, field, value, allowed):
+    """The registry, the kernels, the request parameters and the estimators report through one
+    helper: the field, the value and the range are attributes, and the message is built from
+    them in one format."""
+    from ngramspec.validation import OutOfRange, ParamError
+
+    exc = _raised(make)
+    assert isinstance(exc, OutOfRange) and isinstance(exc, ValueError)
+    assert (exc.field, exc.value, exc.allowed) == (field, value, allowed)
+    assert str(exc) == f"{field} = {value} is out of range: allowed {allowed}"
+    assert isinstance(exc, ParamError) and exc.message_for("x.y") == str(exc).replace(field, "x.y")
+
+
+def test_wrong_types_are_type_errors_naming_the_field():
+    from ngramspec.validation import WrongType, check_int, check_real
+
+    for check, expected in ((check_int, "an integer"), (check_real, "a number")):
+        exc = _raised(check, "n_ctx", True, 1)
+        assert isinstance(exc, WrongType) and isinstance(exc, TypeError)
+        assert str(exc) == f"n_ctx must be {expected}, got bool" and exc.field == "n_ctx"
+    assert check_int("n", np.int64(7), 1, 8) == 7 and type(check_int("n", np.int64(7))) is int
+    assert check_real("x", np.float32(0.5), 0.0, 1.0) == 0.5
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_reals_that_are_not_finite_are_out_of_range(value):
+    from ngramspec.validation import OutOfRange, check_real
+
+    with pytest.raises(OutOfRange, match=r"^p = (nan|-?inf) is out of range: allowed >= 0\.0$"):
+        check_real("p", value, 0.0)
+
+
+def test_range_text_and_open_ends():
+    from ngramspec.validation import check_real, range_text
+
+    assert [range_text(1, 8), range_text(1), range_text(None, 8), range_text()] == \
+        ["1 .. 8", ">= 1", "<= 8", "any"]
+    assert range_text(0.0, lo_open=True) == "> 0.0"
+    assert check_real("x", 1.0, 0.0, 1.0, lo_open=True) == 1.0
+    with pytest.raises(ValueError, match=r"^x = 0\.0 is out of range: allowed 0\.0 \.\. 1\.0 "
+                                         r"\(0\.0 excluded\)$"):
+        check_real("x", 0.0, 0.0, 1.0, lo_open=True)
+
+
+def test_parameter_errors_survive_pickling():
+    """Worker processes send exceptions back pickled: the field stays data."""
+    import pickle
+
+    from ngramspec.validation import ContextOverflow, OutOfRange, check_choice
+
+    exc = pickle.loads(pickle.dumps(_raised(check_choice, "policy", "fast", ("auto", "fixed"))))
+    assert isinstance(exc, OutOfRange) and str(exc) == \
+        "policy = 'fast' is out of range: allowed auto, fixed"
+    assert (exc.field, exc.value) == ("policy", "fast")
+    over = pickle.loads(pickle.dumps(ContextOverflow("prompt_tokens", "does not fit", value=9)))
+    assert isinstance(over, ContextOverflow) and over.message_for("prompt") == \
+        "prompt: does not fit" and over.value == 9
+
+
+def test_cli_number_flags_report_through_argparse(capsys):
+    rc, err = _cli_in_process(["serve", "--port", "70000"], capsys)
+    assert rc == 2 and "argument --port: 70000 is out of range: allowed 0 .. 65535" in err, err
+    rc, err = _cli_in_process(["serve", "--read-timeout", "nan"], capsys)
+    assert rc == 2 and "argument --read-timeout: nan is out of range: allowed >= 0.001" in err, err
+    rc, err = _cli_in_process(["serve", "--port", "x"], capsys)
+    assert rc == 2 and "argument --port: invalid int value: 'x'" in err, err

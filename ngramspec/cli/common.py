@@ -20,30 +20,46 @@ from ngramspec.cache_file import NgramCache, load_cache
 from ngramspec.llama.repack import REPACK_CHOICES
 from ngramspec.policy import POLICIES
 from ngramspec.registry import TYPES, check_values, parse_types
+from ngramspec.validation import OutOfRange, check_int, check_real, range_text
 
 #: llama.cpp's largest thread count (GGML_MAX_N_THREADS).
 MAX_THREADS = 512
 INT32_MAX = 2**31 - 1
 
 
-def int_arg(lo: int, hi: int = INT32_MAX, what: str = "an integer"):
-    """argparse ``type=`` for an integer flag in ``lo .. hi``.
+def number_arg(kind: type, lo=None, hi=None, *, allowed: Optional[str] = None):
+    """argparse ``type=`` for a number flag, checked by `ngramspec.validation`.
 
-    argparse puts the flag in front of the message (``argument --slots: must be an integer in
-    1 .. 65536, got '0'``); an upper bound keeps values that C cannot hold (OverflowError) and
-    sizes no machine can allocate out of the kernels.
+    Text that is no ``kind`` is argparse's ``invalid int value: 'x'``; a value out of range
+    reads ``argument --slots: 0 is out of range: allowed 1 .. 65536`` (argparse names the
+    flag: the package's one message format). The upper bound of an integer flag keeps values
+    that C cannot hold (OverflowError) and sizes no machine can allocate out of the kernels.
+
+    Parameters
+    ----------
+    kind : int or float
+    lo, hi : number, optional
+        Inclusive bounds (None: unbounded).
+    allowed : str, optional
+        The range the message states, when the flag's own range is checked later (the spec
+        parameters, by the registry): default ``lo .. hi``.
     """
-    def parse(text):
+    check = check_int if kind is int else check_real
+
+    def convert(text):
+        value = kind(text)      # ValueError: argparse's "invalid int value: 'x'"
         try:
-            value = int(text)
-        except ValueError:
+            return check("value", value, lo, hi)
+        except OutOfRange as exc:
             raise argparse.ArgumentTypeError(
-                f"must be {what} in {lo} .. {hi}, got {text!r}") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"must be {what} in {lo} .. {hi}, got {text}")
-        return value
-    parse.__name__ = "int"  # argparse's fallback message says "invalid int value"
-    return parse
+                f"{exc.value} is out of range: allowed {allowed or exc.allowed}") from None
+    convert.__name__ = kind.__name__  # argparse names the type in its message
+    return convert
+
+
+def int_arg(lo: int, hi: int = INT32_MAX):
+    """argparse ``type=`` for an integer flag in ``lo .. hi`` (`number_arg`)."""
+    return number_arg(int, lo, hi)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -52,18 +68,6 @@ class OneLineErrorParser(argparse.ArgumentParser):
     def error(self, message):
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(2)
-
-
-def bounded(kind, lo=None, hi=None):
-    """argparse type: ``kind(text)`` within ``lo .. hi`` (inclusive; None = unbounded), for
-    float flags; integer flags use `int_arg`, whose message states the range."""
-    def convert(text: str):
-        value = kind(text)
-        if (lo is not None and not value >= lo) or (hi is not None and not value <= hi):
-            raise ValueError(text)
-        return value
-    convert.__name__ = kind.__name__  # argparse names the type in its error message
-    return convert
 
 
 #: argparse type of a count flag (``--slots``, ``--limit``): an integer >= 1.
@@ -126,7 +130,8 @@ def add_spec_flags(parser: argparse.ArgumentParser, include_live: bool = False) 
             kind = p.kind if p.kind in (int, float) else str
             if kind is int:
                 # Range checks stay with the registry; only values no C int holds stop here.
-                kind = _c_int_arg(p.lo, p.hi)
+                kind = number_arg(int, -INT32_MAX - 1, INT32_MAX,
+                                  allowed=range_text(p.lo, INT32_MAX if p.hi is None else p.hi))
             rng = ""
             if p.lo is not None:
                 rng = f", {p.lo}..{p.hi}" if p.hi is not None else f", >= {p.lo}"
@@ -157,17 +162,6 @@ def add_repack_flag(parser: argparse.ArgumentParser) -> None:
                         "kernel crashes on multi-token batches, on elsewhere (default: auto)")
     g.add_argument("--no-repack", dest="repack", action="store_const", const="off",
                    help="same as --repack off (llama-server's flag)")
-
-
-def _c_int_arg(lo, hi):
-    def parse(text):
-        value = int(text)   # ValueError: argparse's "invalid int value"
-        if not -INT32_MAX - 1 <= value <= INT32_MAX:
-            rng = f"{lo} .. {hi if hi is not None else INT32_MAX}"
-            raise argparse.ArgumentTypeError(f"{text} is out of range: allowed {rng}")
-        return value
-    parse.__name__ = "int"
-    return parse
 
 
 # The cache-file flags of ngram-cache (--lookup-cache-static / --lookup-cache-dynamic).

@@ -14,8 +14,8 @@ import socket
 import sys
 
 from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
-                                  add_spec_flags, bounded, check_model_file, int_arg,
-                                  load_cache_files, positive_int)
+                                  add_spec_flags, check_model_file, int_arg, load_cache_files,
+                                  number_arg, positive_int)
 from ngramspec.cli.live_flags import (GENERATE_DEFAULTS, generate_params, spec_types,
                                       state_generate_defaults)
 from ngramspec.cost import load_cost_model
@@ -53,7 +53,7 @@ def add_parser(subparsers):
     p.add_argument("--max-body-size", type=int_arg(1024), default=None, metavar="BYTES",
                    help="largest request body; a larger one is answered 413 before it is read "
                         "(default: 8 MiB)")
-    p.add_argument("--read-timeout", type=bounded(float, 0.001), default=None, metavar="S",
+    p.add_argument("--read-timeout", type=number_arg(float, 0.001), default=None, metavar="S",
                    help="seconds a client may take to send a request's headers, and then its "
                         "body, before the connection is closed (headers) or answered 408 "
                         "(body) (default: 30)")
@@ -62,7 +62,8 @@ def add_parser(subparsers):
                         "message stays text instead of becoming the special token, so a user "
                         "cannot forge system turns (llama-server parses it; default: parsed, "
                         "as llama-server)")
-    p.add_argument("--timeout-graceful-shutdown", type=bounded(float, 0.0), default=GRACEFUL_S,
+    p.add_argument("--timeout-graceful-shutdown", type=number_arg(float, 0.0),
+                   default=GRACEFUL_S,
                    metavar="S", help="seconds running requests may finish after SIGTERM before "
                                      "they are cancelled (default: %(default)s)")
     p.add_argument("--log-level", default="info",
@@ -82,7 +83,7 @@ def add_serving_flags(p, temp: float = 0.8) -> None:
                    metavar="N", help="requests decoded together (default: %(default)s)")
     p.add_argument("-a", "--alias", metavar="NAME", default=None,
                    help="model id reported by /v1/models (default: the GGUF's file name)")
-    p.add_argument("--temp", type=bounded(float, 0.0), default=temp, metavar="X",
+    p.add_argument("--temp", type=number_arg(float, 0.0), default=temp, metavar="X",
                    help="temperature of requests that give none (default: %(default)s, "
                         "llama-server's; 0 = greedy)")
     p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",

@@ -15,6 +15,7 @@ import numpy as np
 
 from ngramspec.cost import CostModel, cached_calibration, calibration_key, model_identity
 from ngramspec.policy import AutoPolicy
+from ngramspec.validation import check_int, check_real
 
 from .decoder import Decoder, reset_context, target_decoder
 from .model import require_llama_cpp
@@ -131,10 +132,8 @@ def measure(dec: Decoder, model_path: str, n_threads: int, backend: str, *,
 
     Thread-safety: the caller owns the context for the measurement.
     """
-    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
-        raise ValueError(f"reps must be an integer >= 1, got {reps!r}")
-    if not budget_s > 0:
-        raise ValueError(f"budget_s must be > 0, got {budget_s!r}")
+    reps = check_int("reps", reps, 1)
+    budget_s = check_real("budget_s", budget_s, 0.0, lo_open=True)
     # a batch needs room beside the KV lengths it is measured at: at most half the context
     ks = sorted({int(k) for k in ks if 1 <= int(k) <= min(dec.n_batch, dec.n_ctx // 2)} | {1})
     n_pasts = _kv_lengths(dec.n_ctx, ks[-1]) if n_pasts is None else sorted(

@@ -12,6 +12,8 @@ from typing import Dict, Optional, Tuple
 
 from ngramspec.policy import POLICIES
 from ngramspec.tokens import TOKEN_MAX
+from ngramspec.validation import (OutOfRange, Refused, WrongType, check_choice, check_int,
+                                  check_real)
 
 __all__ = ["SamplingParams", "SpeculationParams", "POLICIES"]
 
@@ -28,24 +30,20 @@ BIAS_LIMIT = 100.0
 STOP_MAX_CHARS = 1024
 
 
-def _number(name: str, value, lo: float, hi: float, *, lo_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value) or value < lo or value > hi or (lo_open and value == lo):
-        left = "(" if lo_open else "["
-        raise ValueError(f"{name} = {value} is out of range: allowed {left}{lo}, {hi}]")
-    return value
-
-
-def _integer(name: str, value, lo: int, hi: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    value = value.__index__()
-    if value < lo or (hi is not None and value > hi):
-        rng = f"{lo} .. {hi}" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} = {value} is out of range: allowed {rng}")
-    return value
+def _checked_bias(logit_bias) -> Dict[int, float]:
+    """``logit_bias`` with int token ids (0 .. TOKEN_MAX; the vocabulary is checked at
+    submission) and float biases in -100 .. 100 or -inf."""
+    if not isinstance(logit_bias, dict):
+        raise WrongType("logit_bias", logit_bias, "a dict of token id -> bias")
+    bias = {}
+    for tok, b in logit_bias.items():
+        tok = check_int("logit_bias token id", tok, 0, TOKEN_MAX)
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not (
+                b == -math.inf or -BIAS_LIMIT <= b <= BIAS_LIMIT):
+            raise OutOfRange(f"logit_bias[{tok}]", b, f"-{BIAS_LIMIT:g} .. {BIAS_LIMIT:g}, or "
+                                                      "-inf (bans the token)")
+        bias[tok] = float(b)
+    return bias
 
 
 @dataclass(frozen=True)
@@ -102,46 +100,35 @@ class SamplingParams:
 
     def __post_init__(self):
         put = object.__setattr__
-        put(self, "temperature", _number("temperature", self.temperature, 0.0, 100.0))
-        put(self, "top_k", _integer("top_k", self.top_k, 0, INT32_MAX))
-        put(self, "top_p", _number("top_p", self.top_p, 0.0, 1.0))
-        put(self, "min_p", _number("min_p", self.min_p, 0.0, 1.0))
+        put(self, "temperature", check_real("temperature", self.temperature, 0.0, 100.0))
+        put(self, "top_k", check_int("top_k", self.top_k, 0, INT32_MAX))
+        put(self, "top_p", check_real("top_p", self.top_p, 0.0, 1.0))
+        put(self, "min_p", check_real("min_p", self.min_p, 0.0, 1.0))
         if self.seed is not None:
-            put(self, "seed", _integer("seed", self.seed, 0, 2**32 - 2))
-        put(self, "repeat_penalty", _number("repeat_penalty", self.repeat_penalty, 0.0, 100.0,
-                                            lo_open=True))
-        put(self, "repeat_last_n", _integer("repeat_last_n", self.repeat_last_n, -1,
-                                            INT32_MAX))
-        put(self, "frequency_penalty", _number("frequency_penalty", self.frequency_penalty,
-                                               -2.0, 2.0))
-        put(self, "presence_penalty", _number("presence_penalty", self.presence_penalty,
-                                              -2.0, 2.0))
-        if not isinstance(self.logit_bias, dict):
-            raise TypeError(f"logit_bias must be a dict of token id -> bias, got "
-                            f"{type(self.logit_bias).__name__}")
-        bias = {}
-        for tok, b in self.logit_bias.items():
-            tok = _integer("logit_bias token id", tok, 0, TOKEN_MAX)
-            if isinstance(b, bool) or not isinstance(b, (int, float)) or not (
-                    b == -math.inf or -BIAS_LIMIT <= b <= BIAS_LIMIT):
-                raise ValueError(f"logit_bias[{tok}] = {b!r} is out of range: allowed "
-                                 f"-{BIAS_LIMIT:g} .. {BIAS_LIMIT:g}, or -inf (bans the token)")
-            bias[tok] = float(b)
-        put(self, "logit_bias", bias)
+            put(self, "seed", check_int("seed", self.seed, 0, 2**32 - 2))
+        put(self, "repeat_penalty", check_real("repeat_penalty", self.repeat_penalty, 0.0,
+                                               100.0, lo_open=True))
+        put(self, "repeat_last_n", check_int("repeat_last_n", self.repeat_last_n, -1,
+                                             INT32_MAX))
+        put(self, "frequency_penalty", check_real("frequency_penalty", self.frequency_penalty,
+                                                  -2.0, 2.0))
+        put(self, "presence_penalty", check_real("presence_penalty", self.presence_penalty,
+                                                 -2.0, 2.0))
+        put(self, "logit_bias", _checked_bias(self.logit_bias))
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (tuple, list)) or not all(isinstance(s, str) for s in stop):
-            raise TypeError("stop must be a string or a sequence of strings")
+            raise WrongType("stop", stop, "a string or a sequence of strings")
         for s in stop:
             if not 1 <= len(s) <= STOP_MAX_CHARS:
-                raise ValueError(f"stop strings must have 1 .. {STOP_MAX_CHARS} characters, got "
-                                 f"{len(s)}")
+                raise Refused("stop", f"strings must have 1 .. {STOP_MAX_CHARS} characters, got "
+                                      f"{len(s)}", value=s, sep=" ")
         put(self, "stop", tuple(stop))
-        mt = _integer("max_tokens", self.max_tokens, -1, INT32_MAX)
+        mt = check_int("max_tokens", self.max_tokens, -1, INT32_MAX)
         if mt == 0:
-            raise ValueError("max_tokens = 0 is out of range: allowed -1 (no limit) or >= 1")
+            raise OutOfRange("max_tokens", 0, "-1 (no limit) or >= 1")
         put(self, "max_tokens", mt)
         if not isinstance(self.ignore_eos, bool):
-            raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+            raise WrongType("ignore_eos", self.ignore_eos, "a bool")
 
     @property
     def greedy(self) -> bool:
@@ -196,24 +183,20 @@ class SpeculationParams:
     def __post_init__(self):
         put = object.__setattr__
         if not isinstance(self.enabled, bool):
-            raise TypeError(f"speculation.enabled must be a bool, got "
-                            f"{type(self.enabled).__name__}")
+            raise WrongType("speculation.enabled", self.enabled, "a bool")
         if self.types is not None:
             types = self.types
             if isinstance(types, str):
                 types = tuple(s.strip() for s in types.split(",") if s.strip())
             if not isinstance(types, (tuple, list)) or not all(isinstance(t, str) for t in types):
-                raise TypeError("speculation.types must be a list of spec type names")
+                raise WrongType("speculation.types", types, "a list of spec type names")
             put(self, "types", tuple(types))
         if self.n_max is not None:
-            put(self, "n_max", _integer("speculation.n_max", self.n_max, 0, N_MAX_LIMIT))
+            put(self, "n_max", check_int("speculation.n_max", self.n_max, 0, N_MAX_LIMIT))
         if self.n_min is not None:
-            put(self, "n_min", _integer("speculation.n_min", self.n_min, 0, N_MAX_LIMIT))
+            put(self, "n_min", check_int("speculation.n_min", self.n_min, 0, N_MAX_LIMIT))
         if self.n_max is not None and self.n_min is not None and self.n_min > self.n_max:
-            raise ValueError(f"speculation.n_min = {self.n_min} is out of range: allowed "
-                             f"0 .. n_max = {self.n_max}")
+            raise OutOfRange("speculation.n_min", self.n_min, f"0 .. n_max = {self.n_max}")
         if self.p_min is not None:
-            put(self, "p_min", _number("speculation.p_min", self.p_min, 0.0, 1.0))
-        if self.policy is not None and self.policy not in POLICIES:
-            raise ValueError(f"speculation.policy = {self.policy!r} is not allowed: "
-                             f"{', '.join(map(repr, POLICIES))} or None")
+            put(self, "p_min", check_real("speculation.p_min", self.p_min, 0.0, 1.0))
+        check_choice("speculation.policy", self.policy, POLICIES, none=True)

@@ -38,7 +38,7 @@ from .decoder import check_engine_models, context_params
 from .calibration import context_calibration
 from .executor import StepExecutor, StepOutput
 from .model import default_threads, load_model
-from .params import SamplingParams, SpeculationParams, _integer
+from .params import SamplingParams, SpeculationParams
 from .planner import StepPlan, plan_step
 from .request import Chunk, Completion, QueueFull, RequestHandle
 from .sampling import Sampler
@@ -52,6 +52,8 @@ from ngramspec.prediction import PredictedEngine, PredictionDrafter
 from ngramspec.registry import parse_types
 from ngramspec.stop_rules import CANCELLED, ERROR, LENGTH, STOP, cut_step
 from ngramspec.tokens import token_array
+from ngramspec.validation import (ContextOverflow, OutOfRange, Refused, check_choice,
+                                  check_int)
 
 __all__ = ["Scheduler", "RequestHandle", "Completion", "Chunk", "QueueFull"]
 
@@ -156,17 +158,15 @@ class Scheduler:
                  spec_type: Union[str, Sequence[str]] = "ngram-mod",
                  spec_params: Optional[dict] = None, draft_model=None, queue_size: int = 64,
                  policy: str = "fixed", cost_model=None):
-        self.n_slots = _integer("n_slots", n_slots, 1, MAX_SLOTS)
-        n_ctx = _integer("n_ctx", n_ctx, 8 * self.n_slots)
-        self.n_batch = _integer("n_batch", n_batch, 8)
-        self.queue_size = _integer("queue_size", queue_size, 1)
-        if policy not in POLICIES:
-            raise ValueError(f"policy = {policy!r} is not allowed: "
-                             f"{' or '.join(map(repr, POLICIES))}")
+        self.n_slots = check_int("n_slots", n_slots, 1, MAX_SLOTS)
+        n_ctx = check_int("n_ctx", n_ctx, 8 * self.n_slots)
+        self.n_batch = check_int("n_batch", n_batch, 8)
+        self.queue_size = check_int("queue_size", queue_size, 1)
+        check_choice("policy", policy, POLICIES)
         self.policy = policy
         if cost_model is not None and not isinstance(cost_model, CostModel):
             raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
-        self.n_threads = _integer("n_threads", n_threads, 1) if n_threads is not None \
+        self.n_threads = check_int("n_threads", n_threads, 1) if n_threads is not None \
             else default_threads()
         self._open_context(llm_or_path, n_ctx)
         self._engine, self.spec_types = self._build_engine(spec_type, spec_params, draft_model)
@@ -406,13 +406,15 @@ class Scheduler:
         # The package's one token validator (ngramspec.tokens), then this model's own bounds.
         arr = token_array(prompt_tokens, "prompt_tokens")
         if arr.size == 0:
-            raise ValueError("prompt_tokens must be a non-empty 1-D sequence of integer token ids")
+            raise Refused("prompt_tokens", "must be a non-empty 1-D sequence of integer token ids",
+                          sep=" ")
         if arr.max() >= self.n_vocab:
-            raise ValueError(f"prompt_tokens: token ids must lie in 0 .. {self.n_vocab - 1}")
+            raise Refused("prompt_tokens", f"token ids must lie in 0 .. {self.n_vocab - 1}")
         if arr.size >= self.n_ctx_slot:
-            raise ValueError(f"prompt_tokens: the prompt ({arr.size} tokens) does not fit a slot's "
-                             f"context (n_ctx {self.n_ctx} / {self.n_slots} slots = "
-                             f"{self.n_ctx_slot} tokens, one kept for the first output token)")
+            raise ContextOverflow("prompt_tokens", f"the prompt ({arr.size} tokens) does not fit a "
+                                  f"slot's context (n_ctx {self.n_ctx} / {self.n_slots} slots = "
+                                  f"{self.n_ctx_slot} tokens, one kept for the first output "
+                                  "token)", value=arr.size)
         return arr
 
     def _check_prediction(self, prediction) -> Optional[PredictionDrafter]:
@@ -421,10 +423,10 @@ class Scheduler:
         if arr.size == 0:
             return None
         if arr.max() >= self.n_vocab:
-            raise ValueError(f"prediction: token ids must lie in 0 .. {self.n_vocab - 1}")
+            raise Refused("prediction", f"token ids must lie in 0 .. {self.n_vocab - 1}")
         if arr.size > self.n_ctx_slot:
-            raise ValueError(f"prediction: {arr.size} tokens is longer than any output can be "
-                             f"(a slot's context: {self.n_ctx_slot} tokens)")
+            raise Refused("prediction", f"{arr.size} tokens is longer than any output can be (a "
+                                        f"slot's context: {self.n_ctx_slot} tokens)")
         return PredictionDrafter(arr)
 
     def _check_sampling(self, sampling: SamplingParams) -> SamplingParams:
@@ -434,12 +436,11 @@ class Scheduler:
         that many tokens, so a larger value would only cost memory)."""
         for tok in sampling.logit_bias:
             if tok >= self.n_vocab:
-                raise ValueError(f"logit_bias token id {tok} is out of range: allowed "
-                                 f"0 .. {self.n_vocab - 1}")
+                raise OutOfRange("logit_bias token id", tok, f"0 .. {self.n_vocab - 1}")
         n = sampling.repeat_last_n
         if n > self.n_ctx_slot:
-            raise ValueError(f"repeat_last_n = {n} is out of range: allowed -1 (a slot's "
-                             f"context) .. {self.n_ctx_slot} (a slot's context)")
+            raise OutOfRange("repeat_last_n", n, f"-1 (a slot's context) .. {self.n_ctx_slot} (a "
+                                                 "slot's context)")
         if n == -1:
             sampling = dataclasses.replace(sampling, repeat_last_n=self.n_ctx_slot)
         return sampling
@@ -448,10 +449,11 @@ class Scheduler:
         if spec.types is not None:
             for t in spec.types:
                 if t not in self.spec_types:
-                    raise ValueError(f"speculation.types: {t!r} is not in the scheduler's chain "
-                                     f"({', '.join(self.spec_types) or 'none'})")
+                    raise Refused("speculation.types", f"{t!r} is not in the scheduler's chain "
+                                  f"({', '.join(self.spec_types) or 'none'})", value=t)
         if spec.p_min is not None and "draft-simple" not in self.spec_types:
-            raise ValueError("speculation.p_min needs a draft model (draft-simple) in the chain")
+            raise Refused("speculation.p_min", "needs a draft model (draft-simple) in the chain",
+                          sep=" ")
 
     def stats(self) -> dict:
         """Counters for monitoring (``/metrics``): slots, queue, tokens, drafts per proposer.

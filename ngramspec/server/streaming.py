@@ -1,0 +1,102 @@
+"""Server-sent events of a streamed completion or chat completion (OpenAI's chunk format).
+
+A stream sends the text as it is generated, then a closing chunk with the finish reason and
+llama-server's timings, the usage when the client asked for it, and ``data: [DONE]``. A failure
+after the response has started is reported in the stream (an error event), as OpenAI does.
+
+Notes
+-----
+Thread-safety: each stream is one async generator on the event loop.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from ngramspec.server import schemas
+from ngramspec.server.errors import error_body
+from ngramspec.server.reasoning import ReasoningSplitter
+from ngramspec.server.results import (FINISH_REASONS, cancelled_message, completion_timings,
+                                      completion_usage)
+
+log = logging.getLogger("ngramspec.server")
+
+
+def sse(model) -> str:
+    """One ``data:`` event of a pydantic model."""
+    return f"data: {model.model_dump_json(exclude_none=False)}\n\n"
+
+
+async def _events(state, handle, n_prompt, include_usage, envelope, choice, opening=(),
+                  predicted=False):
+    """SSE events of a streamed request: ``envelope(choices, **extra)`` builds one chunk,
+    ``choice(text, finish)`` one choice (``text`` None: the closing choice; a choice of None
+    sends no chunk)."""
+    for chunk in opening:
+        yield sse(chunk)
+    try:
+        async for piece in state.bridge.chunks(handle):
+            if piece is None:
+                yield ": keep-alive\n\n"
+            elif piece.text:
+                c = choice(piece.text, None)
+                if c is not None:      # None: all held back (a possible reasoning tag)
+                    yield sse(envelope([c]))
+        done = await state.bridge.result(handle)
+        state.metrics.observe_completion(done)
+    except Exception as exc:  # the response has started: report in the stream, as OpenAI
+        log.exception("stream failed")
+        body = error_body(f"generation failed: {type(exc).__name__}: {exc}",
+                          type="server_error")
+        yield f"data: {json.dumps(body)}\n\n"
+        return
+    if done.finish_reason == "cancelled":  # the server is stopping (or the client left)
+        body = error_body(cancelled_message(done), type="unavailable_error",
+                          code="unavailable")
+        yield f"data: {json.dumps(body)}\n\n"
+        yield "data: [DONE]\n\n"
+        return
+    finish = FINISH_REASONS.get(done.finish_reason, "stop")
+    yield sse(envelope([choice(None, finish)], timings=completion_timings(done)))
+    if include_usage:
+        yield sse(envelope([], usage=completion_usage(done, n_prompt, predicted)))
+    yield "data: [DONE]\n\n"
+
+
+def text_stream(state, handle, rid, n_prompt, include_usage, name, predicted):
+    """The events of a streamed ``/v1/completions`` request."""
+    created = int(time.time())
+    return _events(
+        state, handle, n_prompt, include_usage,
+        lambda choices, **extra: schemas.CompletionResponse(
+            id=rid, created=created, model=name, choices=choices, **extra),
+        lambda text, finish: schemas.CompletionChoice(text=text or "", finish_reason=finish),
+        predicted=predicted)
+
+
+def chat_stream(state, handle, rid, n_prompt, include_usage, name, predicted):
+    """The events of a streamed ``/v1/chat/completions`` request: a first chunk with the
+    assistant's role, then content deltas (``reasoning_content`` ones with ``deepseek``)."""
+    created = int(time.time())
+    splitter = ReasoningSplitter() if state.reasoning_format == "deepseek" else None
+
+    def envelope(choices, **extra):
+        return schemas.ChatCompletionChunk(id=rid, created=created, model=name,
+                                           choices=choices, **extra)
+
+    def choice(text, finish, role=None):
+        reasoning = None
+        if splitter is not None and role is None:
+            # the closing choice releases what the splitter still holds
+            reasoning, text = splitter.push(text) if text is not None else splitter.finish()
+            reasoning, text = reasoning or None, text or None
+            if finish is None and reasoning is None and text is None:
+                return None
+        return schemas.ChatChunkChoice(
+            delta=schemas.ChatDelta(role=role, content=text, reasoning_content=reasoning),
+            finish_reason=finish)
+
+    return _events(state, handle, n_prompt, include_usage, envelope, choice,
+                   opening=[envelope([choice("", None, role="assistant")])],
+                   predicted=predicted)
