@@ -39,6 +39,11 @@ average): a draft token costs verification work, worth less to a slot that alrea
 lot per step, and more so the longer the draft. Of the two walks, the one with the larger
 expected number of accepted tokens is the draft; at most ``max_draft`` tokens.
 
+*Draft trees.* For an engine that verifies a tree of a fixed number of tokens whatever it holds
+(SGLang), `SuffixProposer.draft_tree` turns the last draft into a tree: the chain first, then,
+best first by estimated path probability, the continuations the draft's automaton has seen
+after the same contexts (siblings with their counts). llama.cpp's paths never ask for one.
+
 Memory
 ------
 An automaton over n tokens has at most 2n states (5 int32 each) and 3n transitions (4 int32
@@ -711,7 +716,8 @@ cdef class SuffixProposer(Proposer):
     -----
     Memory: per slot a suffix automaton of 108-124 bytes per context token (allocated by
     doubling as the context grows, at most ``max_context`` tokens: 6.8 MiB by default), 3600
-    uint32 of calibration, ~3 * (max_draft + 1) int32 of buffers. The global store: 108-124
+    uint32 of calibration, ~3 * (max_draft + 1) int32 of buffers, and once `draft_tree` is
+    used, 68 bytes per node of the largest tree asked. The global store: 108-124
     bytes per token, up to ``global_tokens`` tokens (108 MiB by default; allocated by
     doubling), oldest sequences evicted first. `memory_bytes` reports what is held, `sam_bytes` the bound.
 
@@ -925,12 +931,12 @@ cdef class SuffixProposer(Proposer):
             The slot's last call was not a draft (none since its `begin`, or a `begin`
             since), or an argument out of range.
         MemoryError
-            Out of memory for the slot's tree nodes ((budget + 1) * 64 bytes).
+            Out of memory for the slot's tree nodes ((budget + 1) * 68 bytes).
 
         Notes
         -----
         Memory: the outputs, and per slot a node buffer grown to the largest budget asked
-        (64 bytes a node), kept until the proposer is freed. Cost: O(budget * (budget +
+        (68 bytes a node), kept until the proposer is freed. Cost: O(budget * (budget +
         out-degree)) with the GIL released.
 
         Thread-safety: claims the slot as `draft` does. A tree from the global store reads it
@@ -1015,6 +1021,7 @@ cdef class SuffixProposer(Proposer):
                 total += sam_bytes_for(self.slots[i].loc.cap, self.slots[i].loc.hbits)
             total += sizeof(Slot) + (self.max_draft + 1) * (3 * sizeof(token_t)
                                                             + 2 * sizeof(uint16_t))
+            total += self.slots[i].tree_cap * sizeof(TreeNode)
         return total
 
     def global_stats(self):

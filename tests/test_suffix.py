@@ -220,6 +220,13 @@ def test_tree_spends_the_budget_on_siblings():
 
 def test_draft_tree_checks_its_arguments():
     p = SuffixProposer(2)
+    p.begin(1, [5, 6, 7, 5, 6])
+    p.draft(1, [5, 6, 7, 5, 6], 7)
+    before = p.memory_bytes()
+    p.draft_tree(1, 0, 40)
+    assert p.memory_bytes() - before == 41 * 68       # the slot's node buffer, kept
+    p.draft_tree(1, 0, 8)
+    assert p.memory_bytes() - before == 41 * 68
     with pytest.raises(ValueError, match="draft_tree\\(\\) on slot 0 without a draft"):
         p.draft_tree(0, 0, 4)
     p.begin(0, [5, 6, 7, 5, 6])
