@@ -396,11 +396,16 @@ cdef int32_t tree_build(TreeNode* T, const Sam* S, int src, int32_t v0, int32_t 
                         const token_t* chain, const uint16_t* cells, int32_t n_draft,
                         int32_t n_chain, int32_t budget, const uint32_t* acc,
                         const uint32_t* tried, bint streak) noexcept nogil:
-    """The draft tree of at most `budget` tokens below the root (T: budget + 1 nodes): first
-    the chain's first `n_chain` tokens, then best first by path probability, each node offering
-    its best child not in the tree yet (ties: the node added first). Returns the nodes, root
-    included. O(budget * (budget + out-degree)); S (with v0 > 0, l0 > 0: the walk's start) may
-    be NULL, and then the tree is the chain."""
+    """The draft tree of at most `budget` tokens below the root; returns its nodes, root
+    included (T[1 ..] in the order added: parents before children, no two equal siblings).
+
+    Contract: T has room for budget + 1 nodes; chain / cells hold the slot's last draft
+    (n_draft tokens, as drafted, and their calibration cells), 0 <= n_chain <= min(n_draft,
+    budget); S is the automaton that draft came from (source `src`), unchanged since, and
+    (v0, l0) the walk's start in it (S may be NULL: no alternatives, the tree is the chain).
+    Rule: the chain's first n_chain tokens, then repeatedly the candidate with the likeliest
+    path, each node offering its best child not in the tree yet (tree_offer; ties: the node
+    added first). O(budget * (budget + out-degree)), no allocation, no lock taken."""
     cdef int32_t j, m, u, best, e, a, n
     cdef TreeNode* t
     if S == NULL or v0 <= 0 or l0 <= 0:
