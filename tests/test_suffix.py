@@ -246,6 +246,21 @@ def test_draft_tree_checks_its_arguments():
         p.draft_tree(0, 0, 4)                # the tree of the last request is gone
 
 
+def test_draft_tree_out_of_memory_leaves_the_slot_usable():
+    from ngramspec._proposer import _fail_allocation
+    p = SuffixProposer(1)
+    p.begin(0, [5, 6, 7, 5, 6])
+    d = p.draft(0, [5, 6, 7, 5, 6], 7)
+    _fail_allocation(1)                      # the node buffer's allocation fails
+    try:
+        with pytest.raises(MemoryError, match="budget = 8: out of memory for the tree's nodes"):
+            p.draft_tree(0, len(d), 8)
+    finally:
+        _fail_allocation(None)
+    tokens, parents = p.draft_tree(0, len(d), 8)
+    assert tokens[:len(d)].tolist() == d.tolist()
+
+
 @pytest.mark.parametrize("budget", [50, 333])
 def test_eviction_matches_reference(budget):
     """Many requests through a small store: oldest whole sequences go first, as specified."""
