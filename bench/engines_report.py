@@ -12,7 +12,8 @@ requests of ../shared/traces:
   ngram-mod (serve's defaults), the llama.cpp chain and ngram-suffix; K = --k tokens.
 - SGLang: the NGRAM worker's own ``_prepare_draft_tokens`` / ``_update_ngram_corpus`` (2
   requests at a time), greedy tree verification. SGLang's ``NgramCorpus`` (its defaults, a tree
-  of --d tokens) next to ``NgramspecCorpus`` (a chain in the same --d budget).
+  of --d tokens) next to ``NgramspecCorpus`` in the same --d budget: a chain for every type but
+  ngram-suffix, whose tree (the chain, then its next-best branches) is shown beside its chain.
 
 Per row: tokens per verification step and the modeled GPU speed-up (`ngramspec.cost`'s ``gpu``
 profile: an 8B bf16 model, `modeled_speedup`). A vLLM step verifies its draft, k + 1 tokens;
@@ -36,10 +37,12 @@ VLLM_ROWS = [("vLLM ngram (built-in, lookup 5..5)", ("ngram", 5, 5)),
              ("ngramspec ngram-mod (serve's defaults)", ""),
              (f"ngramspec {CHAIN}", f"--spec-type {CHAIN}"),
              ("ngramspec ngram-suffix", "--spec-type ngram-suffix")]
-SGLANG_ROWS = [("SGLang NgramCorpus (built-in, its defaults)", None),
-               ("ngramspec ngram-mod (serve's defaults)", ""),
-               (f"ngramspec {CHAIN}", f"--spec-type {CHAIN}"),
-               ("ngramspec ngram-suffix", "--spec-type ngram-suffix")]
+# (row, spec flags or None for SGLang's own corpus, NgramspecCorpus's tree option)
+SGLANG_ROWS = [("SGLang NgramCorpus (built-in, its defaults)", (None, False)),
+               ("ngramspec ngram-mod (serve's defaults)", ("", True)),
+               (f"ngramspec {CHAIN}", (f"--spec-type {CHAIN}", True)),
+               ("ngramspec ngram-suffix, chain (tree=False)", ("--spec-type ngram-suffix", False)),
+               ("ngramspec ngram-suffix, tree (the default)", ("--spec-type ngram-suffix", True))]
 MAX_LEN = 1 << 15
 
 
@@ -98,11 +101,12 @@ def part_sglang(args):
     gpu = load_cost_model("gpu")
     table = {}
     for fam, trace in _traces(args).items():
-        for name, how in SGLANG_ROWS:
+        for name, (how, tree) in SGLANG_ROWS:
             if how is None:
                 corpus, depth = NgramCorpus(draft_token_num=args.d), 18
             else:
-                corpus, depth = NgramspecCorpus(draft_token_num=args.d, spec=how), MAX_LEN
+                corpus, depth = NgramspecCorpus(draft_token_num=args.d, spec=how,
+                                                tree=tree), MAX_LEN
             done = h.run_ngram_worker(worker_class(), corpus, trace, args.d, depth)
             table[f"{fam}|{name}"] = _row(done, h, gpu)
             print(f"  sglang {fam} {name}: {table[f'{fam}|{name}']}", file=sys.stderr)

@@ -276,3 +276,25 @@ cdef inline int32_t top_child(const Sam* S, int32_t v, int32_t* a, int32_t* n) n
     a[0] = bc
     n[0] = tot
     return best
+
+
+cdef inline int32_t child_after(const Sam* S, int32_t v, token_t skip, int32_t below_cnt,
+                                int32_t below_pos, int32_t* cnt) noexcept nogil:
+    """The transition of v to its best child ranked strictly below (below_cnt, below_pos) in
+    top_child's order (count, then latest occurrence), leaving out the token `skip` and the
+    negative tokens (separators); -1 if none; cnt = that child's count. Children are enumerated
+    best first by passing back the last one's (count, position): O(out-degree) per call."""
+    cdef int32_t f = S.sedge[v], t, c, p, best = -1, bc = 0, bp = -1
+    while f >= 0:
+        t = S.eto[f]
+        c = S.scnt[t]
+        p = S.spos[t]
+        if (S.etok[f] >= 0 and S.etok[f] != skip
+                and (c < below_cnt or (c == below_cnt and p < below_pos))
+                and (best < 0 or c > bc or (c == bc and p > bp))):
+            best = f
+            bc = c
+            bp = p
+        f = S.enext[f]
+    cnt[0] = bc
+    return best

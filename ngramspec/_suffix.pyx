@@ -39,6 +39,11 @@ average): a draft token costs verification work, worth less to a slot that alrea
 lot per step, and more so the longer the draft. Of the two walks, the one with the larger
 expected number of accepted tokens is the draft; at most ``max_draft`` tokens.
 
+*Draft trees.* For an engine that verifies a tree of a fixed number of tokens whatever it holds
+(SGLang), `SuffixProposer.draft_tree` turns the last draft into a tree: the chain first, then,
+best first by estimated path probability, the continuations the draft's automaton has seen
+after the same contexts (siblings with their counts). llama.cpp's paths never ask for one.
+
 Memory
 ------
 An automaton over n tokens has at most 2n states (5 int32 each) and 3n transitions (4 int32
@@ -68,12 +73,12 @@ from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memmove, memset
 
-from ngramspec._proposer cimport (Proposer, alloc_per_slot, as_token, as_tokens, malloc,
-                                  proposer_accept, proposer_begin, proposer_draft, realloc,
-                                  tok_ptr)
-from ngramspec._sam cimport (COUNT_DEPTH, MAX_GLOBAL_MATCH, Sam, sam_bytes_for, sam_clear,
-                             sam_extend, sam_free, sam_rebuild_tail, sam_reserve, sam_step,
-                             top_child)
+from ngramspec._proposer cimport (Proposer, alloc_per_slot, as_token, as_tokens, claim_slot,
+                                  malloc, proposer_accept, proposer_begin, proposer_draft,
+                                  realloc, tok_ptr)
+from ngramspec._sam cimport (COUNT_DEPTH, MAX_GLOBAL_MATCH, Sam, child_after, sam_bytes_for,
+                             sam_clear, sam_extend, sam_find, sam_free, sam_rebuild_tail,
+                             sam_reserve, sam_step, top_child)
 from ngramspec._types cimport NOGIL_MIN_TOKENS, token_t
 
 from ngramspec._proposer import check_int
@@ -294,6 +299,157 @@ cdef void draft_walk(Walker* wl, Walker* wg, const uint32_t* acc, const uint32_t
 
 
 # ---------------------------------------------------------------------------------------------
+# The draft tree (an engine that verifies a tree of a fixed number of tokens: SGLang)
+# ---------------------------------------------------------------------------------------------
+
+cdef struct TreeNode:
+    # One node of a draft tree under construction (node 0 is the root, the last verified token).
+    int32_t v, l            # automaton state after the node's path (-1: none, nothing below)
+                            # and the match length the calibration buckets it by
+    int32_t depth           # tokens from the root (the draft position of the node's children)
+    int32_t parent
+    token_t tok
+    uint32_t P              # probability that the path to this node is accepted, Q16
+    token_t ref             # the reference child: the chain's next token on the chain's path,
+                            # the most frequent continuation elsewhere; < 0 none (no children)
+    uint32_t ref_p          # its probability given this node, Q16
+    int32_t ref_cnt, n_tot  # its count (0: not a child of v) and the sum over v's children
+    bint ref_pending        # the reference child is not in the tree yet: it is the candidate
+    int32_t below_cnt, below_pos   # rank of the last other child offered
+    bint has_cand           # the candidate: the node's best child not in the tree yet
+    token_t cand_tok
+    int32_t cand_v
+    uint32_t cand_p         # its path's probability, Q16
+
+
+cdef inline void tree_ref_top(TreeNode* u, const Sam* S, int src, const uint32_t* acc,
+                              const uint32_t* tried, bint streak) noexcept nogil:
+    """u's reference child off the chain: its most frequent continuation, scored as the walk
+    scores a token (one source, so never in agreement)."""
+    cdef int32_t a, n, e
+    u.ref = -1
+    u.ref_pending = False
+    if u.v < 0:
+        return
+    e = top_child(S, u.v, &a, &n)
+    if e < 0 or S.etok[e] < 0:          # no continuation, or the end of a stored sequence
+        return
+    u.ref = S.etok[e]
+    u.ref_cnt = a
+    u.n_tot = n
+    u.ref_p = cal_prob(acc, tried, cell_index(src, u.l, freq_bucket(a, n),
+                                              stage_of(u.depth, streak), False))
+    u.ref_pending = True
+
+
+cdef inline void tree_offer(TreeNode* u, const Sam* S) noexcept nogil:
+    """Set u's candidate: the reference child while it is pending, then the other children best
+    first. An other child of count a gets the probability mass the reference leaves, shared in
+    proportion to counts, and never more than the reference's in proportion to counts."""
+    cdef int32_t e, a
+    cdef uint64_t p, q
+    u.has_cand = False
+    if u.ref < 0:
+        return
+    if u.ref_pending:
+        e = sam_find(S, u.v, u.ref) if u.v >= 0 else -1
+        u.cand_tok = u.ref
+        u.cand_v = S.eto[e] if e >= 0 else -1
+        u.cand_p = <uint32_t>((<uint64_t>u.P * u.ref_p) >> 16)
+        u.has_cand = True
+        return
+    if u.v < 0 or u.n_tot <= u.ref_cnt:
+        return
+    e = child_after(S, u.v, u.ref, u.below_cnt, u.below_pos, &a)
+    if e < 0:
+        return
+    u.below_cnt = a
+    u.below_pos = S.spos[S.eto[e]]
+    p = (<uint64_t>(ONE - u.ref_p) * <uint64_t>a) // <uint64_t>(u.n_tot - u.ref_cnt)
+    if u.ref_cnt > 0:
+        q = (<uint64_t>u.ref_p * <uint64_t>a) // <uint64_t>u.ref_cnt
+        if q < p:
+            p = q
+    u.cand_tok = S.etok[e]
+    u.cand_v = S.eto[e]
+    u.cand_p = <uint32_t>((<uint64_t>u.P * p) >> 16)
+    u.has_cand = True
+
+
+cdef inline void tree_node(TreeNode* u, int32_t parent, token_t tok, int32_t v, int32_t l,
+                           int32_t depth, uint32_t P) noexcept nogil:
+    u.parent = parent
+    u.tok = tok
+    u.v = v
+    u.l = l
+    u.depth = depth
+    u.P = P
+    u.ref = -1
+    u.ref_pending = False
+    u.ref_cnt = 0
+    u.n_tot = 0
+    u.below_cnt = 0x7FFFFFFF
+    u.below_pos = 0x7FFFFFFF
+    u.has_cand = False
+
+
+cdef int32_t tree_build(TreeNode* T, const Sam* S, int src, int32_t v0, int32_t l0,
+                        const token_t* chain, const uint16_t* cells, int32_t n_draft,
+                        int32_t n_chain, int32_t budget, const uint32_t* acc,
+                        const uint32_t* tried, bint streak) noexcept nogil:
+    """The draft tree of at most `budget` tokens below the root; returns its nodes, root
+    included (T[1 ..] in the order added: parents before children, no two equal siblings).
+
+    Contract: T has room for budget + 1 nodes; chain / cells hold the slot's last draft
+    (n_draft tokens, as drafted, and their calibration cells), 0 <= n_chain <= min(n_draft,
+    budget); S is the automaton that draft came from (source `src`), unchanged since, and
+    (v0, l0) the walk's start in it (S may be NULL: no alternatives, the tree is the chain).
+    Rule: the chain's first n_chain tokens, then repeatedly the candidate with the likeliest
+    path, each node offering its best child not in the tree yet (tree_offer; ties: the node
+    added first). O(budget * (budget + out-degree)), no allocation, no lock taken."""
+    cdef int32_t j, m, u, best, e, a, n
+    cdef TreeNode* t
+    if S == NULL or v0 <= 0 or l0 <= 0:
+        v0 = -1
+    tree_node(&T[0], -1, -1, v0, l0, 0, ONE)
+    for j in range(n_chain + 1):
+        t = &T[j]
+        if j < n_draft:
+            # the chain's path: its next token is the reference, as the walk scored it
+            t.ref = chain[j]
+            t.ref_p = cal_prob(acc, tried, cells[j])
+            t.ref_pending = j == n_chain
+            if t.v >= 0:
+                top_child(S, t.v, &a, &n)
+                e = sam_find(S, t.v, chain[j])
+                t.n_tot = n
+                t.ref_cnt = S.scnt[S.eto[e]] if e >= 0 else 0
+        else:
+            tree_ref_top(t, S, src, acc, tried, streak)
+        if j < n_chain:
+            e = sam_find(S, t.v, chain[j]) if t.v >= 0 else -1
+            tree_node(&T[j + 1], j, chain[j], S.eto[e] if e >= 0 else -1, t.l + 1, j + 1,
+                      <uint32_t>((<uint64_t>t.P * t.ref_p) >> 16))
+        tree_offer(t, S)
+    m = n_chain + 1
+    while m <= budget:
+        best = -1
+        for u in range(m):
+            if T[u].has_cand and (best < 0 or T[u].cand_p > T[best].cand_p):
+                best = u
+        if best < 0:
+            break
+        t = &T[best]
+        tree_node(&T[m], best, t.cand_tok, t.cand_v, t.l + 1, t.depth + 1, t.cand_p)
+        tree_ref_top(&T[m], S, src, acc, tried, streak)
+        tree_offer(&T[m], S)
+        t.ref_pending = False
+        tree_offer(t, S)
+        m += 1
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
 # Global store
 # ---------------------------------------------------------------------------------------------
 
@@ -373,6 +529,9 @@ cdef struct Slot:
     int32_t n_last_acc      # -1: no accept since the last draft
     uint32_t cal_acc[N_CAL]     # fine cells, then coarse cells
     uint32_t cal_tried[N_CAL]
+    # draft_tree's nodes (allocated on its first call, grown to the largest budget asked)
+    TreeNode* tree
+    int32_t tree_cap
 
 
 cdef inline token_t ctx_at(const token_t* inp, Py_ssize_t n, token_t sampled,
@@ -563,7 +722,8 @@ cdef class SuffixProposer(Proposer):
     -----
     Memory: per slot a suffix automaton of 108-124 bytes per context token (allocated by
     doubling as the context grows, at most ``max_context`` tokens: 6.8 MiB by default), 3600
-    uint32 of calibration, ~3 * (max_draft + 1) int32 of buffers. The global store: 108-124
+    uint32 of calibration, ~3 * (max_draft + 1) int32 of buffers, and once `draft_tree` is
+    used, 68 bytes per node of the largest tree asked. The global store: 108-124
     bytes per token, up to ``global_tokens`` tokens (108 MiB by default; allocated by
     doubling), oldest sequences evicted first. `memory_bytes` reports what is held, `sam_bytes` the bound.
 
@@ -648,6 +808,7 @@ cdef class SuffixProposer(Proposer):
                 free(self.slots[i].pred_tok)
                 free(self.slots[i].pred_cell)
                 free(self.slots[i].last_draft)
+                free(self.slots[i].tree)
             free(self.slots)
             self.slots = NULL
         sam_free(&self.store.sam)
@@ -738,6 +899,104 @@ cdef class SuffixProposer(Proposer):
 
     # -- The Python API (`Proposer.begin` / `draft` / `accept`) ------------------------------
 
+    def draft_tree(self, slot, n_chain, budget):
+        """The slot's last draft as a tree of at most `budget` tokens, for an engine that
+        verifies a tree of a fixed size whatever it holds (SGLang's ``draft_token_num``).
+
+        The first path is the draft's first `n_chain` tokens (the chain a llama.cpp-style
+        engine verifies, so the tree never accepts fewer tokens than it); the rest of the
+        budget goes best first, by the estimated probability that the path to a token is
+        accepted, to the continuations the draft's source automaton has seen after the same
+        contexts: the chain's siblings, the chain's own continuation past its cut, their
+        continuations. Along the chain a token's probability is the calibrated one the draft
+        was made with; a most frequent continuation elsewhere is scored as the walk scores a
+        token; another child of count a gets ``min(p_ref * a / a_ref, (1 - p_ref) * a /
+        (n - a_ref))``, with p_ref and a_ref its most frequent sibling's (on the chain: the
+        chain token's) probability and count, n the count of all the children. Ties go to the
+        node added first. No threshold: the engine verifies the whole budget anyway.
+
+        Parameters
+        ----------
+        slot : int
+            0 .. n_slots - 1; its last call was `draft` (or the engine's draft).
+        n_chain : int
+            0 .. the last draft's length: the draft's tokens the caller kept (after a
+            draft-length policy's cut); at most `budget` of them are used.
+        budget : int, 0 .. 4096
+            Tokens in the tree, the root (the last verified token) not counted.
+
+        Returns
+        -------
+        tokens, parents : numpy.ndarray
+            int32, as long as each other (at most `budget`): token i hangs off token
+            ``parents[i]`` (< i), or off the root when -1. No two siblings are equal.
+
+        Raises
+        ------
+        ValueError
+            The slot's last call was not a draft (none since its `begin`, or a `begin`
+            since), or an argument out of range.
+        MemoryError
+            Out of memory for the slot's tree nodes ((budget + 1) * 68 bytes).
+
+        Notes
+        -----
+        Memory: the outputs, and per slot a node buffer grown to the largest budget asked
+        (68 bytes a node), kept until the proposer is freed. Cost: O(budget * (budget +
+        out-degree)) with the GIL released.
+
+        Thread-safety: claims the slot as `draft` does. A tree from the global store reads it
+        under its lock, only tried, as a draft does: when another thread holds it, or the store
+        changed since the draft, the tree is the chain alone. Deterministic otherwise.
+        """
+        cdef Py_ssize_t s = self.slot_arg(slot), i
+        cdef Slot* sl = &self.slots[s]
+        cdef int32_t m = 1, stride = self.P.max_draft + 1, v0 = 0, l0 = 0, src, bud, nc
+        cdef TreeNode* grown
+        cdef const Sam* S = NULL
+        cdef bint locked = False
+        if not sl.active or sl.pred_base < 0:
+            raise ValueError(f"draft_tree() on slot {s} without a draft: call it after the "
+                             f"slot's draft(), before its next begin()")
+        bud = <int32_t>check_int("budget", budget, 0, 4096)
+        nc = <int32_t>check_int("n_chain", n_chain, 0, sl.n_last_draft)
+        if nc > bud:
+            nc = bud
+        tokens = np.empty(bud, dtype=np.int32)
+        parents = np.empty(bud, dtype=np.int32)
+        cdef int32_t[::1] tk = tokens, pa = parents
+        claim_slot(self.busy, s, self.name)
+        try:
+            if bud + 1 > sl.tree_cap:
+                grown = <TreeNode*>realloc(sl.tree, (bud + 1) * sizeof(TreeNode))
+                if grown == NULL:
+                    raise MemoryError(f"budget = {budget}: out of memory for the tree's nodes")
+                sl.tree = grown
+                sl.tree_cap = bud + 1
+            src = sl.last_src
+            with nogil:
+                if src == 0:
+                    S = &sl.loc
+                    v0 = S.slink[S.last]
+                    l0 = S.slen[v0] if v0 > 0 else 0
+                elif PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
+                    locked = True
+                    if sl.g_gen == self.store.gen:
+                        S = &self.store.sam
+                        v0 = sl.g_state
+                        l0 = sl.g_len
+                m = tree_build(sl.tree, S, src, v0, l0, sl.pred_tok + src * stride,
+                               sl.pred_cell + src * stride, sl.n_last_draft, nc, bud,
+                               sl.cal_acc, sl.cal_tried, sl.streak)
+                if locked:
+                    PyThread_release_lock(self.lock)
+            for i in range(1, m):
+                tk[i - 1] = sl.tree[i].tok
+                pa[i - 1] = sl.tree[i].parent - 1
+        finally:
+            self.busy[s] = 0
+        return tokens[:m - 1], parents[:m - 1]
+
     cdef Py_ssize_t checked_prefix(self, Py_ssize_t slot):
         # Of an int32 array, only the tokens the slot has not indexed yet are checked, as the
         # engine does (`Proposer.draft`).
@@ -768,6 +1027,7 @@ cdef class SuffixProposer(Proposer):
                 total += sam_bytes_for(self.slots[i].loc.cap, self.slots[i].loc.hbits)
             total += sizeof(Slot) + (self.max_draft + 1) * (3 * sizeof(token_t)
                                                             + 2 * sizeof(uint16_t))
+            total += self.slots[i].tree_cap * sizeof(TreeNode)
         return total
 
     def global_stats(self):

@@ -427,13 +427,20 @@ class _Batch:
         return False
 
 
+def greedy_tree_verify(req, row, mask, rest) -> list:
+    """The accepted tokens of greedy tree verification (`accepted_path` over the tree's
+    paths)."""
+    return accepted_path(tree_paths(row, mask), rest)
+
+
 def run_ngram_worker(worker_cls, corpus, trace, draft_token_num: int, max_trie_depth: int,
-                     batch_size: int = 2):
+                     batch_size: int = 2, verify: Callable = greedy_tree_verify):
     """Requests through SGLang's own ``_prepare_draft_tokens`` / ``_update_ngram_corpus`` with
     `corpus`, sync scheduling, greedy tree verification against the recorded outputs; a request
     leaving the batch is erased as ``forward_batch_generation`` erases it. Returns the requests
     (``steps``, ``paths`` per step). A conversation's next turn joins once the previous one
-    is answered."""
+    is answered. ``verify(req, row, mask, rest)`` gives a step's accepted tokens (``row``: the
+    request's d tokens, ``mask``: its d x d mask, ``rest``: the recorded output still to come)."""
     worker = worker_cls.__new__(worker_cls)
     worker.draft_token_num = draft_token_num
     worker.max_trie_depth = max_trie_depth
@@ -453,10 +460,9 @@ def run_ngram_worker(worker_cls, corpus, trace, draft_token_num: int, max_trie_d
         for i, r in enumerate(live):
             row = np.asarray(drafts)[i * d:(i + 1) * d]
             assert row[0] == r.output_ids[-1]
-            paths = tree_paths(row, mask[i])
             rest = r.trace.output[len(r.output_ids):].tolist()
-            acc = accepted_path(paths, rest)
-            r.paths.append(paths)
+            acc = verify(r, row, mask[i], rest)
+            r.paths.append(tree_paths(row, mask[i]))
             r.steps.append([d - 1, len(acc), 1])     # SGLang verifies the whole tree
             r.output_ids.extend(rest[:len(acc) + 1])
         worker._update_ngram_corpus(batch)

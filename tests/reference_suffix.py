@@ -392,9 +392,84 @@ class ReferenceSuffix:
         s.pred_cells = [wl.cell, wg.cell]
         s.pred_base = len(ctx)
         best = wg if wg.score > wl.score else wl
+        s.last_src = best.src
         s.last_draft = best.tok[:best.n_draft]
         s.n_last_acc = -1
         return list(s.last_draft)
+
+    # -- the draft tree ---------------------------------------------------------------------
+
+    def draft_tree(self, slot, n_chain, budget):
+        """The kernel's draft_tree, one candidate list per call: the chain's first n_chain
+        tokens, then repeatedly the (node, child) not in the tree with the likeliest path
+        (ties: the node added first, then the child ranked first)."""
+        s = self.slots[slot]
+        if not s.active or s.pred_base < 0:
+            raise ValueError("no draft")
+        chain = s.last_draft
+        cells = s.pred_cells[s.last_src]
+        n_chain = min(n_chain, budget)
+        if s.last_src == 0:
+            S = s.loc
+            v0 = S.link[S.last]
+            l0 = S.length[v0] if v0 > 0 else 0
+        elif s.g_gen == self.store.gen:
+            S, v0, l0 = self.store.sam, s.g_state, s.g_len
+        else:
+            S, v0, l0 = None, -1, 0
+        if S is None or v0 <= 0 or l0 <= 0:
+            v0 = -1
+        # a node: [token, parent, state, length, depth, path probability]
+        nodes = [[None, -1, v0, l0, 0, ONE]]
+        for j in range(n_chain):
+            tok, _, v, l, depth, P = nodes[-1]
+            nxt = S.next[v].get(chain[j], -1) if v >= 0 else -1
+            nodes.append([chain[j], j, nxt, l + 1, depth + 1,
+                          (P * cal_prob(s.acc, s.tried, cells[j])) >> 16])
+        while len(nodes) - 1 < budget:
+            best = None
+            for u, (_, _, v, l, depth, P) in enumerate(nodes):
+                for rank, (c, p, t) in enumerate(self._children(s, S, u, v, l, depth, chain,
+                                                                 cells, n_chain)):
+                    if any(w[1] == u and w[0] == c for w in nodes):
+                        continue                 # in the tree already
+                    cand = (P * p) >> 16
+                    if best is None or cand > best[0]:
+                        best = (cand, u, c, t)
+                    break                        # a node offers its best child not taken
+            if best is None:
+                break
+            cand, u, c, t = best
+            nodes.append([c, u, t, nodes[u][3] + 1, nodes[u][4] + 1, cand])
+        return [w[0] for w in nodes[1:]], [w[1] - 1 for w in nodes[1:]]
+
+    @staticmethod
+    def _children(s, S, u, v, l, depth, chain, cells, n_chain):
+        """Node u's children, best first: (token, probability given u, state)."""
+        if u <= n_chain and u < len(chain):
+            ref, p_ref = chain[u], cal_prob(s.acc, s.tried, cells[u])
+        elif v >= 0 and S.next[v]:
+            top = S.top_child(v)
+            if top[0] == SEP:
+                return
+            ref = top[0]
+            p_ref = cal_prob(s.acc, s.tried, cell_index(s.last_src, l, freq_bucket(top[2], top[3]),
+                                                        stage_of(depth, s.streak), False))
+        else:
+            return
+        yield ref, p_ref, S.next[v].get(ref, -1) if v >= 0 else -1
+        if v < 0:
+            return
+        kids = sorted(((S.cnt[t], S.pos[t], c, t) for c, t in S.next[v].items()), reverse=True)
+        n = sum(k[0] for k in kids)
+        a_ref = S.cnt[S.next[v][ref]] if ref in S.next[v] else 0
+        for a, _, c, t in kids:
+            if c == ref or c < 0:
+                continue
+            p = ((ONE - p_ref) * a) // (n - a_ref)
+            if a_ref:
+                p = min(p, (p_ref * a) // a_ref)
+            yield c, p, t
 
     # -- accept -----------------------------------------------------------------------------
 

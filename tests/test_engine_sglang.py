@@ -2,15 +2,22 @@
 suite skips it): the plug-in loaded by SGLang's own ``load_plugins``, and `NgramspecCorpus`
 driven through the NGRAM worker's own corpus-calling methods (``_prepare_draft_tokens``,
 ``_update_ngram_corpus``) next to SGLang's ``NgramCorpus`` on the same requests. Its C++ corpus
-compiles with g++ on first use (cached afterwards)."""
+compiles with g++ on first use (cached afterwards). ngram-suffix's draft trees are verified by
+SGLang's own greedy tree verification: the links its worker derives from a mask
+(``_derive_tree_links``) and its Triton verify kernel, run by Triton's interpreter on the CPU."""
 import importlib.metadata
+import os
 
+import numpy as np
 import pytest
 
+# before Triton is imported: its kernels run in the interpreter (no GPU here)
+os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("sglang")
 
 from conftest import TRACES  # noqa: E402
-from engine_harness import PER_REQUEST, run_ngram_worker, stub_cuda_only_kernels  # noqa: E402
+from engine_harness import (PER_REQUEST, greedy_tree_verify, run_ngram_worker,  # noqa: E402
+                            stub_cuda_only_kernels, tokens_per_step, tree_paths)
 
 from ngramspec.integrations import sglang as ours  # noqa: E402
 from ngramspec.integrations.requests import engine_from_env  # noqa: E402
@@ -82,3 +89,84 @@ def test_next_to_sglangs_own_corpus(registered, trace):
     done = run_ngram_worker(ours.worker_class(), NgramCorpus(**WORKER_KWARGS), trace, D, 18)
     assert sum(s[1] for r in done for s in r.steps) > 0
     assert any(len(p) > 1 for r in done for p in r.paths)     # real trees, several branches
+
+
+# -- ngram-suffix's draft trees ----------------------------------------------------------------
+
+SUFFIX = "--spec-type ngram-suffix"
+
+
+def sglang_verify(req, row, mask, rest):
+    """SGLang's greedy verification of one request's tree: the links the NGRAM worker derives
+    from the mask, then ``verify_tree_greedy_triton`` with the target's token after each node's
+    path (the recorded continuation where the path agrees with it, else -1, which no draft
+    token equals). Asserts the mask is a tree SGLang reads as written: row i holds i and
+    exactly the ancestors of i along the parents it derives (the last ancestor before i)."""
+    import torch
+    from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_triton
+    from sglang.srt.speculative.ngram_worker import _derive_tree_links
+    d = len(row)
+    mask = np.asarray(mask, dtype=bool)
+    parent = [-1] + [max(j for j in range(i) if mask[i, j]) for i in range(1, d)]
+    path = [[]]
+    for i in range(1, d):
+        assert mask[i, i] and mask[i, 0]
+        anc = {i}
+        j = parent[i]
+        while j >= 0:
+            anc.add(j)
+            j = parent[j]
+        assert set(np.flatnonzero(mask[i]).tolist()) == anc, f"row {i} is not its ancestors"
+        path.append(path[parent[i]] + [int(row[i])])
+    target = [rest[len(p)] if len(p) < len(rest) and p == rest[:len(p)] else -1 for p in path]
+    next_token, next_sibling = _derive_tree_links(mask.reshape(-1), 1, d)
+    accept_index = torch.full((1, d), -1, dtype=torch.int64)
+    accept_num = torch.zeros(1, dtype=torch.int64)
+    verify_tree_greedy_triton(torch.full((d,), -1, dtype=torch.int64), accept_index, accept_num,
+                              torch.from_numpy(np.asarray(row, dtype=np.int64)).reshape(1, d),
+                              torch.arange(d).reshape(1, d), next_token, next_sibling,
+                              torch.tensor([target], dtype=torch.int64))
+    n = int(accept_num[0])
+    return [int(row[i]) for i in accept_index[0, 1:n + 1].tolist()]
+
+
+def test_suffix_trees_verified_by_sglang(registered, trace, monkeypatch):
+    """ngram-suffix through the NGRAM worker with trees: every mask is one SGLang reads as
+    written, SGLang's verification accepts what the greedy model of the harness accepts, every
+    tree holds the request's chain as its first path, and requests are erased as they leave."""
+    monkeypatch.setenv("NGRAMSPEC_SPEC", SUFFIX)
+    corpus = ours.NgramspecCorpus(**dict(WORKER_KWARGS, max_trie_depth=MAX_LEN))
+    assert corpus.tree_proposer is not None
+    n_branchy = 0
+
+    def verify(req, row, mask, rest):
+        nonlocal n_branchy
+        chain = corpus.requests.get(req.rid).loop.pending_draft.tolist()
+        assert row[1:len(chain) + 1].tolist() == chain
+        assert all(mask[i + 1, i] for i in range(len(chain)))      # each under the one before
+        acc = sglang_verify(req, row, mask, rest)
+        assert acc == greedy_tree_verify(req, row, mask, rest)
+        n_branchy += len(tree_paths(row, mask)) > 1
+        return acc
+
+    run_ngram_worker(ours.worker_class(), corpus, trace, D, MAX_LEN, verify=verify)
+    assert n_branchy > 0 and not corpus.requests.requests
+
+
+def test_suffix_trees_accept_at_least_the_chains(registered, trace):
+    """On the same requests through the NGRAM worker, ngram-suffix's trees verify at least as
+    many tokens per step as its chains (SGLang pays for D tokens either way); SGLang's own
+    NgramCorpus for reference, all verified by SGLang's kernel."""
+    from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
+    rates = {}
+    for name, corpus, depth in (
+            ("tree", ours.NgramspecCorpus(**dict(WORKER_KWARGS, max_trie_depth=MAX_LEN),
+                                          spec=SUFFIX), MAX_LEN),
+            ("chain", ours.NgramspecCorpus(**dict(WORKER_KWARGS, max_trie_depth=MAX_LEN),
+                                           spec=SUFFIX, tree=False), MAX_LEN),
+            ("sglang", NgramCorpus(**WORKER_KWARGS), 18)):
+        done = run_ngram_worker(ours.worker_class(), corpus, trace, D, depth,
+                                verify=sglang_verify)
+        rates[name] = tokens_per_step(done)
+    assert rates["tree"] >= rates["chain"] > 1.0, rates
+    assert rates["sglang"] > 1.0, rates

@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 
 from conftest import TRACES
-from engine_harness import (PER_REQUEST, SHARED, check_drafts_are_spec_engines,
-                     check_moving_rows_changes_nothing, check_request_ids_match_token_following)
+from engine_harness import (PER_REQUEST, SHARED, accepted_path, check_drafts_are_spec_engines,
+                            check_moving_rows_changes_nothing,
+                            check_request_ids_match_token_following, tree_paths)
 
 from ngramspec import SpecEngine
 from ngramspec.integrations.requests import SPEC_ENV, engine_from_env
-from ngramspec.integrations.sglang import NgramspecCorpus, chain_tree
+from ngramspec.integrations.sglang import NgramspecCorpus, chain_tree, tree_layout
 from ngramspec.integrations.vllm import NgramspecProposer
 from ngramspec.loop import run_recorded
 from ngramspec.traces import read_requests
@@ -185,3 +186,99 @@ def test_sglang_reused_request_id_gets_no_stale_draft():
     engine = SpecEngine("ngram-simple,ngram-map-k4v", 1, ngram_map_k4v_reindex=1)
     ref = run_recorded(engine, 0, b.prompt, b.output, record_drafts=True, n_max=d - 1).drafts[0]
     assert [int(t) for t in toks[1:1 + len(ref)]] == ref
+
+
+# -- SGLang: ngram-suffix fills the draft tree -------------------------------------------------
+
+def test_tree_layout_is_sglangs_ancestor_mask():
+    """Row i: ones at i and its ancestors; SGLang's parent (the last ancestor before i) is the
+    given one; the padding hangs off the root."""
+    tokens, parents = np.array([6, 7, 8, 9]), np.array([-1, 0, -1, 1])
+    flat, mask = tree_layout(5, tokens, parents, 6)
+    assert flat.tolist() == [5, 6, 7, 8, 9, 0]
+    assert mask.astype(int).tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0],
+                                         [1, 1, 1, 0, 0, 0], [1, 0, 0, 1, 0, 0],
+                                         [1, 1, 1, 0, 1, 0], [1, 0, 0, 0, 0, 1]]
+    sglang_parent = [max(j for j in range(i) if mask[i, j]) - 1 for i in range(1, 5)]
+    assert sglang_parent == parents.tolist()
+    assert tree_paths(flat, mask) == {(6, 7, 9), (8,)}
+
+
+def _tree_run(corpus, reqs, d):
+    """Requests through batch_get two at a time, greedy tree verification (the longest path the
+    recorded output confirms, as SGLang's verify walks it); per request the steps' accepted
+    lengths, and per step the chain the request's loop drafted with the tree's paths."""
+    acc_lens = {r.id: [] for r in reqs}
+    seen = []
+    live, queue = {}, list(reqs)
+    while queue or live:
+        while queue and len(live) < 2:
+            r = queue.pop(0)
+            live[r.id] = [r, list(r.prompt) + [int(r.output[0])]]
+        ids = list(live)
+        toks, masks = corpus.batch_get(ids, [live[i][1] for i in ids],
+                                       [len(live[i][1]) for i in ids])
+        for j, rid in enumerate(ids):
+            r, seq = live[rid]
+            row = toks[j * d:(j + 1) * d]
+            mask = masks[j * d * d:(j + 1) * d * d].reshape(d, d)
+            paths = tree_paths(row, mask)
+            req = corpus.requests.get(rid)
+            seen.append((req.loop.pending_draft.tolist(), row, paths))
+            rest = r.output[len(seq) - len(r.prompt):].tolist()
+            acc = accepted_path(paths, rest)
+            acc_lens[rid].append(len(acc))
+            seq.extend(rest[:len(acc) + 1])
+            if len(seq) >= len(r.prompt) + len(r.output):
+                del live[rid]
+                corpus.erase_match_state([rid])
+    return acc_lens, seen
+
+
+@pytest.mark.parametrize("name", ["code-edit", "agentic"])
+def test_sglang_corpus_trees_contain_the_chain_and_accept_more(name):
+    """ngram-suffix alone fills the budget: every tree holds the loop's chain as its first path
+    (slots 1 .. n, each under the one before), other types and ``tree=False`` keep chains, and
+    on the traces the trees accept at least as many tokens per step as the chains."""
+    reqs = _trace(name, 6)
+    d = 9
+    runs = {}
+    for tree in (True, False):
+        corpus = NgramspecCorpus(draft_token_num=d, max_trie_depth=MAX_LEN,
+                                 spec="--spec-type ngram-suffix", tree=tree)
+        assert (corpus.tree_proposer is not None) == tree
+        acc_lens, seen = _tree_run(corpus, reqs, d)
+        for chain, row, paths in seen:
+            assert row[1:len(chain) + 1].tolist() == chain
+            assert not chain or any(p[:len(chain)] == tuple(chain) for p in paths)
+            if not tree:
+                assert len(paths) <= 1
+        steps = sum(len(v) for v in acc_lens.values())
+        runs[tree] = (sum(map(sum, acc_lens.values())) + steps) / steps
+        assert not corpus.requests.requests
+        if tree:
+            assert any(len(p) > 1 for _, _, p in seen)                 # real branches
+    assert runs[True] >= runs[False]
+    assert NgramspecCorpus(draft_token_num=d, spec=SHARED).tree_proposer is None
+
+
+def test_sglang_tree_branch_beside_the_chain_continues_the_request():
+    """The target takes a branch beside the chain: the request goes on (same loop), its
+    context holds the branch; tokens that follow no path of the tree begin a new request."""
+    d = 6
+    corpus = NgramspecCorpus(draft_token_num=d, max_trie_depth=MAX_LEN,
+                             spec="--spec-type ngram-suffix --spec-ngram-suffix-max-draft 1")
+    text = [7, 1, 2, 3, 8, 1, 2, 4, 10, 1, 2, 3, 11, 1, 2, 5, 12, 1, 2, 4, 13, 1, 2, 3, 14, 1, 2]
+    toks, masks = corpus.batch_get(["r"], [text], [len(text)])
+    paths = tree_paths(toks, masks.reshape(d, d))
+    req = corpus.requests.get("r")
+    chain = req.loop.pending_draft.tolist()
+    branch = next(p for p in paths if p[0] not in chain[:1])
+    loop = req.loop
+    grown = text + list(branch) + [99]
+    corpus.batch_get(["r"], [grown], [len(grown)])
+    assert corpus.requests.get("r").loop is loop
+    assert loop.context.tolist() + [loop.sampled] == grown
+    other = grown + [98, 97]                  # 98 is on no path
+    corpus.batch_get(["r"], [other], [len(other)])
+    assert corpus.requests.get("r").loop is not loop

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -134,6 +135,130 @@ def test_kernel_matches_reference(scenario):
         assert kern.global_text().tolist() == ref.store.sam.text, f"request {r}"
         assert [kern.slot_stats(s)["indexed"] for s in range(n_slots)] == \
             [len(rs.loc.text) for rs in ref.slots], f"request {r}"
+
+
+# ---------------------------------------------------------------------------------------------
+# draft_tree: the chain first, then the next-best branches (issue 29, SGLang's draft tree)
+# ---------------------------------------------------------------------------------------------
+
+def replay_trees(prop, requests, seed):
+    """The requests' golden replay with a draft_tree call after every draft, the chain kept
+    whole or cut and the budget drawn from `seed`; yields (chain, n_chain, budget, tokens,
+    parents)."""
+    rng = random.Random(seed)
+    for slot, prompt, output, accept in requests:
+        for d in replay(prop, slot, prompt, output, accept):
+            n_chain = rng.randint(0, len(d)) if rng.random() < 0.3 else len(d)
+            budget = rng.choice([0, 1, 3, 8, 16, 40])
+            tokens, parents = prop.draft_tree(slot, n_chain, budget)
+            yield d, n_chain, budget, [int(t) for t in tokens], [int(p) for p in parents]
+
+
+def tree_depths(parents):
+    """Each token's depth (1 under the root); asserts that parents come first."""
+    depth = []
+    for i, p in enumerate(parents):
+        assert -1 <= p < i, f"token {i} hangs off {p}: parents come first"
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(scenarios(), st.integers(0, 2 ** 32 - 1))
+def test_tree_kernel_matches_reference(scenario, seed):
+    """The kernel's trees are the reference's (a slow model of the same best-first rule), and
+    drafting trees changes none of the chains."""
+    n_slots, params, requests = scenario
+    kern = SuffixProposer(n_slots, **params)
+    got = list(replay_trees(kern, requests, seed))
+    assert got == list(replay_trees(ReferenceSuffix(n_slots, **params), requests, seed))
+    plain = SuffixProposer(n_slots, **params)
+    assert [g[0] for g in got] == [d for r in requests for d in replay(plain, *r)]
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(scenarios(), st.integers(0, 2 ** 32 - 1))
+def test_trees_are_well_formed(scenario, seed):
+    """Parents before children, at most `budget` tokens (so depth <= budget), the kept chain as
+    the first path, distinct siblings, the same tree when asked twice; and a tree holds more
+    than its chain whenever the automaton had an untaken continuation (some do)."""
+    n_slots, params, requests = scenario
+    kern = SuffixProposer(n_slots, **params)
+    rng = random.Random(seed)
+    for slot, prompt, output, accept in requests:
+        for d in replay(kern, slot, prompt, output, accept):
+            n_chain = rng.randint(0, len(d))
+            budget = rng.choice([0, 2, 8, 40])
+            tokens, parents = kern.draft_tree(slot, n_chain, budget)
+            again = kern.draft_tree(slot, n_chain, budget)
+            assert tokens.tolist() == again[0].tolist() and parents.tolist() == again[1].tolist()
+            assert tokens.dtype == parents.dtype == np.int32 and len(tokens) == len(parents)
+            assert len(tokens) <= budget
+            assert max(tree_depths(parents.tolist()), default=0) <= budget
+            k = min(n_chain, budget)
+            assert tokens[:k].tolist() == d[:k]
+            assert parents[:k].tolist() == list(range(-1, k - 1))
+            kids = [(int(p), int(t)) for p, t in zip(parents, tokens)]
+            assert len(set(kids)) == len(kids), "two equal siblings"
+
+
+def test_tree_spends_the_budget_on_siblings():
+    """After "1 2" the text went on with 3 (three times), 4 (twice) and 5 (once), each time
+    followed by a token seen once. With a fresh calibration (every probability 1/2): the chain
+    takes 3 (path 1/2), the tree adds 4 next (1/2 * 2/3), then 3's continuation (1/4), then 5
+    (1/6, tied with 4's continuation: the root came first)."""
+    prop = SuffixProposer(1, max_draft=1, min_prob=0.0, gain_cost=0.0, draft_cost=0.0,
+                          global_tokens=0)
+    text = [7, 1, 2, 3, 8, 1, 2, 4, 10, 1, 2, 3, 11, 1, 2, 5, 12, 1, 2, 4, 13, 1, 2, 3, 14, 1]
+    prop.begin(0, text)
+    assert prop.draft(0, text, 2).tolist() == [3]
+    tokens, parents = prop.draft_tree(0, 1, 4)
+    assert tokens.tolist() == [3, 4, 14, 5] and parents.tolist() == [-1, -1, 0, -1]
+    tokens, parents = prop.draft_tree(0, 0, 2)        # the chain cut: its token still first
+    assert tokens.tolist() == [3, 4] and parents.tolist() == [-1, -1]
+
+
+def test_draft_tree_checks_its_arguments():
+    p = SuffixProposer(2)
+    p.begin(1, [5, 6, 7, 5, 6])
+    p.draft(1, [5, 6, 7, 5, 6], 7)
+    before = p.memory_bytes()
+    p.draft_tree(1, 0, 40)
+    assert p.memory_bytes() - before == 41 * 68       # the slot's node buffer, kept
+    p.draft_tree(1, 0, 8)
+    assert p.memory_bytes() - before == 41 * 68
+    with pytest.raises(ValueError, match="draft_tree\\(\\) on slot 0 without a draft"):
+        p.draft_tree(0, 0, 4)
+    p.begin(0, [5, 6, 7, 5, 6])
+    with pytest.raises(ValueError, match="without a draft"):
+        p.draft_tree(0, 0, 4)                # begun, not drafted yet
+    d = p.draft(0, [5, 6, 7, 5, 6], 7)
+    with pytest.raises(ValueError, match=f"n_chain = {len(d) + 1} is out of range: allowed 0 "
+                                         f"\\.\\. {len(d)}"):
+        p.draft_tree(0, len(d) + 1, 4)
+    with pytest.raises(ValueError, match="budget = 4097 is out of range: allowed 0 .. 4096"):
+        p.draft_tree(0, 0, 4097)
+    with pytest.raises(IndexError, match="slot = 2"):
+        p.draft_tree(2, 0, 4)
+    assert p.draft_tree(0, len(d), 0)[0].tolist() == []
+    p.begin(0, [1, 2, 3])
+    with pytest.raises(ValueError, match="without a draft"):
+        p.draft_tree(0, 0, 4)                # the tree of the last request is gone
+
+
+def test_draft_tree_out_of_memory_leaves_the_slot_usable():
+    from ngramspec._proposer import _fail_allocation
+    p = SuffixProposer(1)
+    p.begin(0, [5, 6, 7, 5, 6])
+    d = p.draft(0, [5, 6, 7, 5, 6], 7)
+    _fail_allocation(1)                      # the node buffer's allocation fails
+    try:
+        with pytest.raises(MemoryError, match="budget = 8: out of memory for the tree's nodes"):
+            p.draft_tree(0, len(d), 8)
+    finally:
+        _fail_allocation(None)
+    tokens, parents = p.draft_tree(0, len(d), 8)
+    assert tokens[:len(d)].tolist() == d.tolist()
 
 
 @pytest.mark.parametrize("budget", [50, 333])

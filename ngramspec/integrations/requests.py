@@ -4,7 +4,9 @@ vLLM and SGLang call a proposer once per batch step with each request's tokens s
 output, ending with the last verified token). A request's loop learns what the target accepted
 from how its tokens grew: the new tokens are the accepted draft prefix plus the target's own
 token, which is exactly `SlotLoop.verify`'s target. Anything else (tokens that do not continue
-the pending draft) is not the same request any more.
+the pending draft) is not the same request any more. A host that verifies a draft *tree* (SGLang)
+may accept a branch beside the chain: the request's pending `Request.tree` says which paths
+continue it, and the branch's tokens join the loop's context as steps without a draft.
 """
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ import numpy as np
 
 from ngramspec.cli.serve import spec_from_flags
 from ngramspec.engine import SpecEngine
-from ngramspec.loop import SlotLoop
+from ngramspec.loop import SlotLoop, common_prefix
 
-__all__ = ["SPEC_ENV", "RequestLoops", "engine_from_env"]
+__all__ = ["SPEC_ENV", "RequestLoops", "engine_from_env", "tree_holds"]
 
 #: The environment variable holding llama-server's spec flags for an embedded engine.
 SPEC_ENV = "NGRAMSPEC_SPEC"
@@ -60,6 +62,10 @@ class Request:
         Arrival order (requests are drafted for in this order, whatever rows they sit in).
     n : int
         Tokens known: the loop's context plus the token it verifies next.
+    tree : (tokens, parents) or None
+        The draft tree the host verifies next, when it is more than the pending chain (the
+        chain is its first path; ``parents[i]`` < i, -1 for the root). Set by the host's
+        adapter after `RequestLoops.advance`, consumed by the next one.
 
     Notes
     -----
@@ -68,7 +74,7 @@ class Request:
     Thread-safety: not thread-safe; owned by one `RequestLoops`.
     """
 
-    __slots__ = ("key", "loop", "seq", "n", "last_step", "pending")
+    __slots__ = ("key", "loop", "seq", "n", "last_step", "pending", "tree")
 
     def __init__(self, key, loop: SlotLoop, seq: int, step: int):
         self.key = key
@@ -77,15 +83,18 @@ class Request:
         self.n = loop.n_context + 1
         self.last_step = step
         self.pending = False      # a draft was proposed and not verified yet
+        self.tree = None
 
     def continues(self, new_tokens) -> bool:
         """Whether `new_tokens` (after the known ones) are the pending draft's accepted prefix
-        plus one token of the target's."""
+        (or a path of its `tree`) plus one token of the target's."""
         g = len(new_tokens)
         if g == 0:
             return True
         draft = self.loop.pending_draft
-        return g - 1 <= len(draft) and np.array_equal(new_tokens[:g - 1], draft[:g - 1])
+        if g - 1 <= len(draft) and np.array_equal(new_tokens[:g - 1], draft[:g - 1]):
+            return True
+        return self.tree is not None and tree_holds(*self.tree, new_tokens[:g - 1])
 
     def holds(self, tokens, n: int) -> bool:
         """Whether ``tokens[:n]`` extends this request's known tokens by a continuation."""
@@ -96,6 +105,19 @@ class Request:
         L = m - 1
         return (int(tokens[L]) == loop.sampled and np.array_equal(tokens[:L], loop.context)
                 and self.continues(tokens[m:n]))
+
+
+def tree_holds(tokens, parents, path) -> bool:
+    """Whether `path` goes down the tree from its root (``parents[i]`` < i, -1 the root)."""
+    node = -1
+    for x in path:
+        for i in range(node + 1, len(tokens)):
+            if parents[i] == node and tokens[i] == x:
+                node = i
+                break
+        else:
+            return False
+    return True
 
 
 class RequestLoops:
@@ -181,8 +203,16 @@ class RequestLoops:
         if g:
             # n_verified: the host may have verified only part of the draft (a token budget);
             # the token after the accepted prefix is the target's, even if it equals the draft's
-            loop.verify(new_tokens, n_verified=g - 1)
+            k = g - 1
+            if req.tree is not None:
+                k = common_prefix(loop.pending_draft[:k], new_tokens)
+            loop.verify(new_tokens[:k + 1], n_verified=k)
+            # a tree branch beside the chain: its tokens join the context without a draft
+            for i in range(k + 1, g):
+                loop.propose(n_max=0)
+                loop.verify(new_tokens[i:i + 1])
             req.n += g
+            req.tree = None
         req.pending = True
         return loop.propose(self.n_max)
 

@@ -12,9 +12,14 @@ NGRAM worker's. The worker hands the corpus each request's id, its last tokens (
 last verified token, the draft's root) and its full length; a request's id leaving the batch
 ends it (``erase_match_state``).
 
-SGLang verifies a tree of ``--speculative-num-draft-tokens`` tokens (the root included): ours is
-a chain, the root and the request's draft of up to ``draft_token_num - 1`` tokens, padded as
-SGLang pads (token 0 hanging off the root).
+SGLang verifies a tree of ``--speculative-num-draft-tokens`` tokens (the root included), paying
+for all of them whatever they hold. Under the root goes the request's draft of up to
+``draft_token_num - 1`` tokens; with ngram-suffix alone (``--spec-type ngram-suffix``) the rest of
+the budget goes to its next-best branches (`SuffixProposer.draft_tree`: the chain is the first
+path, so the tree accepts at least what the chain would). Other types keep chains, padded as
+SGLang pads (token 0 hanging off the root). SGLang's greedy verification walks a node's children
+in index order and accepts the one the target chose; the chain comes first, so its sampling
+verification tries the chain first too.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import numpy as np
 from ngramspec.integrations.requests import RequestLoops, engine_from_env
 
 __all__ = ["ALGORITHM", "TESTED_SGLANG", "NgramspecCorpus", "chain_tree", "register",
-           "worker_class"]
+           "tree_layout", "worker_class"]
 
 #: The SGLang version the contract tests run against.
 TESTED_SGLANG = "0.5.23"
@@ -40,18 +45,19 @@ ALGORITHM = "NGRAMSPEC"
 DEFAULT_MAX_REQUESTS = 256
 
 
-def chain_tree(root: int, draft, d: int) -> Tuple[np.ndarray, np.ndarray]:
-    """SGLang's draft tree of a chain: ``root, draft...`` and its ``d x d`` ancestor mask.
+def tree_layout(root: int, tokens, parents, d: int) -> Tuple[np.ndarray, np.ndarray]:
+    """SGLang's draft tree: ``root, tokens...`` and its ``d x d`` ancestor mask.
 
-    Row i has ones at i and its ancestors; the padding (token 0) hangs off the root, as SGLang's
-    own corpus pads.
+    Row i has ones at i and its ancestors (SGLang takes the last one before i as its parent);
+    the padding (token 0) hangs off the root, as SGLang's own corpus pads.
 
     Parameters
     ----------
     root : int
         The last verified token (slot 0).
-    draft : 1-D int array
-        At most ``d - 1`` tokens.
+    tokens, parents : 1-D int arrays
+        At most ``d - 1`` tokens; token i hangs off token ``parents[i]`` (< i), or off the root
+        when -1.
     d : int
         ``draft_token_num``.
 
@@ -62,16 +68,24 @@ def chain_tree(root: int, draft, d: int) -> Tuple[np.ndarray, np.ndarray]:
     mask : numpy.ndarray
         bool, ``(d, d)``.
     """
-    n = len(draft)
-    tokens = np.zeros(d, dtype=np.int64)
-    tokens[0] = root
-    tokens[1:n + 1] = draft
+    n = len(tokens)
+    flat = np.zeros(d, dtype=np.int64)
+    flat[0] = root
+    flat[1:n + 1] = tokens
     mask = np.zeros((d, d), dtype=bool)
-    mask[:n + 1, :n + 1] = np.tril(np.ones((n + 1, n + 1), dtype=bool))
-    idx = np.arange(n + 1, d)
-    mask[idx, 0] = True
-    mask[idx, idx] = True
-    return tokens, mask
+    mask[:, 0] = True
+    mask[np.arange(d), np.arange(d)] = True
+    for i in range(n):
+        p = int(parents[i])
+        if p >= 0:
+            mask[i + 1, 1:] |= mask[p + 1, 1:]
+    return flat, mask
+
+
+def chain_tree(root: int, draft, d: int) -> Tuple[np.ndarray, np.ndarray]:
+    """`tree_layout` of a chain: ``root, draft...`` (at most ``d - 1`` tokens), each token
+    under the one before."""
+    return tree_layout(root, draft, np.arange(-1, len(draft) - 1), d)
 
 
 class NgramspecCorpus:
@@ -89,32 +103,42 @@ class NgramspecCorpus:
         is dropped.
     spec : str, optional
         llama-server flags instead of ``$NGRAMSPEC_SPEC``.
+    tree : bool
+        With ngram-suffix alone, fill the budget with its next-best branches (the default);
+        False keeps its chains. Other types always draft chains.
     **ignored
         SGLang's other ``NgramCorpus`` keywords (``min_bfs_breadth``, ``capacity``, ...), so
         the worker builds either corpus the same way.
 
     Notes
     -----
-    Memory: the engine's, plus a copy of each live request's tokens.
+    Memory: the engine's, plus a copy of each live request's tokens and its pending tree
+    (at most ``draft_token_num`` tokens).
 
     Thread-safety: not thread-safe; SGLang calls it from its scheduler thread.
     """
 
     def __init__(self, draft_token_num: int = 8, max_trie_depth: int = 18,
                  max_requests: int = DEFAULT_MAX_REQUESTS, spec: Optional[str] = None,
-                 **ignored):
+                 tree: bool = True, **ignored):
         if draft_token_num < 1:
             raise ValueError(f"draft_token_num must be >= 1, got {draft_token_num}")
         self.draft_token_num = int(draft_token_num)
         self.max_trie_depth = int(max_trie_depth)
         self.max_requests = int(max_requests)
         self._spec = spec
+        self._tree = bool(tree)
         self._build()
 
     def _build(self) -> None:
         self.engine, policy = engine_from_env(self.max_requests, self._spec)
         self.requests = RequestLoops(self.engine, self.max_requests,
                                      n_max=self.draft_token_num - 1, policy=policy)
+        props = self.engine.proposers
+        #: The proposer whose trees fill the budget (None: chains): a lone proposer that
+        #: drafts trees (ngram-suffix's ``draft_tree``).
+        self.tree_proposer = (props[0] if self._tree and len(props) == 1
+                              and hasattr(props[0], "draft_tree") else None)
 
     def batch_get(self, req_ids: List[str], batch_tokens: List[List[int]],
                   total_lens: List[int]) -> Tuple[np.ndarray, np.ndarray]:
@@ -150,8 +174,14 @@ class NgramspecCorpus:
             if new is None:
                 req = rl.begin(rid, tail[:-1], int(tail[-1]))
                 new = tail[:0]
+            calls = req.loop.n_draft_calls
             draft = rl.advance(req, new)
-            tokens[i], masks[i] = chain_tree(int(tail[-1]), draft, d)
+            if self.tree_proposer is not None and req.loop.n_draft_calls != calls:
+                req.tree = self.tree_proposer.draft_tree(req.loop.slot, len(draft), d - 1)
+            if req.tree is not None:
+                tokens[i], masks[i] = tree_layout(int(tail[-1]), *req.tree, d)
+            else:
+                tokens[i], masks[i] = chain_tree(int(tail[-1]), draft, d)
         return tokens.reshape(-1), masks.reshape(-1)
 
     def batch_put(self, batch_tokens) -> None:
