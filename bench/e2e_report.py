@@ -292,7 +292,7 @@ def run_server(models, name, prompt, n_predict):
            "tps": (n - 1) / g.wall_s if g.wall_s > 0 and n > 1 else 0.0,
            "cpu_tps": (n - 1) / g.cpu_s if g.cpu_s > 0 and n > 1 else 0.0}
     if SERVER_CONFIGS[name][0] is not None:
-        rec |= {"n_draft_tokens": g.draft_n, "n_acc_tokens": g.draft_n_accepted}
+        rec |= {"n_draft_tokens": g.n_draft_tokens, "n_acc_tokens": g.n_acc_tokens}
     return rec
 
 

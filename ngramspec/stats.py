@@ -7,7 +7,8 @@ Every layer reports a count under its one name here; a new report reuses it. Fin
 have their own one vocabulary, `ngramspec.stop_rules`.
 
 Driver counts: what a driver verified, per request or summed over requests (`SlotLoop` and its
-golden-format record, replay's records and totals, `GenerationResult`, ``Scheduler.stats()``).
+golden-format record, replay's records and totals, `GenerationResult`, the scheduler's
+`Completion`, ``Scheduler.stats()``, run-batch's summary).
 The names are the golden files' (``shared/golden/README.md``)::
 
     n_draft_calls      draft calls made
@@ -25,6 +26,10 @@ Proposer counts: one proposer's, cumulative (`SpecEngine.stats()`, the golden fi
     gen_tokens, acc_tokens               draft tokens made, accepted
     acc_per_pos                          acceptances per draft position
     t_begin_us, t_draft_us, t_accept_us  microseconds in begin, draft, accept
+
+A request's token counts and times (`Completion`) keep llama-server's ``timings`` names
+(``prompt_n``, ``prompt_cached_n``, ``predicted_n``, ``prompt_ms``, ``predicted_ms``), the fields
+the server returns them in.
 
 Wire names stay the wire's: a server response's ``timings.draft_n`` / ``draft_n_accepted``
 (llama-server's JSON); ``/metrics``' ``llamacpp:n_drafted_total`` /

@@ -188,7 +188,7 @@ def test_a_prediction_leaves_greedy_output_unchanged(sched):
         pred = sched.tokenize(pred_text, add_bos=False, special=False)
         done = sched.submit(prompt, greedy, prediction=pred).result()
         assert done.tokens == plain.tokens
-        assert done.draft_n_accepted >= done.accepted_prediction_tokens
+        assert done.n_acc_tokens >= done.accepted_prediction_tokens
         if pred_text == code:
             assert done.accepted_prediction_tokens > 40
             assert done.rejected_prediction_tokens < done.accepted_prediction_tokens

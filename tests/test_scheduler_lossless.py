@@ -38,7 +38,7 @@ def test_concurrent_greedy_requests_give_plain_greedy_output(llm, sched, prompts
         assert res.predicted_n == len(res.tokens) <= n
         assert_same_greedy(llm, p, res.tokens, want)
     # 5 requests on 4 slots: one waited; drafts were verified in the batched decodes
-    assert sum(r.draft_n_accepted for r in results) > 0
+    assert sum(r.n_acc_tokens for r in results) > 0
     st = sched.stats()
     assert st["decode_calls"] > 0 and st["decode_tokens"] >= st["decode_calls"]
 
@@ -111,7 +111,7 @@ def _check_sampling_distribution(sched):
                                              top_k=0, top_p=1.0, min_p=0.0),
                            SpeculationParams(enabled=enabled)) for s in seeds]
         rs = [h.result(timeout=600) for h in hs]
-        return [_copy_category(r.tokens, copy) for r in rs], sum(r.draft_n_accepted for r in rs)
+        return [_copy_category(r.tokens, copy) for r in rs], sum(r.n_acc_tokens for r in rs)
 
     spec, accepted = run(range(n), 1.0, True)
     plain, none = run(range(n, 2 * n), 1.0, False)

@@ -14,23 +14,23 @@ def test_speculation_per_request(sched, prompts):
     before = st0["proposers"]
     off = sched.submit(p, SamplingParams(max_tokens=n),
                        SpeculationParams(enabled=False)).result(timeout=120)
-    assert off.draft_n == 0
+    assert off.n_draft_tokens == 0
     only_mod = sched.submit(p, SamplingParams(max_tokens=n),
                             SpeculationParams(types=("ngram-mod",))).result(timeout=120)
     after = sched.stats()["proposers"]
     assert after["ngram-simple"]["gen_tokens"] == before["ngram-simple"]["gen_tokens"]
     assert after["ngram-mod"]["gen_tokens"] - before["ngram-mod"]["gen_tokens"] \
-        == only_mod.draft_n > 0
+        == only_mod.n_draft_tokens > 0
     short = sched.submit(p, SamplingParams(max_tokens=n),
                          SpeculationParams(n_max=2)).result(timeout=120)
-    assert 0 < short.draft_n <= 2 * short.predicted_n
+    assert 0 < short.n_draft_tokens <= 2 * short.predicted_n
     for other in (only_mod, short):  # greedy: speculation changes no token (up to float noise)
         assert_same_greedy(sched.llm, p, other.tokens, off.tokens)
     # the steps' counts (what was verified) are the requests' own, under the drivers' names
     st = sched.stats()
-    assert st["n_draft_tokens"] - st0["n_draft_tokens"] == only_mod.draft_n + short.draft_n
+    assert st["n_draft_tokens"] - st0["n_draft_tokens"] == only_mod.n_draft_tokens + short.n_draft_tokens
     assert st["n_acc_tokens"] - st0["n_acc_tokens"] \
-        == only_mod.draft_n_accepted + short.draft_n_accepted > 0
+        == only_mod.n_acc_tokens + short.n_acc_tokens > 0
 
 
 def test_draft_model_alongside(llm, prompts):
@@ -55,8 +55,8 @@ def test_draft_model_alongside(llm, prompts):
                                  SpeculationParams(types=only_dm, p_min=p_min))
                         for p_min in (1.0, 0.0))
         strict, free = strict.result(timeout=120), free.result(timeout=120)
-        assert strict.draft_n == 0 and free.draft_n_accepted > 0
-        assert s.stats()["proposers"]["draft-simple"]["gen_tokens"] - before == free.draft_n
+        assert strict.n_draft_tokens == 0 and free.n_acc_tokens > 0
+        assert s.stats()["proposers"]["draft-simple"]["gen_tokens"] - before == free.n_draft_tokens
         with pytest.raises(ValueError, match="speculation.p_min"):
             s.submit(ps[0][0], speculation=SpeculationParams(p_min=2.0))
 

@@ -45,8 +45,9 @@ class Completion:
         ``len(tokens)``.
     prompt_ms, predicted_ms : float
         Admission to first token; first token to the end.
-    draft_n, draft_n_accepted : int
-        Draft tokens verified and accepted.
+    n_draft_tokens, n_acc_tokens : int
+        Draft tokens verified and accepted (the drivers' names, `ngramspec.stats`; a server
+        response's ``timings.draft_n`` / ``draft_n_accepted``).
     stop_string : str or None
         The stop string that ended the request.
     queued_ms : float
@@ -68,8 +69,8 @@ class Completion:
     predicted_n: int
     prompt_ms: float
     predicted_ms: float
-    draft_n: int
-    draft_n_accepted: int
+    n_draft_tokens: int
+    n_acc_tokens: int
     stop_string: Optional[str] = None
     queued_ms: float = 0.0
     accepted_prediction_tokens: int = 0

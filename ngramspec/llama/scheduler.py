@@ -88,7 +88,7 @@ class _Request:
         self.text: Optional[TextStream] = None
         self.tokens: List[int] = []
         self.callback_error: Optional[BaseException] = None
-        self.draft_n = self.draft_acc = 0
+        self.n_draft_tokens = self.n_acc_tokens = 0
         self.t_submit = time.perf_counter()
         self.t_admit = self.t_first = 0.0
 
@@ -606,8 +606,8 @@ class Scheduler:
             r = run.req
             tokens, n_acc = executor.verify(run, out, at)
             m = len(run.draft)
-            r.draft_n += m
-            r.draft_acc += n_acc
+            r.n_draft_tokens += m
+            r.n_acc_tokens += n_acc
             with self._cond:
                 self._stats["n_draft_tokens"] += m
                 self._stats["n_acc_tokens"] += n_acc
@@ -695,7 +695,7 @@ class Scheduler:
             prompt_cached_n=r.n_cached, predicted_n=len(r.tokens),
             prompt_ms=(t_first - r.t_admit) * 1e3 if r.t_admit else 0.0,
             predicted_ms=(now - t_first) * 1e3 if r.t_first else 0.0,
-            draft_n=r.draft_n, draft_n_accepted=r.draft_acc, stop_string=stop_string,
+            n_draft_tokens=r.n_draft_tokens, n_acc_tokens=r.n_acc_tokens, stop_string=stop_string,
             queued_ms=((r.t_admit or now) - r.t_submit) * 1e3,
             accepted_prediction_tokens=getattr(engine, "accepted_prediction_tokens", 0),
             rejected_prediction_tokens=getattr(engine, "rejected_prediction_tokens", 0))

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from ngramspec.server import schemas
 
-# Completion.finish_reason -> OpenAI's (a full context is a length limit to the client).
-FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
-
 
 def cancelled_message(done) -> str:
     """The 503 (or stream error) of a request the shutdown cancelled."""
@@ -46,4 +43,4 @@ def completion_timings(done) -> schemas.Timings:
         predicted_n=done.predicted_n, predicted_ms=done.predicted_ms,
         predicted_per_token_ms=per_token(done.predicted_n, done.predicted_ms),
         predicted_per_second=per_second(done.predicted_n, done.predicted_ms),
-        draft_n=done.draft_n, draft_n_accepted=done.draft_n_accepted)
+        draft_n=done.n_draft_tokens, draft_n_accepted=done.n_acc_tokens)

@@ -24,10 +24,11 @@ from ngramspec.server import schemas
 from ngramspec.server.errors import APIError, FieldError
 from ngramspec.server.fields import request_errors, request_params
 from ngramspec.server.reasoning import split_reasoning
-from ngramspec.server.results import (FINISH_REASONS, cancelled_message, completion_timings,
+from ngramspec.server.results import (cancelled_message, completion_timings,
                                       completion_usage)
 from ngramspec.server.state import require_key, server_state
 from ngramspec.server.streaming import chat_stream, text_stream
+from ngramspec.stop_rules import openai_finish_reason
 
 router = APIRouter(dependencies=[Depends(require_key)])
 
@@ -84,7 +85,7 @@ async def _generate(state, body, tokens: Sequence[int], prompt_field: str, reque
 
 def _response(state, done, rid: str, name: str, chat: bool, n_prompt: int, predicted: bool):
     """The whole (non-streamed) completion or chat completion of a finished request."""
-    finish = FINISH_REASONS.get(done.finish_reason, "stop")
+    finish = openai_finish_reason(done.finish_reason)
     usage, timings = completion_usage(done, n_prompt, predicted), completion_timings(done)
     if chat:
         reasoning, content = None, done.text

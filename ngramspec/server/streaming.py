@@ -17,8 +17,9 @@ import time
 from ngramspec.server import schemas
 from ngramspec.server.errors import error_body
 from ngramspec.server.reasoning import ReasoningSplitter
-from ngramspec.server.results import (FINISH_REASONS, cancelled_message, completion_timings,
+from ngramspec.server.results import (cancelled_message, completion_timings,
                                       completion_usage)
+from ngramspec.stop_rules import openai_finish_reason
 
 log = logging.getLogger("ngramspec.server")
 
@@ -57,7 +58,7 @@ async def _events(state, handle, n_prompt, include_usage, envelope, choice, open
         yield f"data: {json.dumps(body)}\n\n"
         yield "data: [DONE]\n\n"
         return
-    finish = FINISH_REASONS.get(done.finish_reason, "stop")
+    finish = openai_finish_reason(done.finish_reason)
     yield sse(envelope([choice(None, finish)], timings=completion_timings(done)))
     if include_usage:
         yield sse(envelope([], usage=completion_usage(done, n_prompt, predicted)))
