@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence, Tuple
 
+from ngramspec.validation import check_choice
+
 __all__ = ["STOP", "LENGTH", "CONTEXT", "CANCELLED", "ERROR", "INTERRUPTED", "FINISH_REASONS",
            "openai_finish_reason", "cut_step", "context_full"]
 
@@ -43,12 +45,10 @@ def openai_finish_reason(reason: str) -> str:
 
     Raises
     ------
-    ValueError
-        `reason` is not one of `FINISH_REASONS`.
+    ngramspec.validation.OutOfRange
+        `reason` is not one of `FINISH_REASONS` (a ValueError).
     """
-    if reason not in FINISH_REASONS:
-        raise ValueError(f"finish reason {reason!r}: allowed {', '.join(FINISH_REASONS)}")
-    return _OPENAI.get(reason, "stop")
+    return _OPENAI.get(check_choice("finish reason", reason, FINISH_REASONS), "stop")
 
 
 def cut_step(tokens: Sequence[int], n_out: int, max_tokens: int,

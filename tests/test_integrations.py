@@ -282,3 +282,20 @@ def test_sglang_tree_branch_beside_the_chain_continues_the_request():
     other = grown + [98, 97]                  # 98 is on no path
     corpus.batch_get(["r"], [other], [len(other)])
     assert corpus.requests.get("r").loop is not loop
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: NgramspecProposer.from_limits(0, MAX_LEN, 2),
+     "num_speculative_tokens = 0 is out of range: allowed >= 1"),
+    (lambda: NgramspecProposer.from_limits(K, MAX_LEN, 2, tensor_parallel_size=0),
+     "tensor_parallel_size = 0 is out of range: allowed >= 1"),
+    (lambda: NgramspecProposer.from_limits(K, 40.5, 2),
+     "max_model_len must be an integer, got float"),
+    (lambda: NgramspecCorpus(draft_token_num=0), "draft_token_num = 0 is out of range"),
+    (lambda: NgramspecCorpus(draft_token_num=8, max_requests=2.5),
+     "max_requests must be an integer, got float"),
+])
+def test_host_limits_are_checked_not_cut(make, message):
+    """The host's limits go through the one validator: a float is refused, not truncated."""
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()

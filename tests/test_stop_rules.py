@@ -47,7 +47,7 @@ def test_openai_names():
     assert [openai_finish_reason(r) for r in (STOP, LENGTH, CONTEXT)] == ["stop", "length",
                                                                           "length"]
     assert all(openai_finish_reason(r) in ("stop", "length") for r in FINISH_REASONS)
-    with pytest.raises(ValueError, match="finish reason 'eos': allowed stop, length"):
+    with pytest.raises(ValueError, match="finish reason = 'eos' is out of range: allowed stop, length"):
         openai_finish_reason("eos")
 
 

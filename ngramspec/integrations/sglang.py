@@ -29,6 +29,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ngramspec.integrations.requests import RequestLoops, engine_from_env
+from ngramspec.validation import check_int
 
 __all__ = ["ALGORITHM", "TESTED_SGLANG", "NgramspecCorpus", "chain_tree", "register",
            "tree_layout", "worker_class"]
@@ -121,11 +122,9 @@ class NgramspecCorpus:
     def __init__(self, draft_token_num: int = 8, max_trie_depth: int = 18,
                  max_requests: int = DEFAULT_MAX_REQUESTS, spec: Optional[str] = None,
                  tree: bool = True, **ignored):
-        if draft_token_num < 1:
-            raise ValueError(f"draft_token_num must be >= 1, got {draft_token_num}")
-        self.draft_token_num = int(draft_token_num)
-        self.max_trie_depth = int(max_trie_depth)
-        self.max_requests = int(max_requests)
+        self.draft_token_num = check_int("draft_token_num", draft_token_num, 1)
+        self.max_trie_depth = check_int("max_trie_depth", max_trie_depth, 1)
+        self.max_requests = check_int("max_requests", max_requests, 1)
         self._spec = spec
         self._tree = bool(tree)
         self._build()

@@ -32,6 +32,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from ngramspec.integrations.requests import RequestLoops, engine_from_env
+from ngramspec.validation import check_int
 
 __all__ = ["TESTED_VLLM", "NgramspecProposer", "register"]
 
@@ -82,15 +83,10 @@ class NgramspecProposer:
         return self
 
     def _setup(self, k, max_model_len, max_num_seqs, tp_size, spec) -> None:
-        self.k = int(k)
-        self.max_model_len = int(max_model_len)
-        self.n_slots = int(max_num_seqs)
-        self.tp_size = int(tp_size)
-        for name, value in (("num_speculative_tokens", self.k),
-                            ("max_model_len", self.max_model_len),
-                            ("max_num_seqs", self.n_slots)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.k = check_int("num_speculative_tokens", k, 1)
+        self.max_model_len = check_int("max_model_len", max_model_len, 1)
+        self.n_slots = check_int("max_num_seqs", max_num_seqs, 1)
+        self.tp_size = check_int("tensor_parallel_size", tp_size, 1)
         self.engine, policy = engine_from_env(self.n_slots, spec)
         # SlotLoop's bound n_ctx - L - 2 with L = n - 1 is vLLM's max_model_len - n - 1
         self.requests = RequestLoops(self.engine, self.n_slots, n_ctx=self.max_model_len,

@@ -28,7 +28,7 @@ from ngramspec.server.results import (cancelled_message, completion_timings,
                                       completion_usage)
 from ngramspec.server.state import require_key, server_state
 from ngramspec.server.streaming import chat_stream, text_stream
-from ngramspec.stop_rules import openai_finish_reason
+from ngramspec.stop_rules import CANCELLED, openai_finish_reason
 
 router = APIRouter(dependencies=[Depends(require_key)])
 
@@ -78,7 +78,7 @@ async def _generate(state, body, tokens: Sequence[int], prompt_field: str, reque
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     done = await state.bridge.result(handle, request)
     state.metrics.observe_completion(done)
-    if done.finish_reason == "cancelled":  # the client left (no one reads this) or a stop
+    if done.finish_reason == CANCELLED:  # the client left (no one reads this) or a stop
         raise APIError(503, cancelled_message(done), code="unavailable")
     return _response(state, done, rid, name, chat, len(tokens), predicted)
 

@@ -19,7 +19,7 @@ from ngramspec.server.errors import error_body
 from ngramspec.server.reasoning import ReasoningSplitter
 from ngramspec.server.results import (cancelled_message, completion_timings,
                                       completion_usage)
-from ngramspec.stop_rules import openai_finish_reason
+from ngramspec.stop_rules import CANCELLED, openai_finish_reason
 
 log = logging.getLogger("ngramspec.server")
 
@@ -52,7 +52,7 @@ async def _events(state, handle, n_prompt, include_usage, envelope, choice, open
                           type="server_error")
         yield f"data: {json.dumps(body)}\n\n"
         return
-    if done.finish_reason == "cancelled":  # the server is stopping (or the client left)
+    if done.finish_reason == CANCELLED:  # the server is stopping (or the client left)
         body = error_body(cancelled_message(done), type="unavailable_error",
                           code="unavailable")
         yield f"data: {json.dumps(body)}\n\n"
