@@ -153,7 +153,6 @@ class RequestLoops:
         self.policy = policy
         self.requests: Dict[Hashable, Request] = {}
         self._free = list(range(n_slots))
-        self._slot_of: Dict[Hashable, int] = {}
         self._seq = 0
         self.step = 0
 
@@ -182,7 +181,6 @@ class RequestLoops:
         req = Request(key, loop, self._seq, self.step)
         self._seq += 1
         self.requests[key] = req
-        self._slot_of[key] = slot
         return req
 
     def advance(self, req: Request, new_tokens) -> np.ndarray:
@@ -220,7 +218,7 @@ class RequestLoops:
         """Forget request `key` (no-op if unknown); its slot is free again."""
         req = self.requests.pop(key, None)
         if req is not None:
-            heapq.heappush(self._free, self._slot_of.pop(key))
+            heapq.heappush(self._free, req.loop.slot)
 
     def clear(self) -> None:
         """End every request."""
