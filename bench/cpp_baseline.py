@@ -11,14 +11,13 @@ comparison with llama.cpp's own algorithms.
 """
 from __future__ import annotations
 
-import gzip
-import json
 import pathlib
 import sys
 import time
 
 import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
 from llamacpp_baseline import CppEngine
+from ngramspec.golden_format import oracle_config, read_golden
 from ngramspec.replay import Timers, replay_request
 from ngramspec.traces import read_requests
 
@@ -29,30 +28,6 @@ STAT_KEYS = ("calls_b", "calls_g", "calls_a", "gen_drafts", "acc_drafts", "gen_t
 
 def golden_files(pattern: str = "*.jsonl.gz") -> list[pathlib.Path]:
     return sorted(p for p in GOLDEN.glob(pattern) if ".cache-" not in p.name)
-
-
-def read_golden(path: pathlib.Path):
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        header = json.loads(f.readline())
-        return header, [json.loads(line) for line in f if line.strip()]
-
-
-def oracle_config(header: dict):
-    """(spec_type, engine params, state, n_slots) from a golden file's oracle arguments."""
-    args = header["oracle_args"]
-    spec_type, state, n_slots, params = None, "shared", 1, {}
-    for flag, value in zip(args[::2], args[1::2]):
-        if flag == "--type":
-            spec_type = value
-        elif flag == "--state":
-            state = value
-        elif flag == "--slots":
-            n_slots = int(value)
-        elif flag.startswith("--spec-ngram-"):
-            params[flag[len("--spec-"):].replace("-", "_")] = int(value)
-        else:
-            raise ValueError(f"{flag}: an oracle argument the C++ baseline does not handle")
-    return spec_type, params, state, n_slots
 
 
 def check_file(path: pathlib.Path, max_requests: int | None = None) -> dict:

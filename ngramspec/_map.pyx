@@ -260,25 +260,13 @@ cdef int stat_scan(MapKey* ck, ScanIndex* x, const MapParams* p, const token_t* 
     return 0
 
 
-cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, Py_ssize_t L,
-                          token_t sampled, token_t* out) noexcept nogil:
-    """Returns the draft length, or -1 when the key list could not grow (out of memory)."""
+cdef Py_ssize_t map_lookup(MapState* s, const MapParams* p, const token_t* inp, Py_ssize_t L,
+                           token_t sampled) noexcept nogil:
+    """The earlier position of the key (the last n - 1 tokens and `sampled`), 0 when none, and the
+    position index brought up to date over the same ranges (llama.cpp's search order)."""
     cdef Py_ssize_t n = p.n, m = p.m
-    cdef Py_ssize_t S, K, j, top, match = 0, last_pos, cnt
-    cdef size_t off, i, v
+    cdef Py_ssize_t S, K, j, top, match = 0, last_pos
     cdef uint32_t idx
-    cdef MapKey* ck
-    cdef MapKey* grown
-    cdef uint64_t key_hash
-    cdef Py_ssize_t found
-    cdef int iv, slot_max
-    cdef uint16_t max_occur
-    cdef uint32_t sum_occur
-    s.last_draft_created = False
-    s.last_draft_key_idx = 0
-    s.last_draft_value_idx = 0
-    if L < 2 * n + m:                        # nothing else is updated in this case
-        return 0
     s.idx_last_check = L
     S = <Py_ssize_t>s.size_last_begin
     K = <Py_ssize_t>s.key_map_last_idx
@@ -318,65 +306,105 @@ cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, P
         j -= 1
     if <uint32_t>last_pos > s.key_map_last_idx:
         s.key_map_last_idx = <uint32_t>last_pos
-    if match == 0:
-        return 0
+    return match
 
-    # (c) the key's statistics record: first key whose text (read at key_idx) equals the key
+
+cdef Py_ssize_t map_key_record(MapState* s, const MapParams* p, const token_t* inp, Py_ssize_t L,
+                               token_t sampled, Py_ssize_t match) noexcept nogil:
+    """(c) The index in `s.keys` of the key's statistics record (the first key whose text, read at
+    its key_idx, equals the key), appended when there is none; -1 when out of memory."""
+    cdef Py_ssize_t n = p.n, m = p.m
+    cdef Py_ssize_t found
+    cdef size_t off, v
+    cdef MapKey* ck
+    cdef MapKey* grown
+    cdef uint64_t key_hash
     if s.kt_stale:
         if keytab_rebuild(s, inp, L, n) < 0:
             return -1
     key_hash = mod_step(mod_hash(inp + L - n + 1, n - 1), sampled)
     found = -1 if s.kt_linear else ht_find_value(&s.keytab, key_hash)
     if found >= 0 and map_key_at(inp, L, <Py_ssize_t>s.keys[found].key_idx, n, sampled):
-        off = found
-    elif found < 0 and not s.kt_linear:
+        return found
+    if found < 0 and not s.kt_linear:
         off = s.n_keys                       # no key has this text
     else:                                    # a shared table key, or kt_linear: llama.cpp's search
         off = 0
         while off < s.n_keys:
             if map_key_at(inp, L, <Py_ssize_t>s.keys[off].key_idx, n, sampled):
-                break
+                return <Py_ssize_t>off
             off += 1
-    if off == s.n_keys:
-        if s.n_keys == s.cap_keys:
-            grown = <MapKey*>realloc(s.keys, (s.cap_keys * 2 + 16) * sizeof(MapKey))
-            if grown == NULL:
-                return -1
-            s.keys = grown
-            s.cap_keys = s.cap_keys * 2 + 16
-        ck = &s.keys[s.n_keys]
-        s.n_keys += 1
-        ck.key_idx = match
-        ck.stat_idx = 0
-        ck.key_num = 0
-        for v in range(MAP_MAX_VALUES):
-            ck.values[v].value_idx = 0
-            ck.values[v].value_num = 0
-            ck.values[v].n_accepted = <int16_t>m
-        if not s.kt_linear and keytab_insert(s, key_hash, off) < 0:
-            s.kt_stale = True                # the new key is not in the table: rebuild
+    if s.n_keys == s.cap_keys:
+        grown = <MapKey*>realloc(s.keys, (s.cap_keys * 2 + 16) * sizeof(MapKey))
+        if grown == NULL:
             return -1
+        s.keys = grown
+        s.cap_keys = s.cap_keys * 2 + 16
+    ck = &s.keys[s.n_keys]
+    s.n_keys += 1
+    ck.key_idx = match
+    ck.stat_idx = 0
+    ck.key_num = 0
+    for v in range(MAP_MAX_VALUES):
+        ck.values[v].value_idx = 0
+        ck.values[v].value_num = 0
+        ck.values[v].n_accepted = <int16_t>m
+    if not s.kt_linear and keytab_insert(s, key_hash, off) < 0:
+        s.kt_stale = True                    # the new key is not in the table: rebuild
+        return -1
+    return <Py_ssize_t>off
+
+
+cdef int map_value_choice(MapKey* ck, ScanIndex* x, const MapParams* p, const token_t* inp,
+                          Py_ssize_t L, Py_ssize_t match, token_t sampled) noexcept nogil:
+    """(d2) ngram-map-k4v: the most frequent value seen after the key, -1 when none dominates
+    (no draft), -2 when out of memory."""
+    cdef int slot_max = 0
+    cdef size_t v
+    cdef uint16_t max_occur = 0
+    cdef uint32_t sum_occur = 0
+    if ck.key_num < p.min_hits:
+        return -1
+    if stat_scan(ck, x, p, inp, L, match, sampled) < 0:
+        return -2
+    ck.stat_idx = match
+    for v in range(MAP_MAX_VALUES):
+        if ck.values[v].value_num > max_occur:
+            max_occur = ck.values[v].value_num
+            slot_max = v
+    for v in range(MAP_MAX_VALUES):
+        if v != <size_t>slot_max:
+            sum_occur += ck.values[v].value_num
+    if sum_occur > 0 and max_occur < 2 * sum_occur:
+        return -1
+    return slot_max
+
+
+cdef Py_ssize_t map_draft(MapState* s, const MapParams* p, const token_t* inp, Py_ssize_t L,
+                          token_t sampled, token_t* out) noexcept nogil:
+    """Returns the draft length, or -1 when the key list could not grow (out of memory)."""
+    cdef Py_ssize_t n = p.n, m = p.m, match, off, cnt
+    cdef int slot_max = 0
+    cdef MapKey* ck
+    s.last_draft_created = False
+    s.last_draft_key_idx = 0
+    s.last_draft_value_idx = 0
+    if L < 2 * n + m:                        # nothing else is updated in this case
+        return 0
+    match = map_lookup(s, p, inp, L, sampled)
+    if match == 0:
+        return 0
+    off = map_key_record(s, p, inp, L, sampled, match)
+    if off < 0:
+        return -1
     ck = &s.keys[off]
     if ck.key_num < MAP_MAX_COUNT:
         ck.key_num += 1
-
-    slot_max = 0
-    if not p.key_only:                       # (d2) ngram-map-k4v: values seen after the key
-        if ck.key_num < p.min_hits:
-            return 0
-        if stat_scan(ck, &s.scan, p, inp, L, match, sampled) < 0:
+    if not p.key_only:
+        slot_max = map_value_choice(ck, &s.scan, p, inp, L, match, sampled)
+        if slot_max == -2:
             return -1
-        ck.stat_idx = match
-        max_occur = 0
-        for v in range(MAP_MAX_VALUES):
-            if ck.values[v].value_num > max_occur:
-                max_occur = ck.values[v].value_num
-                slot_max = v
-        sum_occur = 0
-        for v in range(MAP_MAX_VALUES):
-            if v != <size_t>slot_max:
-                sum_occur += ck.values[v].value_num
-        if sum_occur > 0 and max_occur < 2 * sum_occur:
+        if slot_max < 0:
             return 0
     # (d1/d2) the draft is always the m tokens after `match`; the value only sets its length
     cnt = ck.values[slot_max].n_accepted

@@ -20,36 +20,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from reference import STAT_KEYS, RefChain, ref_replay  # noqa: E402
 
+from ngramspec.golden_format import oracle_config, read_golden  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED = os.path.normpath(os.path.join(HERE, "..", "..", "shared"))
-
-
-def parse_oracle_args(args: list[str]):
-    """oracle_args -> (types, params, state, n_slots); size flags map to RefChain params."""
-    types, params, state, n_slots = None, {}, "shared", 1
-    it = iter(args)
-    for flag in it:
-        val = next(it)
-        if flag == "--type":
-            types = val
-        elif flag == "--state":
-            state = val
-        elif flag == "--slots":
-            n_slots = int(val)
-        elif flag.startswith("--spec-ngram-"):
-            params[flag[len("--spec-"):].replace("-", "_")] = int(val)
-        else:
-            raise ValueError(f"unknown oracle flag {flag}")
-    if types is None:
-        raise ValueError("no --type in oracle_args")
-    return types, params, state, n_slots
-
-
-def load_golden(path: str):
-    with gzip.open(path, "rt") as f:
-        head = json.loads(f.readline())
-        lines = [json.loads(line) for line in f if line.strip()]
-    return head, lines
 
 
 def load_requests(traces_dir: str, family: str, n: int):
@@ -68,8 +42,8 @@ def check_file(path: str, traces_dir: str, limit: int | None) -> bool:
     if ".cache-" in name:
         print(f"SKIP {name}: ngram-cache is not covered by the reference")
         return True
-    head, lines = load_golden(path)
-    types, params, state, n_slots = parse_oracle_args(head["oracle_args"])
+    head, lines = read_golden(path)
+    types, params, state, n_slots = oracle_config(head)
     summary = head["summary"]
     n_traces = summary["n_traces"]
     assert len(lines) == n_traces, (len(lines), n_traces)

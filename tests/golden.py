@@ -1,12 +1,11 @@
 """Reading the golden files of ../shared/golden and replaying them with ngramspec."""
 from __future__ import annotations
 
-import gzip
-import json
 import pathlib
 
 from ngramspec.cli import build_parser
 from ngramspec.cli.common import engine_params
+from ngramspec.golden_format import read_golden
 from ngramspec.replay import COUNTERS, replay
 from ngramspec.traces import read_requests
 
@@ -15,14 +14,6 @@ REQUEST_KEYS = ("n_steps", "n_drafts", "n_draft_tokens", "n_acc_drafts", "n_acc_
                 "acc_rate", "tokens_per_step")
 SUMMARY_KEYS = ("n_traces", "n_output", "n_steps", "n_draft_calls", "n_drafts",
                 "n_draft_tokens", "n_acc_drafts", "n_acc_tokens", "n_accept_calls", "acc_rate")
-
-
-def read_golden(path: pathlib.Path):
-    """(header, request records) of a golden file."""
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        header = json.loads(f.readline())
-        records = [json.loads(line) for line in f if line.strip()]
-    return header, records
 
 
 def replay_args(header: dict, golden_dir: pathlib.Path, traces: pathlib.Path):

@@ -527,6 +527,34 @@ def replay_request(chain, slot: int, prompt, output):
     return loop.steps, loop.drafts
 
 
+def drive_recorded(prompt, output, draft, accept=None, forced=None):
+    """llama-server's slot loop over a recorded output, test-side (``ngramspec.loop.run_recorded``
+    is the package's, through `SlotLoop`; the kernel tests check state between the calls):
+    ``draft(context, sampled)`` proposes and each draft is yielded as it is made; the recording
+    accepts its longest matching prefix (or ``min(forced, len(draft))`` tokens of the recording
+    when `forced` is given) and ``accept(k)`` is told it after every non-empty draft."""
+    if not len(output):
+        return
+    cache, sampled, produced = list(prompt), output[0], 1
+    while produced < len(output):
+        d = draft(cache, sampled)
+        yield d
+        k, rest = 0, output[produced:]
+        if forced is not None:
+            k = min(forced, len(d))
+        else:
+            while k < len(d) and k < len(rest) and d[k] == rest[k]:
+                k += 1
+        if len(d) and accept is not None:
+            accept(k)
+        cache += [sampled] + list(output[produced:produced + k])
+        produced += k
+        if produced >= len(output):
+            break
+        sampled = output[produced]
+        produced += 1
+
+
 def ref_replay(chain_factory, requests, state: str = "shared", n_slots: int = 1):
     """Replay ``requests`` (each a (prompt, output) pair or a dict with those keys).
 

@@ -29,6 +29,7 @@ from ngramspec.traces import read_requests
 from conftest import GOLDEN, TRACES
 from clitools import cli
 from golden import check_golden, read_golden
+from reference import drive_recorded
 
 @pytest.fixture(scope="module")
 def code_edit():
@@ -166,30 +167,22 @@ def test_kernel_matches_reference(requests, static_seq, dynamic_seq):
     assert sta.to_dict() == sta_counts and dyn.to_dict() == dyn_counts
     p = NgramCacheProposer(1, static=sta, dynamic=dyn)
     ctx, cache_size = {}, 0
+
+    def draft(cache, sampled):
+        nonlocal cache_size
+        if cache_size < len(cache) + 1:
+            ref_update(ctx, cache[cache_size:] + [sampled])
+            cache_size = len(cache) + 1
+        got = _draft_once(p, 0, np.asarray(cache, dtype=np.int32), sampled)
+        real = p.context_cache(0)
+        assert real.to_dict() == ctx
+        assert p.cache_size(0) == cache_size
+        assert got == ref_draft(ctx, real, dyn_counts, dyn, sta_counts, sta, cache, sampled)
+        return got
+
     for prompt, output in requests:
-        cache = list(prompt)
-        if not output:
-            continue
-        sampled, produced = output[0], 1
-        while produced < len(output):
-            if cache_size < len(cache) + 1:
-                ref_update(ctx, cache[cache_size:] + [sampled])
-                cache_size = len(cache) + 1
-            got = _draft_once(p, 0, np.asarray(cache, dtype=np.int32), sampled)
-            real = p.context_cache(0)
-            assert real.to_dict() == ctx
-            assert p.cache_size(0) == cache_size
-            assert got == ref_draft(ctx, real, dyn_counts, dyn, sta_counts, sta, cache, sampled)
-            n_acc = 0
-            while n_acc < len(got) and produced + n_acc < len(output) \
-                    and got[n_acc] == output[produced + n_acc]:
-                n_acc += 1
-            cache += [sampled] + output[produced:produced + n_acc]
-            produced += n_acc
-            if produced >= len(output):
-                break
-            sampled = output[produced]
-            produced += 1
+        for _ in drive_recorded(prompt, output, draft):
+            pass
 
 
 # --------------------------------------------------------------------------------------------

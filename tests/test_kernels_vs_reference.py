@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import PRIORITY, STAT_KEYS, RefChain, RefPool, ref_replay  # noqa: E402
+from reference import (PRIORITY, STAT_KEYS, RefChain, RefPool, drive_recorded,  # noqa: E402
+                       ref_replay)
 from strategies import alphabets, configs  # noqa: E402
 
 ngramspec = pytest.importorskip("ngramspec._engine", reason="extension not built "
@@ -223,22 +224,9 @@ def _engine_replay(types, params, requests, state, n_slots):
     for t, (prompt, output) in enumerate(requests):
         p, slot = (factory(), 0) if state == "fresh" else (pair, t % n_slots)
         p.begin(slot, prompt)
-        cache, sampled, produced, drafts = list(prompt), output[0], 1, []
-        while produced < len(output):
-            d = p.draft(slot, cache, sampled)
-            drafts.append(d)
-            k = 0
-            if d:
-                rest = output[produced:]
-                while k < len(d) and k < len(rest) and d[k] == rest[k]:
-                    k += 1
-                p.accept(slot, k)
-            cache += [sampled] + output[produced : produced + k]
-            produced += k
-            if produced >= len(output):
-                break
-            sampled = output[produced]
-            produced += 1
+        drafts = list(drive_recorded(prompt, output,
+                                     lambda cache, sampled: p.draft(slot, cache, sampled),
+                                     lambda k: p.accept(slot, k)))
         if state == "fresh":
             p.check_stats()
         out.append(drafts)

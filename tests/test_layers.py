@@ -316,6 +316,61 @@ def _long_functions(path: pathlib.Path, limit: int) -> list:
     return found
 
 
+# A Cython function: `def`, `cdef` or `cpdef`, a name, its parameters, a colon (a `cdef` variable
+# declaration has no colon after its parentheses, a `cdef class` or `cdef struct` no parentheses
+# after its first word).
+CYTHON_DEF = re.compile(r"^([ \t]*)(?:cdef|cpdef|def)\s+(?!class\b|struct\b|enum\b|extern\b)"
+                        r"[^=\n:]*?(\w+)\s*\(", re.M)
+
+
+def _long_cython_functions(path: pathlib.Path, limit: int) -> list:
+    """``(name, lines)`` of each Cython function longer than `limit` lines, from its first line to
+    its last indented line (docstring included; trailing blank or comment lines not counted)."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    found = []
+    for m in CYTHON_DEF.finditer(text):
+        depth, i = 0, m.end() - 1
+        while i < len(text):                 # the closing parenthesis of the parameters
+            depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        first, head_end = text.count("\n", 0, m.start()), text.count("\n", 0, i)
+        rest = text[i + 1:].split("\n", 1)[0].split("#")[0].strip()
+        if not rest.endswith(":"):
+            continue                         # a declaration, not a definition
+        indent, last = len(m.group(1).expandtabs()), head_end
+        for k in range(head_end + 1, len(lines)):
+            stripped = lines[k].strip()
+            if not stripped or stripped.startswith("#"):
+                continue
+            if len(lines[k]) - len(lines[k].lstrip()) <= indent:
+                break
+            last = k
+        if last - first + 1 > limit:
+            found.append((m.group(2), last - first + 1))
+    return found
+
+
+def test_long_cython_functions_are_found(tmp_path):
+    path = tmp_path / "probe.pyx"
+    path.write_text("cdef class C:\n    cdef int x\n"
+                    "    cdef int f(self, int a,\n               int b) noexcept nogil:\n"
+                    "        cdef int y = g(a)\n" + "        y += 1\n" * 97 + "        return y\n"
+                    "\n# a comment\ncdef inline int g(int a) noexcept nogil:\n    return a\n")
+    assert _long_cython_functions(path, MAX_FUNCTION_LINES) == [("f", 101)]
+    assert _long_cython_functions(path, 101) == []
+
+
+def test_no_cython_function_over_100_lines():
+    """The same rule for the kernels (.pyx, .pxd)."""
+    bad = [f"{p.name}: {name} ({n} lines)"
+           for p in sorted(PKG.glob("*.p[yx][xd]"))
+           for name, n in _long_cython_functions(p, MAX_FUNCTION_LINES)]
+    assert not bad, bad
+
+
 def test_long_functions_are_found(tmp_path):
     path = tmp_path / "probe.py"
     path.write_text("@dec\ndef f():\n" + "    x = 1\n" * 99 + "def g():\n    pass\n")

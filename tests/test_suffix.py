@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference import drive_recorded  # noqa: E402
 from reference_suffix import ReferenceSuffix  # noqa: E402
 
 suffix = pytest.importorskip("ngramspec._suffix", reason="extension not built "
@@ -36,35 +37,14 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                        HealthCheck.data_too_large])
 
 
-def lcp(draft, target):
-    k = 0
-    for a, b in zip(draft, target):
-        if a != b:
-            break
-        k += 1
-    return k
-
-
 def replay(prop, slot, prompt, output, accept=None):
     """The golden replay loop for one request; yields every draft (as a list)."""
     prop.begin(slot, np.asarray(prompt, dtype=np.int32))
-    if not output:
-        return
-    cache = list(prompt)
-    sampled, produced = output[0], 1
-    while produced < len(output):
-        d = [int(t) for t in prop.draft(slot, np.asarray(cache, dtype=np.int32), sampled)]
-        yield d
-        n_acc = 0
-        if d:
-            n_acc = lcp(d, output[produced:]) if accept is None else min(accept, len(d))
-            prop.accept(slot, n_acc)
-        cache += [sampled] + list(output[produced:produced + n_acc])
-        produced += n_acc
-        if produced >= len(output):
-            break
-        sampled = output[produced]
-        produced += 1
+
+    def draft(cache, sampled):
+        return [int(t) for t in prop.draft(slot, np.asarray(cache, dtype=np.int32), sampled)]
+
+    yield from drive_recorded(prompt, output, draft, lambda k: prop.accept(slot, k), accept)
 
 
 # ---------------------------------------------------------------------------------------------
