@@ -30,9 +30,10 @@ BASE = ("ngramspec.validation",)
 MOVED = {"ngramspec.llama.plugin": "ngramspec.integrations.llama_cpp"}
 # Function-local imports are for optional dependencies only (imported when a feature is used):
 # llama-cpp-python and its jinja2 (the live extra), fastapi/uvicorn (serve), matplotlib (tune's
-# plots), fcntl (POSIX); the engines of ngramspec.integrations (vllm, sglang) are optional too.
+# plots), fcntl (POSIX), redis (the store log's Redis backend, the `store` extra); the engines of
+# ngramspec.integrations (vllm, sglang) are optional too.
 OPTIONAL = ("llama_cpp", "jinja2", "matplotlib", "uvicorn", "fastapi", "starlette", "fcntl",
-            "ngramspec.server", "vllm", "sglang")
+            "ngramspec.server", "vllm", "sglang", "redis")
 
 
 def _name(path: pathlib.Path) -> str:
