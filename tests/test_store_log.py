@@ -326,3 +326,69 @@ def two_processes_learn(spec: str) -> None:
 
 def test_two_processes_share_a_directory_log(tmp_path):
     two_processes_learn(f"dir:{tmp_path}")
+
+
+# -- the one setting: NGRAMSPEC_STORE for the plug-ins, --store for the commands ----------------
+
+def test_the_plug_ins_attach_from_NGRAMSPEC_STORE_one_replica_per_process(monkeypatch):
+    from ngramspec.integrations.requests import engine_from_env
+    from ngramspec.store_log import replicas
+
+    monkeypatch.setenv("NGRAMSPEC_STORE", "memory:plug-in")
+    before = set(replicas())
+    first, _ = engine_from_env(2, "--spec-type ngram-suffix")
+    mine = set(replicas()) - before
+    assert len(mine) == 1 and next(iter(mine)).proposer is first.proposers[0]
+    second, _ = engine_from_env(2, "--spec-type ngram-suffix")     # e.g. SGLang's flush
+    mine = set(replicas()) - before
+    assert len(mine) == 1 and next(iter(mine)).proposer is second.proposers[0]
+    monkeypatch.setenv("NGRAMSPEC_STORE", "redis:/nowhere")
+    with pytest.raises(ParamError, match="NGRAMSPEC_STORE"):
+        engine_from_env(2, "--spec-type ngram-suffix")
+    monkeypatch.delenv("NGRAMSPEC_STORE")
+    engine_from_env(2, "--spec-type ngram-suffix")
+    assert set(replicas()) - before == set()
+
+
+def test_replay_store_flag_publishes_to_a_directory(tmp_path, shared_dir):
+    """``ngramspec replay --store dir:PATH``: the replayed requests land in the log, where
+    another replica ingests them; a bad value names the flag."""
+    from ngramspec.replay import replay
+    from ngramspec.traces import read_requests
+
+    reqs = read_requests(str(shared_dir / "traces" / "code-edit.jsonl.gz"), 6)
+    replay(reqs[:3], "ngram-suffix", store=f"dir:{tmp_path}")
+    blobs, _, _ = DirectoryLog(tmp_path).read(None, 100)
+    assert len(blobs) == 3              # every request, the slot's last one too
+    b = _engine()
+    rb = Replica(b.proposers[0], DirectoryLog(tmp_path))
+    assert rb.sync() and rb.stats()["ingested"] == 3
+    text = b.proposers[0].global_text()
+    assert (text == -1).sum() == 3 and len(text) > sum(len(r.output) for r in reqs[:3])
+    with pytest.raises(ValueError, match="--store"):
+        replay(reqs, "ngram-suffix", store=f"dir:{tmp_path}", repeat=2)
+    out = subprocess.run([sys.executable, "-m", "ngramspec", "replay", "--spec-type",
+                          "ngram-suffix", "--store", "nowhere", str(shared_dir / "traces" /
+                                                                   "chat.jsonl.gz")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--store" in out.stderr and "dir:PATH" in out.stderr
+
+
+def test_the_server_metrics_show_each_replica():
+    pytest.importorskip("prometheus_client")
+    from ngramspec.server.metrics import _store_log_families
+    from ngramspec.store_log import replicas
+
+    log = MemoryLog()
+    a = _engine()
+    ra = Replica(a.proposers[0], log, model="m")
+    _request(a, 0, DOC[:2], DOC[:50])
+    _finish(a)
+    assert ra.sync()
+    fams = {f.name: f for f in _store_log_families()}
+    sample = [s for s in fams["ngramspec:store_log_published"].samples
+              if s.labels == {"log": "MemoryLog"}]
+    assert sample and sample[0].value >= 1
+    assert "ngramspec:store_log_lag_seconds" in fams
+    ra.stop()
+    assert ra not in replicas()                 # a stopped replica leaves the metrics

@@ -90,13 +90,25 @@ def attach(engine, spec: str, *, model: str = "", n_vocab=None, field: str = "--
     return replica.start() if start else replica
 
 
+_FROM_ENV: list = []
+
+
 def attach_from_env(engine, *, model: str = "", n_vocab=None, environ=None):
     """`attach` to the log ``NGRAMSPEC_STORE`` names, or None when it is unset or empty (the
-    plug-ins' one call where they build their engine)."""
+    plug-ins' one call where they build their engine).
+
+    One replica per process: a new call first stops the replica of the previous one (a
+    plug-in that rebuilds its engine, e.g. on SGLang's cache flush, leaves no thread behind).
+    The plug-ins pass no `model`: replicas of one deployment share a stream, and a stream
+    (``?stream=NAME``, a directory) per model keeps vocabularies apart."""
     spec = (os.environ if environ is None else environ).get(ENV, "").strip()
     if not spec:
         return None
-    return attach(engine, spec, model=model, n_vocab=n_vocab, field=ENV)
+    while _FROM_ENV:
+        _FROM_ENV.pop().stop()
+    replica = attach(engine, spec, model=model, n_vocab=n_vocab, field=ENV)
+    _FROM_ENV.append(replica)
+    return replica
 
 
 def stats_lines() -> list:

@@ -16,6 +16,7 @@ skipped and counted. The log is trimmed to about the store's budget.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import threading
@@ -186,6 +187,8 @@ class Replica:
             self._thread = threading.Thread(target=self._run, name="ngramspec-store-log",
                                             daemon=True)
             self._thread.start()
+            # a server or batch that exits publishes what finished since the last round
+            atexit.register(self.stop)
         return self
 
     def _run(self) -> None:
@@ -199,10 +202,14 @@ class Replica:
             delay = self.interval if ok else min(self.max_backoff, delay * 2)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread (after its current round), publish what is left once, close."""
+        """Stop the thread (after its current round), publish what is left once, close.
+        Once: a second call does nothing."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            atexit.unregister(self.stop)
         try:
             self.sync()
         finally:
