@@ -119,6 +119,8 @@ def _run_once(requests, spec_type, params, state, n_slots, record_drafts, n_ctx,
         for slot in range(n_slots):      # the requests end: publish the slots' last ones
             engine.begin(slot, np.empty(0, dtype=np.int32))
         replica.stop()
+        total = [dict(s, store_log=replica.stats()) if s["type"] == "ngram-suffix" else s
+                 for s in total]
     return records, total or [], timers, policy
 
 

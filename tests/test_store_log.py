@@ -357,7 +357,8 @@ def test_replay_store_flag_publishes_to_a_directory(tmp_path, shared_dir):
     from ngramspec.traces import read_requests
 
     reqs = read_requests(str(shared_dir / "traces" / "code-edit.jsonl.gz"), 6)
-    replay(reqs[:3], "ngram-suffix", store=f"dir:{tmp_path}")
+    res = replay(reqs[:3], "ngram-suffix", store=f"dir:{tmp_path}")
+    assert res.summary["llama_stats"][0]["store_log"]["published"] == 3
     blobs, _, _ = DirectoryLog(tmp_path).read(None, 100)
     assert len(blobs) == 3              # every request, the slot's last one too
     b = _engine()

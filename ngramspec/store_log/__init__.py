@@ -26,8 +26,8 @@ from ngramspec.store_log.replica import Replica, replicas
 from ngramspec.validation import Refused
 
 __all__ = ["ENV", "FORMAT_VERSION", "BadEntry", "DirectoryLog", "LogUnavailable", "MemoryLog",
-           "RedisLog", "Replica", "attach", "attach_from_env", "check_spec", "open_log", "replicas",
-           "stats_lines"]
+           "RedisLog", "Replica", "attach", "attach_from_env", "check_spec", "open_log",
+           "replicas"]
 
 #: The environment variable the plug-ins read.
 ENV = "NGRAMSPEC_STORE"
@@ -110,13 +110,3 @@ def attach_from_env(engine, *, model: str = "", n_vocab=None, environ=None):
     _FROM_ENV.append(replica)
     return replica
 
-
-def stats_lines() -> list:
-    """One ``store log: ...`` line per live replica (what the commands print at the end)."""
-    lines = []
-    for r in replicas():
-        s = r.stats()
-        lines.append(f"store log {s['log']}: published {s['published']}, ingested "
-                     f"{s['ingested']}, skipped {s['skipped']}, dropped {s['dropped']}, "
-                     f"lag {s['lag_seconds'] * 1000:.1f} ms")
-    return lines
