@@ -393,3 +393,34 @@ def test_the_server_metrics_show_each_replica():
     assert "ngramspec:store_log_lag_seconds" in fams
     ra.stop()
     assert ra not in replicas()                 # a stopped replica leaves the metrics
+
+
+def test_run_batch_store_publishes_the_finished_requests(tmp_path, capsys):
+    """``run-batch --store dir:PATH`` on the embedded model: the requests a slot finished are in
+    the log, as entries of the model's identity (its file name) with its vocabulary's ids."""
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("fastapi")
+    import json
+
+    from clitools import cli
+    from ngramspec.llama.model import default_model_path
+
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps({
+        "custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+        "body": {"prompt": f"Count: {i}, {i + 1},", "temperature": 0, "max_tokens": 6}}) + "\n"
+        for i in range(4)))
+    res = cli(capsys, "run-batch", "-i", inp, "-o", out, "-t", "1", "-c", "1024", "-np", "1",
+              "--no-progress", "--spec-type", "ngram-suffix", "--store", f"dir:{tmp_path}/log")
+    assert res.returncode == 0, res.stderr
+    from ngramspec.store_log import replicas
+    for r in replicas():
+        if getattr(r.log, "path", None) == f"{tmp_path}/log":
+            r.stop()                       # what the process's exit does
+    blobs, _, _ = DirectoryLog(tmp_path / "log").read(None, 100)
+    model = os.path.basename(default_model_path())
+    entries = [decode(b, model, 49152) for b in blobs]
+    assert len(entries) >= 3 and all(len(e.tokens) > 6 for e in entries)
+    res = cli(capsys, "run-batch", "-i", inp, "-o", out, "--spec-type", "ngram-mod",
+              "--store", f"dir:{tmp_path}/log")
+    assert res.returncode != 0 and "--store" in res.stderr and "ngram-suffix" in res.stderr
