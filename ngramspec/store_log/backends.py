@@ -140,7 +140,9 @@ class DirectoryLog:
                 fd = os.open(self._seg_path(newest), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
                              0o644)
                 try:
-                    os.write(fd, data)
+                    view = memoryview(data)
+                    while view:                  # a short write continues where it stopped
+                        view = view[os.write(fd, view):]
                 finally:
                     os.close(fd)
                 for old in segs[:-SEGMENTS]:
