@@ -167,6 +167,14 @@ def test_the_setting_names_the_flag_and_the_forms(tmp_path):
     assert attach_from_env(_engine(), environ={}) is None
     with pytest.raises(ParamError, match="NGRAMSPEC_STORE"):
         attach_from_env(SpecEngine("ngram-mod"), environ={"NGRAMSPEC_STORE": "memory:y"})
+    p = _engine().proposers[0]
+    for bad, field in (({"interval": 0}, "interval"), ({"batch": 0}, "batch"),
+                       ({"max_backlog": 0}, "max_backlog"), ({"n_vocab": 0}, "n_vocab"),
+                       ({"max_backoff": 1e6}, "max_backoff")):
+        with pytest.raises(ParamError, match=field):
+            Replica(p, MemoryLog(), **bad)
+    with pytest.raises(TypeError, match="SuffixProposer"):
+        Replica(SpecEngine("ngram-mod").proposers[0], MemoryLog())
 
 
 # -- replicas ------------------------------------------------------------------------------------
