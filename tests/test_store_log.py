@@ -467,3 +467,27 @@ def test_run_batch_store_publishes_the_finished_requests(tmp_path, capsys):
     res = cli(capsys, "run-batch", "-i", inp, "-o", out, "--spec-type", "ngram-mod",
               "--store", f"dir:{tmp_path}/log")
     assert res.returncode != 0 and "--store" in res.stderr and "ngram-suffix" in res.stderr
+
+
+def test_an_insertion_out_of_memory_raises_and_leaves_the_store_usable():
+    """Every allocation an insertion from the log makes, failed in turn: MemoryError, and the
+    proposer keeps drafting and takes the next sequence."""
+    from ngramspec._proposer import _fail_allocation
+
+    long_seq = np.tile(DOC, 10)                  # 6000 tokens: the store grows a few times
+    p = SuffixProposer(global_tokens=8192)
+    _fail_allocation(0)
+    p.insert_global(long_seq)
+    n_alloc = _fail_allocation(None)
+    assert n_alloc > 0
+    for k in range(1, n_alloc + 1):
+        p = SuffixProposer(global_tokens=8192)
+        _fail_allocation(k)
+        try:
+            with pytest.raises(MemoryError, match="global store"):
+                p.insert_global(long_seq)
+        finally:
+            _fail_allocation(None)
+        assert p.insert_global(DOC[:300])
+        e = SpecEngine.from_proposers([p])
+        assert _request(e, 0, np.array([1, 2], np.int32), DOC[:300]) > 150
