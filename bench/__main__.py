@@ -38,6 +38,8 @@ COMMANDS = {
                                  "speculative vs plain"),
     "engines": ("engines_report", "inside vLLM and SGLang: their built-in n-gram drafters next to "
                                   "ngramspec's, tokens per step and modeled GPU speed-up"),
+    "fleet": ("fleet_report", "ngram-suffix over 1, 4, 16 data-parallel replicas, without and "
+                              "with the shared store log, against one store"),
     "build-llama-server": (None, "build llama.cpp's llama-server from llama-cpp-python's "
                                  "vendored sources (build_llama_server.sh)"),
     "gpu-prepare": ("gpu.prepare", "the GPU device kit: trimmed llama-cpp-python source, "

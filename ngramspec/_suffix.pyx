@@ -63,6 +63,8 @@ with the GIL released (an insertion may rebuild the store). A draft only *tries*
 another thread holds it, the draft uses the local index alone instead of waiting, so drafting
 never blocks on the store. With one thread, or with the store off, drafts are deterministic.
 """
+from collections import deque
+
 import numpy as np
 
 cimport numpy as cnp
@@ -492,6 +494,18 @@ cdef int store_insert(Store* G, const token_t* t, int32_t n) noexcept nogil:
     return 0
 
 
+cdef int store_insert_locked(Store* G, PyThread_type_lock lock, const token_t* t,
+                             int32_t n) noexcept nogil:
+    """`store_insert` under the store's lock, waiting for it: a finished request of a slot
+    and a sequence from the store log (`SuffixProposer.insert_global`) go in the same way.
+    Called without the GIL (an insertion may rebuild the store, O(budget))."""
+    cdef int rc
+    PyThread_acquire_lock(lock, WAIT_LOCK)
+    rc = store_insert(G, t, n)
+    PyThread_release_lock(lock)
+    return rc
+
+
 # ---------------------------------------------------------------------------------------------
 # Per slot
 # ---------------------------------------------------------------------------------------------
@@ -737,11 +751,17 @@ cdef class SuffixProposer(Proposer):
     cdef Slot* slots
     cdef Store store
     cdef PyThread_type_lock lock
+    # The store log's outbox (`publish_finished`): None, or a bounded deque of the sequences
+    # begin() inserted, oldest first; appended and popped with the GIL held.
+    cdef object outbox
+    cdef int64_t n_outbox_dropped
 
     def __cinit__(self):
         self.slots = NULL
         self.lock = NULL
         memset(&self.store, 0, sizeof(Store))
+        self.outbox = None
+        self.n_outbox_dropped = 0
 
     def __init__(self, n_slots=1, max_draft=256, min_prob=0.005, gain_cost=0.02,
                  draft_cost=0.0078125, max_context=65536, global_tokens=1048576,
@@ -859,9 +879,9 @@ cdef class SuffixProposer(Proposer):
         memcpy(buf, S.text + a - n_pr, (n_pr + n_out) * sizeof(token_t))
         memcpy(buf + n_pr + n_out, s.last_draft, k * sizeof(token_t))
         with nogil:
-            PyThread_acquire_lock(self.lock, WAIT_LOCK)
-            rc = store_insert(&self.store, buf, n_pr + n_out + k)
-            PyThread_release_lock(self.lock)
+            rc = store_insert_locked(&self.store, self.lock, buf, n_pr + n_out + k)
+        if rc == 0 and self.outbox is not None:
+            self.keep_finished(buf, n_pr + n_out + k)
         free(buf)
         if rc < 0:
             raise MemoryError("out of memory while storing a finished ngram-suffix request")
@@ -1093,6 +1113,113 @@ cdef class SuffixProposer(Proposer):
                          dtype=np.uint32)
         shape = (N_SRC, N_LB, N_FB, N_ST, N_AG)
         return acc.reshape(shape), tried.reshape(shape)
+
+    # -- The store log (`ngramspec.store_log`): the global store's sequences in and out ------
+
+    def insert_global(self, tokens):
+        """Insert a finished sequence from elsewhere (another replica's request, as the store
+        log carries it) into the global store, as `begin` inserts the slot's finished request:
+        the same insertion, evicting the oldest sequences past ``global_tokens``.
+
+        Parameters
+        ----------
+        tokens : 1-D int array-like
+            Token ids in 0 .. 2**31-1: the request's newest ``global_prompt`` prompt tokens and
+            its output, as `take_finished` hands them out. Longer than ``global_tokens - 1``:
+            only the newest part is kept, as for a slot's request. Empty: nothing happens.
+
+        Returns
+        -------
+        bool
+            False when the proposer has no global store (``global_tokens`` < 2): nothing kept.
+
+        Raises
+        ------
+        ValueError, TypeError
+            Not a 1-D sequence of token ids (the message names ``tokens`` and the range).
+        MemoryError
+            Out of memory growing the store.
+
+        Notes
+        -----
+        Memory: the store's, within ``global_tokens``. Not recorded by `publish_finished`
+        (a sequence from the log is never published again).
+
+        Thread-safety: takes the store's lock, waiting for it with the GIL released (the
+        insertion may rebuild the store, O(global_tokens)); safe from any thread, beside calls
+        on any slot. A draft that finds the lock taken drafts from its local index alone.
+        """
+        cdef cnp.ndarray arr = as_tokens(tokens, "tokens")
+        cdef const token_t* t = tok_ptr(arr)
+        cdef Py_ssize_t n = cnp.PyArray_DIMS(arr)[0]
+        cdef int rc
+        if self.lock == NULL:
+            raise RuntimeError("SuffixProposer is not initialised")
+        if self.store.budget < 2:
+            return False
+        with nogil:
+            rc = store_insert_locked(&self.store, self.lock, t, <int32_t>n)
+        if rc < 0:
+            raise MemoryError("out of memory while inserting into ngram-suffix's global store")
+        return True
+
+    def publish_finished(self, max_pending):
+        """Record, from now on, each sequence `begin` inserts into the global store (a slot's
+        finished request), for `take_finished` to hand out; 0 stops recording.
+
+        Parameters
+        ----------
+        max_pending : int, 0 .. 2**20
+            The most sequences kept until taken: past it the oldest is dropped and counted
+            (`take_finished`'s second value), so a publisher that stalls bounds the memory.
+
+        Notes
+        -----
+        Memory: up to `max_pending` sequences (``global_prompt`` + output tokens each).
+
+        Thread-safety: with the GIL held; any thread.
+        """
+        max_pending = check_int("max_pending", max_pending, 0, 1 << 20)
+        old = self.outbox
+        self.outbox = deque(old or (), maxlen=max_pending) if max_pending else None
+
+    cdef int keep_finished(self, const token_t* t, int32_t n) except -1:
+        """Record a sequence begin() inserted (with the GIL, `finish`); never raises: a
+        sequence that cannot be copied is counted as dropped, as one the bound pushes out."""
+        cdef object box = self.outbox
+        cdef cnp.ndarray seq
+        try:
+            seq = np.empty(n, dtype=np.int32)
+        except MemoryError:
+            self.n_outbox_dropped += 1
+            return 0
+        memcpy(cnp.PyArray_DATA(seq), t, n * sizeof(token_t))
+        if len(box) == box.maxlen:
+            self.n_outbox_dropped += 1
+        box.append(seq)
+        return 0
+
+    def take_finished(self):
+        """The sequences `begin` inserted since the last call (recorded by
+        `publish_finished`), oldest first, and how many were dropped in all.
+
+        Returns
+        -------
+        sequences : list of numpy.ndarray
+            int32 copies, exactly what went into the global store (``global_prompt`` prompt
+            tokens, then the output). Empty when recording is off.
+        dropped : int
+            Sequences lost since the proposer was built: past ``max_pending``, or no memory.
+
+        Thread-safety: with the GIL held; any thread, beside calls on any slot (a sequence is
+        handed out once).
+        """
+        box = self.outbox
+        out = []
+        if box is not None:
+            while box:
+                out.append(box.popleft())
+        return out, self.n_outbox_dropped
 
 
 def sam_bytes(n_tokens):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ngramspec import store_log
 from ngramspec._mod import ModPool
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import Timers, run_recorded  # noqa: F401 (Timers re-exported)
@@ -91,7 +92,7 @@ def _sum_stats(total: list | None, stats: list) -> list:
 
 
 def _run_once(requests, spec_type, params, state, n_slots, record_drafts, n_ctx, progress,
-              policy_factory=None):
+              policy_factory=None, store=None):
     timers = Timers()
     policy = policy_factory() if policy_factory is not None else None
     records, total = [], None
@@ -105,6 +106,8 @@ def _run_once(requests, spec_type, params, state, n_slots, record_drafts, n_ctx,
                 if pool is not None:
                     pool.reset()       # a fresh context has an empty pool
             engine = SpecEngine(spec_type, n_slots=n_slots, pool=pool, **params)
+            if store is not None:
+                replica = store_log.attach(engine, store)
         rec = replay_request(engine, slot, req.prompt, req.output, record_drafts, timers, n_ctx,
                              policy)
         records.append({"trace": t, **rec, "id": req.id})
@@ -112,6 +115,12 @@ def _run_once(requests, spec_type, params, state, n_slots, record_drafts, n_ctx,
             progress(t + 1, len(requests))
     if engine is not None:
         total = _sum_stats(total, engine.stats())
+    if store is not None and engine is not None:
+        for slot in range(n_slots):      # the requests end: publish the slots' last ones
+            engine.begin(slot, np.empty(0, dtype=np.int32))
+        replica.stop()
+        total = [dict(s, store_log=replica.stats()) if s["type"] == "ngram-suffix" else s
+                 for s in total]
     return records, total or [], timers, policy
 
 
@@ -125,7 +134,7 @@ def _json_params(params: dict) -> dict:
 
 def replay(requests, spec_type: str, params: dict | None = None, *, state: str = "shared",
            n_slots: int = 1, record_drafts: bool = False, repeat: int = 1, n_ctx: int = 0,
-           progress=None, policy_factory=None) -> ReplayResult:
+           progress=None, policy_factory=None, store: str | None = None) -> ReplayResult:
     """Replay recorded requests through a chain and return the golden-format result.
 
     Parameters
@@ -151,6 +160,10 @@ def replay(requests, spec_type: str, params: dict | None = None, *, state: str =
     policy_factory : callable, optional
         Makes the draft-length policy of each run (one policy serves all requests of a run, as
         one would a server's slots); None is llama.cpp's (`FixedPolicy`).
+    store : str, optional
+        A store log (`ngramspec.store_log`: ``dir:PATH``, ``redis://...``) that ngram-suffix's
+        global store shares with other replicas (other replays, servers) while it runs;
+        needs state "shared" and repeat 1 (drafts then depend on what the others publish).
 
     Returns
     -------
@@ -177,11 +190,14 @@ def replay(requests, spec_type: str, params: dict | None = None, *, state: str =
         raise ValueError(f"n_slots = {n_slots} is out of range: allowed >= 1")
     if repeat < 1:
         raise ValueError(f"repeat = {repeat} is out of range: allowed >= 1")
+    if store is not None and (state != "shared" or repeat != 1):
+        raise ValueError("--store shares one engine's store while it runs: it needs --state "
+                         "shared and --repeat 1")
     best = None
     for r in range(repeat):
         records, stats, timers, policy = _run_once(
             requests, spec_type, params, state, n_slots, record_drafts, n_ctx,
-            progress if r == 0 else None, policy_factory)
+            progress if r == 0 else None, policy_factory, store)
         if best is None:
             best = (records, stats, timers, policy)
         else:

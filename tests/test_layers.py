@@ -30,9 +30,10 @@ BASE = ("ngramspec.validation",)
 MOVED = {"ngramspec.llama.plugin": "ngramspec.integrations.llama_cpp"}
 # Function-local imports are for optional dependencies only (imported when a feature is used):
 # llama-cpp-python and its jinja2 (the live extra), fastapi/uvicorn (serve), matplotlib (tune's
-# plots), fcntl (POSIX); the engines of ngramspec.integrations (vllm, sglang) are optional too.
+# plots), fcntl (POSIX), redis (the store log's Redis backend, the `store` extra); the engines of
+# ngramspec.integrations (vllm, sglang) are optional too.
 OPTIONAL = ("llama_cpp", "jinja2", "matplotlib", "uvicorn", "fastapi", "starlette", "fcntl",
-            "ngramspec.server", "vllm", "sglang")
+            "ngramspec.server", "vllm", "sglang", "redis")
 
 
 def _name(path: pathlib.Path) -> str:
@@ -237,10 +238,11 @@ def test_one_policy_one_writer():
 
 def test_integrations_know_only_the_engine_the_loop_and_the_policy():
     """ngramspec inside another engine is the engine, one loop per request and the policy,
-    built from serve's flags; llama-cpp-python's plug-in also warns about AMX repacking. Their
-    own parameters are checked by the package's one validator, under every layer."""
+    built from serve's flags, its store shared with the other replicas through the store log;
+    llama-cpp-python's plug-in also warns about AMX repacking. Their own parameters are
+    checked by the package's one validator, under every layer."""
     allowed = {"ngramspec.engine", "ngramspec.loop", "ngramspec.policy", "ngramspec.cli.serve",
-               "ngramspec.llama.repack", "ngramspec.validation"}
+               "ngramspec.llama.repack", "ngramspec.validation", "ngramspec.store_log"}
     bad = []
     for name, path in MODULES.items():
         if _layer(name) != "integrations":

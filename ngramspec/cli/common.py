@@ -20,6 +20,7 @@ from ngramspec.cache_file import NgramCache, load_cache
 from ngramspec.llama.repack import REPACK_CHOICES
 from ngramspec.policy import POLICIES
 from ngramspec.registry import TYPES, check_values, parse_types
+from ngramspec.store_log import check_spec as check_store_spec
 from ngramspec.validation import OutOfRange, check_int, check_real, range_text
 
 #: llama.cpp's largest thread count (GGML_MAX_N_THREADS).
@@ -151,6 +152,22 @@ def add_draft_bound_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ctx-size", type=int_arg(0), default=0, metavar="N",
                         help="bound drafts by llama-server's n_ctx - L - 2 (default: 0 = "
                              "unbounded)")
+
+
+def add_store_flag(parser: argparse.ArgumentParser) -> None:
+    """``--store LOG``: share ngram-suffix's global store through a store log
+    (`ngramspec.store_log`; the plug-ins read the same setting from ``NGRAMSPEC_STORE``)."""
+
+    def store(text):
+        try:
+            return check_store_spec(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).partition(": ")[2]) from None
+    store.__name__ = "store log"
+    parser.add_argument("--store", type=store, default=None, metavar="LOG",
+                        help="share ngram-suffix's store with other replicas through a log: "
+                             "dir:PATH (processes of one host), redis://HOST:PORT/DB?stream=NAME "
+                             "(several nodes; the 'store' extra) or memory:NAME (default: none)")
 
 
 def add_repack_flag(parser: argparse.ArgumentParser) -> None:

@@ -6,8 +6,8 @@ import os
 
 from ngramspec.files import atomic_write_bytes
 from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_policy_flags,
-                                  add_spec_flags, check_spec_flags, check_writable,
-                                  engine_params, int_arg, load_cache_files)
+                                  add_spec_flags, add_store_flag, check_spec_flags,
+                                  check_writable, engine_params, int_arg, load_cache_files)
 from ngramspec.cost import load_cost_model, modeled_speedup, oracle_speedup
 from ngramspec.policy import AutoPolicy
 from ngramspec.replay import replay
@@ -39,6 +39,7 @@ def add_parser(subparsers):
     p.add_argument("--repeat", type=int_arg(1), default=1, metavar="R",
                    help="replay R times and report the fastest timings (default: 1)")
     add_draft_bound_flag(p)
+    add_store_flag(p)
     p.add_argument("--drafts", action="store_true",
                    help="record every draft (with --output; default: off)")
     p.add_argument("--output", metavar="FILE",
@@ -92,7 +93,8 @@ def run(args) -> int:
                           unit="request") as progress:
                 res = replay(requests, args.spec_type, params, state=args.state,
                              n_slots=args.slots, record_drafts=args.drafts, repeat=args.repeat,
-                             n_ctx=args.ctx_size, policy_factory=factory, progress=progress)
+                             n_ctx=args.ctx_size, policy_factory=factory, progress=progress,
+                             store=args.store)
             if result is None:
                 result = res
                 result.summary["spec_policy"] = name

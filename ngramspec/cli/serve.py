@@ -13,9 +13,10 @@ import signal
 import socket
 import sys
 
+from ngramspec import store_log
 from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
-                                  add_spec_flags, check_model_file, int_arg, load_cache_files,
-                                  number_arg, positive_int)
+                                  add_spec_flags, add_store_flag, check_model_file, int_arg,
+                                  load_cache_files, number_arg, positive_int)
 from ngramspec.cli.live_flags import (GENERATE_DEFAULTS, generate_params, spec_types,
                                       state_generate_defaults)
 from ngramspec.cost import load_cost_model
@@ -94,6 +95,7 @@ def add_serving_flags(p, temp: float = 0.8) -> None:
                         "deepseek: it becomes message.reasoning_content (delta.reasoning_content "
                         "when streamed), as llama-server's flag (default: %(default)s)")
     add_spec_flags(p, include_live=True)
+    add_store_flag(p)
     # the policy of requests that choose none; --policy is its old spelling
     add_policy_flags(p, default="fixed", old_name="--policy",
                      cost_default="the server's own calibration of its context: measured at "
@@ -204,6 +206,9 @@ def build_scheduler(args):
                        n_threads=args.threads, spec_type=chain, spec_params=params,
                        draft_model=draft, queue_size=args.queue_size, policy=args.spec_policy,
                        cost_model=cost_model)
+    if args.store:
+        store_log.attach(target._engine, args.store, model=os.path.basename(model),
+                         n_vocab=target.n_vocab)
     for name, llm in others.items():
         # the small model alone, as if it were a separate one: plain decoding in its own
         # context (its n-gram caches would otherwise share the target's files)
@@ -222,6 +227,9 @@ def check_serving_flags(args) -> None:
                           f"(pip install 'ngramspec[serve]'): {exc}") from None
     if args.n_predict < -1 or args.n_predict == 0:
         raise ValueError(f"--n-predict must be -1 or >= 1, got {args.n_predict}")
+    if args.store and "ngram-suffix" not in args.spec_type.split(","):
+        raise ValueError("--store shares ngram-suffix's global store: add ngram-suffix to "
+                         "--spec-type")
 
 
 def build_app(args, **options):

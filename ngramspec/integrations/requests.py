@@ -16,6 +16,7 @@ from typing import Dict, Hashable, Optional
 
 import numpy as np
 
+from ngramspec import store_log
 from ngramspec.cli.serve import spec_from_flags
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop, common_prefix
@@ -43,12 +44,15 @@ def engine_from_env(n_slots: int, flags: Optional[str] = None):
     Raises
     ------
     ValueError
-        A bad flag, with ``serve``'s message prefixed by ``NGRAMSPEC_SPEC``.
+        A bad flag, with ``serve``'s message prefixed by ``NGRAMSPEC_SPEC``; a bad
+        ``$NGRAMSPEC_STORE`` (`ngramspec.store_log`), named so.
     """
     if flags is None:
         flags = os.environ.get(SPEC_ENV, "")
     spec_type, params, make_policy = spec_from_flags(flags, prog=SPEC_ENV)
-    return SpecEngine(spec_type or "none", n_slots=n_slots, **params), make_policy()
+    engine = SpecEngine(spec_type or "none", n_slots=n_slots, **params)
+    store_log.attach_from_env(engine)        # $NGRAMSPEC_STORE: the replicas share the store
+    return engine, make_policy()
 
 
 class Request:

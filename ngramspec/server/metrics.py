@@ -33,6 +33,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ngramspec import store_log
+
 # Paths counted under their own label; anything else (404s, probes) is "other", so that random
 # URLs cannot grow the label set.
 ENDPOINTS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
@@ -144,6 +146,28 @@ class _SchedulerCollector:
         yield gauge("ngramspec:slots", "Slots of the scheduler.", st["n_slots"])
         yield gauge("ngramspec:slots_busy", "Slots holding a request.", st["slots_busy"])
         yield gauge("ngramspec:queue_length", "Requests waiting for a slot.", st["queue_length"])
+        yield from _store_log_families()
+
+
+def _store_log_families():
+    """The store log's counters and lag, one sample per replica in this process (labelled by
+    the log), when ``--store`` shares the store."""
+    stats = [r.stats() for r in store_log.replicas()]
+    if not stats:
+        return
+    for key, doc in (("published", "Finished requests published to the store log."),
+                     ("ingested", "Other replicas' requests ingested into the store."),
+                     ("skipped", "Corrupt or foreign store-log entries skipped."),
+                     ("dropped", "Requests not published (backlog full while unreachable).")):
+        fam = CounterMetricFamily(f"ngramspec:store_log_{key}", doc, labels=["log"])
+        for s in stats:
+            fam.add_metric([s["log"]], s[key])
+        yield fam
+    fam = GaugeMetricFamily("ngramspec:store_log_lag_seconds", "Publication to ingestion of "
+                            "the last entry ingested.", labels=["log"])
+    for s in stats:
+        fam.add_metric([s["log"]], s["lag_seconds"])
+    yield fam
 
 
 class ServerMetrics:

@@ -1,0 +1,225 @@
+"""`Replica`: one engine's ngram-suffix store, kept in step with a store log.
+
+Each round (`sync`, run by a background thread every `interval` seconds once `start` ran):
+the sequences the proposer's `begin` inserted since the last round (its finished requests:
+output and prompt tail) are encoded and appended to the log; then the entries other replicas
+appended are read from the reader's last position and inserted into the proposer's store
+(`SuffixProposer.insert_global`, which takes the store's lock with the GIL released; a draft
+that finds the lock taken drafts from its local index, so a draft never waits for the log).
+
+Faults: a log that cannot be reached leaves the proposer drafting from its own store; the
+first failure logs one warning, rounds are retried with exponential back-off (`interval` up
+to `max_backoff`), sequences to publish wait in a bounded backlog (`max_backlog`; the oldest
+dropped and counted past it), and reading resumes from the last position (stream id), so the
+replica catches up. An entry that is corrupt or foreign (another format version or model) is
+skipped and counted. The log is trimmed to about the store's budget.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+
+from ngramspec._suffix import SuffixProposer
+from ngramspec.store_log.backends import LogUnavailable
+from ngramspec.store_log.entry import BadEntry, decode, encode
+from ngramspec.validation import check_int, check_real
+
+__all__ = ["Replica", "replicas"]
+
+log = logging.getLogger("ngramspec.store_log")
+
+_LIVE: "weakref.WeakSet[Replica]" = weakref.WeakSet()
+
+#: Bytes of an entry besides its tokens (header, names, CRC): for the log's byte bound.
+_ENTRY_OVERHEAD = 64
+#: The mean entry length assumed before one was published (tokens).
+_FIRST_GUESS = 256
+
+
+def replicas() -> list:
+    """The replicas alive in this process (for the server's /metrics)."""
+    return list(_LIVE)
+
+
+class Replica:
+    """Publishes a `SuffixProposer`'s finished requests to a store log and ingests the
+    others'.
+
+    Parameters
+    ----------
+    proposer : SuffixProposer
+        Its global store is the one shared (``global_tokens`` >= 2).
+    log : backend
+        `ngramspec.store_log.open_log`'s result (in-process, directory or Redis).
+    model : str
+        Identity of the model's vocabulary (e.g. the model's name and vocabulary size): an
+        entry of another identity is refused, its token ids would mean other text.
+    n_vocab : int, optional
+        Token ids at or above it make an entry corrupt.
+    origin : str, optional
+        This replica's name in its entries (a random one by default): its own entries are
+        not inserted twice.
+    interval : float, 0.001 .. 60
+        Seconds between rounds of the background thread.
+    batch : int, 1 .. 65536
+        Entries read per call to the log.
+    max_backlog : int, 1 .. 2**20
+        Sequences kept for publishing while the log is unreachable.
+    max_backoff : float, interval .. 600
+        Longest wait between retries.
+
+    Notes
+    -----
+    Memory: the backlog (up to `max_backlog` sequences) and one read batch.
+
+    Thread-safety: `sync` runs in the background thread once `start` ran, or in the caller's
+    (tests, benchmarks) when it did not; a lock makes concurrent `sync` calls run one after
+    another. `stats` may be read from any thread.
+    """
+
+    def __init__(self, proposer, log_backend, *, model: str = "", n_vocab=None, origin=None,
+                 interval: float = 0.05, batch: int = 256, max_backlog: int = 4096,
+                 max_backoff: float = 5.0):
+        if not isinstance(proposer, SuffixProposer):
+            raise TypeError(f"proposer must be a SuffixProposer, got {type(proposer).__name__}")
+        self.proposer = proposer
+        self.log = log_backend
+        self.model = str(model)
+        self.n_vocab = None if n_vocab is None else check_int("n_vocab", n_vocab, 1)
+        self.origin = origin or uuid.uuid4().hex
+        self.interval = check_real("interval", interval, 0.001, 60.0)
+        self.batch = check_int("batch", batch, 1, 1 << 16)
+        self.max_backlog = check_int("max_backlog", max_backlog, 1, 1 << 20)
+        self.max_backoff = check_real("max_backoff", max_backoff, self.interval, 600.0)
+        self.budget = proposer.global_stats()["budget"]
+        proposer.publish_finished(self.max_backlog)
+        self._backlog: deque = deque()
+        self._dropped_here = 0
+        self._position = None
+        self._round = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+        self._down = False
+        self._mean_tokens = float(_FIRST_GUESS)
+        self.counts = dict(published=0, ingested=0, own=0, skipped_corrupt=0,
+                           skipped_foreign=0, dropped=0, gaps=0, errors=0)
+        self.lag_seconds = 0.0
+        self.last_error = ""
+        _LIVE.add(self)
+
+    # -- one round ------------------------------------------------------------------------
+
+    def sync(self) -> bool:
+        """One round: publish what finished, ingest what the log holds past our position.
+        False when the log could not be reached (counted in ``errors``; retried next round)."""
+        with self._round:
+            try:
+                self._publish()
+                while self._ingest() == self.batch:
+                    pass
+            except LogUnavailable as exc:
+                self.counts["errors"] += 1
+                self.last_error = str(exc)
+                if not self._down:
+                    log.warning("store log %s unreachable (drafting from this replica's own "
+                                "store; retrying with back-off): %s", self._name(), exc)
+                self._down = True
+                return False
+            if self._down:
+                log.warning("store log %s reachable again: caught up", self._name())
+                self._down = False
+            return True
+
+    def _name(self) -> str:
+        return getattr(self.log, "url", None) or getattr(self.log, "path", None) or \
+            type(self.log).__name__
+
+    def _publish(self) -> None:
+        sequences, dropped_by_proposer = self.proposer.take_finished()
+        now = time.time()
+        for seq in sequences:
+            self._backlog.append(encode(self.model, self.origin, now, seq))
+            self._mean_tokens += (len(seq) - self._mean_tokens) / 16
+        extra = len(self._backlog) - self.max_backlog
+        for _ in range(max(0, extra)):
+            self._backlog.popleft()
+        self._dropped_here += max(0, extra)
+        self.counts["dropped"] = dropped_by_proposer + self._dropped_here
+        if not self._backlog:
+            return
+        blobs = list(self._backlog)
+        # the log holds about the store's budget: as many entries of the mean length
+        max_entries = max(16, math.ceil(self.budget / max(1.0, self._mean_tokens)))
+        max_bytes = max(1 << 16, 4 * self.budget + _ENTRY_OVERHEAD * max_entries)
+        self.log.append(blobs, max_entries, max_bytes)
+        self._backlog.clear()
+        self.counts["published"] += len(blobs)
+
+    def _ingest(self) -> int:
+        blobs, position, gap = self.log.read(self._position, self.batch)
+        self._position = position
+        self.counts["gaps"] += bool(gap)
+        for blob in blobs:
+            try:
+                entry = decode(blob, self.model, self.n_vocab)
+            except BadEntry as exc:
+                self.counts["skipped_foreign" if exc.foreign else "skipped_corrupt"] += 1
+                continue
+            if entry.origin == self.origin:
+                self.counts["own"] += 1
+                continue
+            self.proposer.insert_global(entry.tokens)
+            self.counts["ingested"] += 1
+            self.lag_seconds = max(0.0, time.time() - entry.time)
+        return len(blobs)
+
+    # -- the background thread ------------------------------------------------------------
+
+    def start(self) -> "Replica":
+        """Run `sync` in a daemon thread every `interval` seconds (back-off after failures)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ngramspec-store-log",
+                                            daemon=True)
+            self._thread.start()
+            # a server or batch that exits publishes what finished since the last round
+            atexit.register(self.stop)
+        return self
+
+    def _run(self) -> None:
+        delay = self.interval
+        while not self._stop.wait(delay):
+            try:
+                ok = self.sync()
+            except Exception:       # noqa: BLE001 - a bug must not kill replication silently
+                log.exception("store log %s: round failed", self._name())
+                ok = False
+            delay = self.interval if ok else min(self.max_backoff, delay * 2)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread (after its current round), publish what is left once, close.
+        Once: a second call does nothing."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            atexit.unregister(self.stop)
+        try:
+            self.sync()
+        finally:
+            self.log.close()
+            _LIVE.discard(self)
+
+    def stats(self) -> dict:
+        """Counters (``published``, ``ingested``, ``own``, ``skipped_corrupt``,
+        ``skipped_foreign``, ``dropped``, ``gaps``, ``errors``), ``lag_seconds`` (publication
+        to ingestion of the last entry ingested), ``connected`` and the log's name."""
+        return dict(self.counts, skipped=self.counts["skipped_corrupt"]
+                    + self.counts["skipped_foreign"], lag_seconds=self.lag_seconds,
+                    connected=not self._down, log=self._name())
