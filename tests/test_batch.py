@@ -277,3 +277,68 @@ def test_serve_builds_the_draft_models_own_scheduler():
     assert others[name].llm is not target.llm
     for s in (target, *others.values()):
         s.stop()
+
+
+# -- issue 34: each bad line is its own error; a full disk is one clean error ------------------
+
+def test_each_bad_line_is_its_own_error_with_its_line_number(tmp_path, capsys):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = [json.dumps(_completion("ok-cr")).replace(", ", ",\r ").encode(),   # \r: whitespace
+             b'{"custom_id": "utf8", "method": "POST", "note": "caf\xe9"}',
+             b"[" * 100000,
+             b'{"custom_id": "broken", ',
+             json.dumps(_completion("bad-body", temperature="hot")).encode(),
+             json.dumps(_completion("long", prompt="x" * 300000)).encode()]
+    inp.write_bytes(b"\n".join(lines) + b"\n")
+    res = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS, "--max-body-size", "200000")
+    assert res.returncode == 0, res.stderr
+    assert "6 lines: 6 done (5 errors)" in res.stderr
+    results = _read(out)
+    by_line = {r["error"]["line"]: r for r in results if r["error"]}
+    assert sorted(by_line) == [2, 3, 4, 5, 6]
+    ok = next(r for r in results if r["error"] is None)
+    assert ok["custom_id"] == "ok-cr" and ok["response"]["status_code"] == 200
+    for n, needle in [(2, "line 2 is not UTF-8 text"), (3, "line 3 is not JSON"),
+                      (4, "line 4 is not JSON"),
+                      (6, "line 6 (300") ]:
+        assert needle in by_line[n]["error"]["message"], by_line[n]
+        assert by_line[n]["custom_id"] is None
+    assert "nested too deeply" in by_line[3]["error"]["message"]
+    assert "(column " in by_line[4]["error"]["message"]
+    assert "line 1" not in by_line[4]["error"]["message"]     # JSON's own line: always 1
+    assert "longer than the limit of 200000 bytes (--max-body-size)" in \
+        by_line[6]["error"]["message"]
+    assert by_line[5]["custom_id"] == "bad-body" and by_line[5]["error"]["param"] == "temperature"
+    res = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS, "--max-body-size", "200000")
+    assert res.returncode == 0 and "6 already in the output" in res.stderr
+    assert len(_read(out)) == 6
+
+
+def _file_size_limit(n_bytes):
+    def limit():
+        # EFBIG on the real write path, as a full disk gives ENOSPC, instead of a SIGXFSZ death
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, n_bytes))
+    return limit
+
+
+def test_a_full_disk_is_one_error_line_and_a_rerun_completes(tmp_path, capsys):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = [f"req-{i}" for i in range(12)]
+    _write(inp, [_completion(cid, prompt=f"Count from {i}:", n=4) for i, cid in enumerate(ids)])
+    r = subprocess.run([sys.executable, "-m", "ngramspec", "run-batch", "-i", str(inp),
+                        "-o", str(out), *FLAGS], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, preexec_fn=_file_size_limit(1500),
+                       env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+    assert r.returncode == 2, r.stderr
+    assert "Task exception" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert f"-o {out}: cannot write a result: File too large" in r.stderr
+    written = out.read_bytes()
+    assert len(written) <= 1500
+    complete = written[:written.rfind(b"\n") + 1]
+    res = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS)
+    assert res.returncode == 0, res.stderr
+    assert sorted(r["custom_id"] for r in _read(out)) == sorted(ids)
+    assert out.read_bytes().startswith(complete)
