@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from ngramspec.cli.common import Progress, add_progress_flags
+from ngramspec.cli.common import CtrlC, Progress, add_progress_flags
 from ngramspec.cli.serve import (add_request_limit_flags, add_serving_flags, build_app,
                                  check_serving_flags, request_limits)
 
@@ -44,7 +44,9 @@ def run(args) -> int:
     with open_batch(args.input_file, args.output_file, limits["max_body_size"]) as batch:
         # every slot busy, one more request each waiting in the queue
         args.queue_size = IN_FLIGHT_PER_SLOT * args.slots
-        app, scheduler, _ = build_app(args, **limits)
+        with CtrlC() as ctrl_c:
+            app, scheduler, _ = build_app(args, **limits)
+            ctrl_c.check()      # a Ctrl-C that the model load's logging swallowed
         with Progress("run-batch", enabled=args.progress, unit="req") as bar:
             summary = run_batch(app, scheduler, batch, progress=bar)
     sys.stderr.write(f"run-batch: {summary.line()}\n")
