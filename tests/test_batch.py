@@ -342,3 +342,33 @@ def test_a_full_disk_is_one_error_line_and_a_rerun_completes(tmp_path, capsys):
     assert res.returncode == 0, res.stderr
     assert sorted(r["custom_id"] for r in _read(out)) == sorted(ids)
     assert out.read_bytes().startswith(complete)
+
+
+def test_two_runs_on_one_output_the_second_exits_2(tmp_path, capsys):
+    import fcntl
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = [f"req-{i}" for i in range(4)]
+    _write(inp, [_completion(cid, prompt=f"Count from {i} to {i + 60}:", n=60)
+                 for i, cid in enumerate(ids)])
+    first = subprocess.Popen([sys.executable, "-m", "ngramspec", "run-batch", "-i", str(inp),
+                              "-o", str(out), *FLAGS], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 300
+        while True:                  # until the first run holds the output's lock
+            assert first.poll() is None and time.time() < deadline, first.stderr.read()
+            if out.exists():
+                with open(out, "rb") as probe:
+                    try:
+                        fcntl.flock(probe.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        break
+            time.sleep(0.05)
+        second = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS)
+        assert second.returncode == 2
+        assert f"-o {out}: another run-batch is writing this file" in second.stderr
+        assert first.wait(600) == 0, first.stderr.read()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert sorted(r["custom_id"] for r in _read(out)) == sorted(ids)    # each once

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from ngramspec.cli.common import CtrlC, Progress, add_progress_flags
+from ngramspec.cli.common import CtrlC, Progress, add_progress_flags, check_writable
 from ngramspec.cli.serve import (add_request_limit_flags, add_serving_flags, build_app,
                                  check_serving_flags, request_limits)
 
@@ -40,6 +40,7 @@ def run(args) -> int:
     from ngramspec.server.batch import IN_FLIGHT_PER_SLOT, open_batch, run_batch
 
     limits = request_limits(args)
+    check_writable("-o", args.output_file)      # its folder, its permissions
     # the output locked and both files checked before the model loads; nothing written yet
     with open_batch(args.input_file, args.output_file, limits["max_body_size"]) as batch:
         # every slot busy, one more request each waiting in the queue
