@@ -127,21 +127,35 @@ def test_duplicate_custom_ids_are_refused_before_any_work(tmp_path, capsys):
     assert not out.exists() or out.read_text() == ""
 
 
-def test_kill_9_mid_batch_then_a_rerun_completes_without_duplicates(tmp_path, capsys):
-    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    ids = [f"req-{i}" for i in range(8)]
-    _write(inp, [_completion(cid, prompt=f"Count from {i} to {i + 40}:", n=40)
+def _counting_batch(inp, n_requests, n_tokens):
+    """A batch of ``n_requests`` counting prompts; their custom_ids."""
+    ids = [f"req-{i}" for i in range(n_requests)]
+    _write(inp, [_completion(cid, prompt=f"Count from {i} to {i + n_tokens}:", n=n_tokens)
                  for i, cid in enumerate(ids)])
+    return ids
+
+
+def _run_batch_until(inp, out, reached, seconds=300):
+    """``run-batch`` in its own process, returned once ``reached()`` holds while it runs."""
     proc = subprocess.Popen([sys.executable, "-m", "ngramspec", "run-batch", "-i", str(inp),
                              "-o", str(out), *FLAGS], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+    deadline = time.time() + seconds
+    while time.time() < deadline and proc.poll() is None and not reached():
+        time.sleep(0.05)
+    if proc.poll() is not None or time.time() >= deadline:
+        proc.kill()
+        pytest.fail(f"run-batch ended (rc {proc.wait()}) or took {seconds} s before the "
+                    "moment the test needs")
+    return proc
+
+
+def test_kill_9_mid_batch_then_a_rerun_completes_without_duplicates(tmp_path, capsys):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = _counting_batch(inp, 8, 40)
+    proc = _run_batch_until(inp, out,
+                            lambda: out.exists() and out.read_text().count("\n") >= 2)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None:
-            if out.exists() and out.read_text().count("\n") >= 2:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, "finished before it could be killed"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
     finally:
@@ -347,27 +361,23 @@ def test_a_full_disk_is_one_error_line_and_a_rerun_completes(tmp_path, capsys):
 def test_two_runs_on_one_output_the_second_exits_2(tmp_path, capsys):
     import fcntl
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    ids = [f"req-{i}" for i in range(4)]
-    _write(inp, [_completion(cid, prompt=f"Count from {i} to {i + 60}:", n=60)
-                 for i, cid in enumerate(ids)])
-    first = subprocess.Popen([sys.executable, "-m", "ngramspec", "run-batch", "-i", str(inp),
-                              "-o", str(out), *FLAGS], cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE)
+    ids = _counting_batch(inp, 4, 60)
+
+    def locked():               # the first run holds the output's lock
+        if not out.exists():
+            return False
+        with open(out, "rb") as probe:
+            try:
+                fcntl.flock(probe.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+        return False
+    first = _run_batch_until(inp, out, locked)
     try:
-        deadline = time.time() + 300
-        while True:                  # until the first run holds the output's lock
-            assert first.poll() is None and time.time() < deadline, first.stderr.read()
-            if out.exists():
-                with open(out, "rb") as probe:
-                    try:
-                        fcntl.flock(probe.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        break
-            time.sleep(0.05)
         second = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS)
         assert second.returncode == 2
         assert f"-o {out}: another run-batch is writing this file" in second.stderr
-        assert first.wait(600) == 0, first.stderr.read()
+        assert first.wait(600) == 0
     finally:
         if first.poll() is None:
             first.kill()
