@@ -302,14 +302,16 @@ def test_each_bad_line_is_its_own_error_with_its_line_number(tmp_path, capsys):
              b"[" * 100000,
              b'{"custom_id": "broken", ',
              json.dumps(_completion("bad-body", temperature="hot")).encode(),
-             json.dumps(_completion("long", prompt="x" * 300000)).encode()]
+             json.dumps(_completion("long", prompt="x" * 300000)).encode(),
+             b'{"custom_id": "\\ud800", "url": "/v1/embeddings"}']   # no UTF-8 for it
     inp.write_bytes(b"\n".join(lines) + b"\n")
     res = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS, "--max-body-size", "200000")
     assert res.returncode == 0, res.stderr
-    assert "6 lines: 6 done (5 errors)" in res.stderr
+    assert "7 lines: 7 done (6 errors)" in res.stderr
     results = _read(out)
     by_line = {r["error"]["line"]: r for r in results if r["error"]}
-    assert sorted(by_line) == [2, 3, 4, 5, 6]
+    assert sorted(by_line) == [2, 3, 4, 5, 6, 7]
+    assert by_line[7]["custom_id"] == "\ud800" and by_line[7]["error"]["code"] == "invalid_url"
     ok = next(r for r in results if r["error"] is None)
     assert ok["custom_id"] == "ok-cr" and ok["response"]["status_code"] == 200
     for n, needle in [(2, "line 2 is not UTF-8 text"), (3, "line 3 is not JSON"),
@@ -324,8 +326,8 @@ def test_each_bad_line_is_its_own_error_with_its_line_number(tmp_path, capsys):
         by_line[6]["error"]["message"]
     assert by_line[5]["custom_id"] == "bad-body" and by_line[5]["error"]["param"] == "temperature"
     res = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS, "--max-body-size", "200000")
-    assert res.returncode == 0 and "6 already in the output" in res.stderr
-    assert len(_read(out)) == 6
+    assert res.returncode == 0 and "7 already in the output" in res.stderr
+    assert len(_read(out)) == 7
 
 
 def _file_size_limit(n_bytes):

@@ -215,7 +215,10 @@ class ResultFile:
         once a write failed (a full disk: `error` holds it, the run stops)."""
         if self.error is not None:
             return False
-        line = json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n"
+        try:
+            line = json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n"
+        except UnicodeEncodeError:  # an unpaired surrogate (a custom_id's "\ud800"): escaped
+            line = json.dumps(obj).encode("ascii") + b"\n"
         try:
             view = memoryview(line)
             while view:
