@@ -124,6 +124,14 @@ def test_fifo_and_device_are_refused(tmp_path, capsys):
              "not a regular file")
     _refused(cli(capsys, "run-batch", "-i", "/dev/zero", "-o", tmp_path / "o", *FLAGS),
              "-i /dev/zero", "character device")
+    # a new output that a failed run never wrote to is not left behind, an old one stays
+    _refused(cli(capsys, "run-batch", "-i", inp, "-o", tmp_path / "o", *FLAGS, "--model",
+                 tmp_path / "x.gguf"), "model file not found")
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "o").write_bytes(b"")
+    _refused(cli(capsys, "run-batch", "-i", inp, "-o", tmp_path / "o", *FLAGS, "--model",
+                 tmp_path / "x.gguf"), "model file not found")
+    assert (tmp_path / "o").read_bytes() == b""
 
 
 def test_lines_are_split_on_newline_only_with_their_numbers(tmp_path):

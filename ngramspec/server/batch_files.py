@@ -129,6 +129,7 @@ class ResultFile:
         self.done_lines: Set[int] = set()
         self.error: Optional[OSError] = None
         self._refuse_input(input_path)
+        self._created = not os.path.lexists(path)
         # O_NONBLOCK: a FIFO must not block the open; only a regular file is kept
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
         try:
@@ -229,8 +230,17 @@ class ResultFile:
         return True
 
     def close(self) -> None:
-        """Release the lock and the file."""
-        if self._fd >= 0:
+        """Release the lock and the file; a file this object created and nothing was written
+        to is removed (a run that failed before its first result leaves no empty file)."""
+        if self._fd < 0:
+            return
+        try:
+            if self._created and os.fstat(self._fd).st_size == 0 and \
+                    os.path.samestat(os.fstat(self._fd), os.stat(self.path)):
+                os.unlink(self.path)        # still locked: no other run is using it
+        except OSError:
+            pass
+        finally:
             os.close(self._fd)
             self._fd = -1
 
