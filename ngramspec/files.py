@@ -3,7 +3,9 @@ for outputs.
 
 An input that must be a regular file (a cache file, a trace, a chat log) is opened with
 `open_regular`: a FIFO, a device or a directory is refused at once instead of blocking forever
-(a FIFO with no writer) or never ending (``/dev/zero``).
+(a FIFO with no writer) or never ending (``/dev/zero``); `read_limited` reads a whole small
+input (a prompt) that way, or from standard input (``-``), never more than a bound.
+`same_file` tells an output that would overwrite an input (links included).
 
 Every file ngramspec writes goes through `atomic_write_bytes`, so it is replaced whole or not at
 all: the data goes to a temporary file in the same directory (rename(2) is atomic only within
@@ -24,6 +26,7 @@ import contextlib
 import errno
 import os
 import stat
+import sys
 import tempfile
 from typing import BinaryIO, Union
 
@@ -32,7 +35,8 @@ try:
 except ImportError:     # pragma: no cover - non-POSIX
     fcntl = None
 
-__all__ = ["NotRegularFileError", "atomic_write_bytes", "file_kind", "open_regular"]
+__all__ = ["NotRegularFileError", "atomic_write_bytes", "file_kind", "open_regular",
+           "read_limited", "same_file"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -94,6 +98,48 @@ def open_regular(path, what: str) -> BinaryIO:
         os.close(fd)
         raise
     return os.fdopen(fd, "rb")
+
+
+def read_limited(path, what: str, limit: int) -> bytes:
+    """The whole content of a regular file (`open_regular`), or of standard input for ``-``,
+    refused when longer than ``limit`` bytes (read no further than one byte past it).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        ``"-"`` alone reads standard input (a pipe, a terminal: waiting for it is asked for).
+    what : str
+        What the file holds, for the messages (``"prompts"``).
+    limit : int
+        Bytes.
+
+    Raises
+    ------
+    ValueError
+        Longer than ``limit``.
+    NotRegularFileError, OSError
+        As `open_regular`.
+    """
+    if os.fspath(path) == "-":
+        data = sys.stdin.buffer.read(limit + 1)
+    else:
+        with open_regular(path, what) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > limit:
+                raise ValueError(f"{size} bytes: {what} are read up to {limit} bytes")
+            data = fh.read(limit + 1)       # it may have grown since
+    if len(data) > limit:
+        raise ValueError(f"more than {limit} bytes: {what} are read up to {limit} bytes")
+    return data
+
+
+def same_file(path_a, path_b) -> bool:
+    """Whether two paths name one file (the same device and inode: symbolic and hard links
+    included); False when either does not exist."""
+    try:
+        return os.path.samestat(os.stat(path_a), os.stat(path_b))
+    except (OSError, ValueError):
+        return False
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import shlex
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -602,13 +603,33 @@ def _rank(configs: Sequence[Config], figures: Sequence[dict]) -> list:
     return sorted((Entry(c, f) for c, f in zip(configs, figures)), key=Entry.key)
 
 
+#: Worker processes per core at most: a replay is CPU-bound, so more workers than this only
+#: add forked processes and their memory (``--jobs 1500`` forked ~1,400 for ~60 settings).
+JOBS_PER_CORE = 2
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity), at least one."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:      # pragma: no cover - macOS / Windows
+        return os.cpu_count() or 1
+
+
+def worker_count(jobs: int, n_work: int, cores: Optional[int] = None) -> int:
+    """The worker processes `tune` starts for ``jobs`` asked: at most one per configuration of
+    the sweep's first round (``n_work``, its largest) and `JOBS_PER_CORE` per core."""
+    cores = available_cores() if cores is None else cores
+    return max(1, min(jobs, n_work, JOBS_PER_CORE * cores))
+
+
 def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
          slots: Sequence[int] = (1,), types: Optional[Iterable[str]] = None,
          ngramspec_options: bool = True, chains: bool = True, auto: bool = True,
          static_path: Optional[str] = None,
          n_ctx: int = 0, jobs: int = 1, progress: Optional[Callable] = None,
          grids: Optional[dict] = None, ngramspec_grids: Optional[dict] = None,
-         cost_name: str = "") -> TuneReport:
+         cost_name: str = "", note: Optional[Callable[[str], None]] = None) -> TuneReport:
     """Sweep, replay every configuration on `heldout`, rank.
 
     Parameters
@@ -632,13 +653,16 @@ def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
     n_ctx : int
         Context size bounding drafts (0: none).
     jobs : int
-        Worker processes (1: in this process).
+        Worker processes asked for (1: in this process); capped by `worker_count` (the
+        configurations to replay, `JOBS_PER_CORE` per core), which `note` is told.
     progress : callable, optional
         Called as ``progress(done, total)`` after each configuration.
     grids, ngramspec_grids : dict, optional
         Replace `GRIDS` / `NGRAMSPEC_GRIDS`.
     cost_name : str
         The cost model's name or file, as the printed commands give it.
+    note : callable(str), optional
+        Told, in one sentence, when fewer worker processes start than `jobs` asked for.
 
     Returns
     -------
@@ -668,7 +692,11 @@ def tune(train: Sequence[Request], heldout: Sequence[Request], cost_model, *,
         swept = parse_types(list(set(GRIDS) | set(NGRAMSPEC_GRIDS)))
         raise ValueError(f"--types: nothing to sweep; the types tune sweeps are "
                          f"{', '.join(swept)}")
-    with _Runner(jobs, progress, (list(heldout), cost_model, static_paths, n_ctx)) as runner:
+    workers = worker_count(jobs, len(configs))
+    if workers < jobs and note is not None:
+        note(f"--jobs {jobs}: {workers} worker processes ({len(configs)} configurations to "
+             f"replay, at most {JOBS_PER_CORE} per core on {available_cores()} cores)")
+    with _Runner(workers, progress, (list(heldout), cost_model, static_paths, n_ctx)) as runner:
         figures = runner.run(configs)
         if chains:
             configs, figures = _add_chains(runner, configs, figures, slots)

@@ -124,24 +124,38 @@ def test_duplicate_custom_ids_are_refused_before_any_work(tmp_path, capsys):
     res = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS)
     assert res.returncode == 2
     assert "custom_id 'a' appears on lines 1 and 3" in res.stderr
-    assert not out.exists() or out.read_text() == ""
+    assert not out.exists()
+
+
+def _counting_batch(inp, n_requests, n_tokens):
+    """A batch of ``n_requests`` counting prompts; their custom_ids."""
+    ids = [f"req-{i}" for i in range(n_requests)]
+    _write(inp, [_completion(cid, prompt=f"Count from {i} to {i + n_tokens}:", n=n_tokens)
+                 for i, cid in enumerate(ids)])
+    return ids
+
+
+def _run_batch_until(inp, out, reached, seconds=300):
+    """``run-batch`` in its own process, returned once ``reached()`` holds while it runs."""
+    proc = subprocess.Popen([sys.executable, "-m", "ngramspec", "run-batch", "-i", str(inp),
+                             "-o", str(out), *FLAGS], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + seconds
+    while time.time() < deadline and proc.poll() is None and not reached():
+        time.sleep(0.05)
+    if proc.poll() is not None or time.time() >= deadline:
+        proc.kill()
+        pytest.fail(f"run-batch ended (rc {proc.wait()}) or took {seconds} s before the "
+                    "moment the test needs")
+    return proc
 
 
 def test_kill_9_mid_batch_then_a_rerun_completes_without_duplicates(tmp_path, capsys):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    ids = [f"req-{i}" for i in range(8)]
-    _write(inp, [_completion(cid, prompt=f"Count from {i} to {i + 40}:", n=40)
-                 for i, cid in enumerate(ids)])
-    proc = subprocess.Popen([sys.executable, "-m", "ngramspec", "run-batch", "-i", str(inp),
-                             "-o", str(out), *FLAGS], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    ids = _counting_batch(inp, 8, 40)
+    proc = _run_batch_until(inp, out,
+                            lambda: out.exists() and out.read_text().count("\n") >= 2)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None:
-            if out.exists() and out.read_text().count("\n") >= 2:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, "finished before it could be killed"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
     finally:
@@ -277,3 +291,96 @@ def test_serve_builds_the_draft_models_own_scheduler():
     assert others[name].llm is not target.llm
     for s in (target, *others.values()):
         s.stop()
+
+
+# -- issue 34: each bad line is its own error; a full disk is one clean error ------------------
+
+def test_each_bad_line_is_its_own_error_with_its_line_number(tmp_path, capsys):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = [json.dumps(_completion("ok-cr")).replace(", ", ",\r ").encode(),   # \r: whitespace
+             b'{"custom_id": "utf8", "method": "POST", "note": "caf\xe9"}',
+             b"[" * 100000,
+             b'{"custom_id": "broken", ',
+             json.dumps(_completion("bad-body", temperature="hot")).encode(),
+             json.dumps(_completion("long", prompt="x" * 300000)).encode(),
+             b'{"custom_id": "\\ud800", "url": "/v1/embeddings"}']   # no UTF-8 for it
+    inp.write_bytes(b"\n".join(lines) + b"\n")
+    res = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS, "--max-body-size", "200000")
+    assert res.returncode == 0, res.stderr
+    assert "7 lines: 7 done (6 errors)" in res.stderr
+    results = _read(out)
+    by_line = {r["error"]["line"]: r for r in results if r["error"]}
+    assert sorted(by_line) == [2, 3, 4, 5, 6, 7]
+    assert by_line[7]["custom_id"] == "\ud800" and by_line[7]["error"]["code"] == "invalid_url"
+    ok = next(r for r in results if r["error"] is None)
+    assert ok["custom_id"] == "ok-cr" and ok["response"]["status_code"] == 200
+    for n, needle in [(2, "line 2 is not UTF-8 text"), (3, "line 3 is not JSON"),
+                      (4, "line 4 is not JSON"),
+                      (6, "line 6 (300") ]:
+        assert needle in by_line[n]["error"]["message"], by_line[n]
+        assert by_line[n]["custom_id"] is None
+    assert "nested too deeply" in by_line[3]["error"]["message"]
+    assert "(column " in by_line[4]["error"]["message"]
+    assert "line 1" not in by_line[4]["error"]["message"]     # JSON's own line: always 1
+    assert "longer than the limit of 200000 bytes (--max-body-size)" in \
+        by_line[6]["error"]["message"]
+    assert by_line[5]["custom_id"] == "bad-body" and by_line[5]["error"]["param"] == "temperature"
+    res = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS, "--max-body-size", "200000")
+    assert res.returncode == 0 and "7 already in the output" in res.stderr
+    assert len(_read(out)) == 7
+
+
+def _file_size_limit(n_bytes):
+    def limit():
+        # EFBIG on the real write path, as a full disk gives ENOSPC, instead of a SIGXFSZ death
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, n_bytes))
+    return limit
+
+
+def test_a_full_disk_is_one_error_line_and_a_rerun_completes(tmp_path, capsys):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = [f"req-{i}" for i in range(12)]
+    _write(inp, [_completion(cid, prompt=f"Count from {i}:", n=4) for i, cid in enumerate(ids)])
+    r = subprocess.run([sys.executable, "-m", "ngramspec", "run-batch", "-i", str(inp),
+                        "-o", str(out), *FLAGS], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, preexec_fn=_file_size_limit(1500),
+                       env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+    assert r.returncode == 2, r.stderr
+    assert "Task exception" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert f"-o {out}: cannot write a result: File too large" in r.stderr
+    written = out.read_bytes()
+    assert len(written) <= 1500
+    complete = written[:written.rfind(b"\n") + 1]
+    res = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS)
+    assert res.returncode == 0, res.stderr
+    assert sorted(r["custom_id"] for r in _read(out)) == sorted(ids)
+    assert out.read_bytes().startswith(complete)
+
+
+def test_two_runs_on_one_output_the_second_exits_2(tmp_path, capsys):
+    import fcntl
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = _counting_batch(inp, 4, 60)
+
+    def locked():               # the first run holds the output's lock
+        if not out.exists():
+            return False
+        with open(out, "rb") as probe:
+            try:
+                fcntl.flock(probe.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+        return False
+    first = _run_batch_until(inp, out, locked)
+    try:
+        second = cli(capsys, "run-batch", "-i", inp, "-o", out, *FLAGS)
+        assert second.returncode == 2
+        assert f"-o {out}: another run-batch is writing this file" in second.stderr
+        assert first.wait(600) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert sorted(r["custom_id"] for r in _read(out)) == sorted(ids)    # each once

@@ -337,3 +337,79 @@ def test_serve_policy_flag_is_spec_policy_and_the_old_one_warns(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--spec-policy", "greedy"])
     assert "invalid choice: 'greedy'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 34 section 3: inputs that never end or are the output
+# ---------------------------------------------------------------------------------------------
+
+def _bounded_run(argv, timeout=120, **kw):
+    """``ngramspec ARGV`` in a fresh interpreter whose memory is capped (2 GiB), so that a
+    read that never ends fails here instead of filling the machine."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    return subprocess.run([sys.executable, "-m", "ngramspec", *map(str, argv)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, preexec_fn=cap, **kw)
+
+
+@pytest.mark.parametrize("flag", ["-f", "--prompt-tokens"])
+def test_prompt_file_that_never_ends_is_refused_at_once(tmp_path, flag):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)                 # no writer: reading it would wait forever
+    name = "--prompt-file" if flag == "-f" else flag
+    for path, kind in ((fifo, "is a FIFO"), ("/dev/zero", "is a character device")):
+        one_line_error(_bounded_run(["generate", flag, path]), f"{name} {path}: {kind}",
+                       "regular files only")
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:      # sparse: no disk used
+        f.truncate((64 << 20) + 1)
+    one_line_error(_bounded_run(["generate", flag, big]),
+                   f"{name} {big}: 67108865 bytes: prompts are read up to 67108864 bytes")
+    with open("/dev/zero", "rb") as zero:       # '-': stdin, a stream, read up to the bound
+        one_line_error(_bounded_run(["generate", flag, "-"], stdin=zero),
+                       f"{name} -: more than 67108864 bytes")
+
+
+def test_prompt_from_stdin_is_still_read(capsys, monkeypatch):
+    import io
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"[5, -1]")))
+    r = cli(capsys, "generate", "--prompt-tokens", "-")
+    one_line_error(r, "--prompt-tokens -[1] = -1 is not a token id")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"a": 1}\n{"b": 2}\n')))
+    one_line_error(cli(capsys, "generate", "-f", "-"), "--prompt-file -: a JSONL file")
+
+
+@pytest.mark.parametrize("link", ["same", "symlink", "hardlink"])
+def test_replay_output_equal_to_its_trace_is_refused(tmp_path, capsys, link):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(GOOD + "\n")
+    out = {"same": trace, "symlink": tmp_path / "link", "hardlink": tmp_path / "hard"}[link]
+    if link == "symlink":
+        out.symlink_to(trace)
+    elif link == "hardlink":
+        os.link(trace, out)
+    r = cli(capsys, "replay", trace, "--output", out)
+    one_line_error(r, f"--output {out} is the trace file {trace} (the same file)")
+    assert trace.read_text() == GOOD + "\n"
+
+
+def test_tune_jobs_are_capped_at_the_work_and_the_cores(capsys):
+    from ngramspec.tune import JOBS_PER_CORE, available_cores, worker_count
+    r = cli(capsys, "tune", TRACES / "model-generated.jsonl.gz", "--limit", "4", "--types",
+            "ngram-simple", "--slots", "1", "--llama-only", "--no-chains", "--jobs", "1500",
+            "--no-progress", "--cost-model", "gpu")
+    assert r.returncode == 0, r.stderr
+    note = next(ln for ln in r.stderr.splitlines() if ln.startswith("tune: --jobs 1500: "))
+    n_workers = int(note.split(": ")[2].split()[0])
+    n_configs = int(note.split("(")[1].split()[0])
+    cores = available_cores()
+    assert n_workers == min(n_configs, JOBS_PER_CORE * cores) == \
+        worker_count(1500, n_configs), note
+    assert f"at most {JOBS_PER_CORE} per core on {cores} cores" in note
+    assert worker_count(1500, 60, cores=2) == 4 and worker_count(3, 60, cores=2) == 3
+    assert worker_count(8, 5, cores=64) == 5 and worker_count(1, 0, cores=1) == 1
+    r = cli(capsys, "tune", "--help")
+    assert f"at most one per configuration and {JOBS_PER_CORE} per core" in \
+        " ".join(r.stdout.split())

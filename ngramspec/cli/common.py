@@ -3,15 +3,18 @@ types, the one-line error format, the progress bar and the checks run before lon
 
 Notes
 -----
-Thread-safety: the command line runs on one thread; nothing here keeps state between calls.
+Thread-safety: the command line runs on one thread; nothing here keeps state between calls
+(`CtrlC` holds the SIGINT handler for one command's length).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import stat
 import sys
 import tempfile
+import threading
 from typing import Optional
 
 from tqdm import tqdm
@@ -320,6 +323,55 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class CtrlC:
+    """SIGINT for the length of one command: raised as KeyboardInterrupt, as Python's own
+    handler does, and remembered, so that an interrupt some C code swallowed still ends the
+    command as interrupted (`check`, `seen`).
+
+    llama-cpp-python calls its log callback (Python, through ctypes) for every message llama.cpp
+    logs, hundreds during a model load; a KeyboardInterrupt raised inside a ctypes callback is
+    printed as "Exception ignored" (to /dev/null while llama-cpp-python silences the load) and
+    dropped, so a Ctrl-C there used to be lost and the command went on to exit 0.
+
+    Installed only over Python's default handler, on the main thread (a SIGINT that the shell
+    ignores stays ignored); the handler before is put back on exit. Leave it before
+    ``asyncio.run``, which handles SIGINT itself only over the default handler.
+
+    Attributes
+    ----------
+    seen : bool
+        A SIGINT arrived while installed.
+
+    Notes
+    -----
+    Thread-safety: signals reach the main thread only; `check` reads one flag.
+    """
+
+    def __init__(self):
+        self.seen = False
+        self._previous = None
+
+    def _handler(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt if a SIGINT arrived (again, if it was swallowed)."""
+        if self.seen:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> "CtrlC":
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 def add_progress_flags(parser: argparse.ArgumentParser) -> None:

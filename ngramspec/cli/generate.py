@@ -5,12 +5,13 @@ import json
 import sys
 
 from ngramspec import cost, registry
-from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
+from ngramspec.cli.common import (CtrlC, add_context_flags, add_model_flags, add_policy_flags,
                                   add_repack_flag, add_spec_flags, check_model_file,
                                   check_writable, int_arg, load_cache_files)
 from ngramspec.cli.live_flags import (GENERATE_DEFAULTS, generate_params, spec_types,
                                       state_generate_defaults)
 from ngramspec.engine import SpecEngine
+from ngramspec.files import read_limited
 from ngramspec.llama import calibration
 from ngramspec.llama.draft_model import check_draft_model_file
 from ngramspec.llama.divergence import divergence_report
@@ -19,6 +20,11 @@ from ngramspec.llama.model import load_model
 from ngramspec.llama.text import text_stream
 from ngramspec.llama.tokenizer import tokenize_prompt
 from ngramspec.tokens import token_array
+
+#: Largest prompt file (-f, --prompt-tokens, or stdin): far above any context's worth of text
+#: (a token stands for a few bytes), so that /dev/zero on stdin or a wrong file fails at once.
+PROMPT_FILE_MAX = 64 << 20
+
 
 def add_parser(subparsers):
     p = subparsers.add_parser(
@@ -39,9 +45,11 @@ def add_parser(subparsers):
     src.add_argument("-p", "--prompt", metavar="TEXT", help="prompt text (special tokens parsed)")
     src.add_argument("-f", "--prompt-file", metavar="FILE",
                      help="read the prompt text from FILE ('-': stdin); the whole file is one "
-                          "prompt, so a JSONL file is refused")
+                          "prompt, so a JSONL file is refused; a regular file (a FIFO or "
+                          f"device is refused) of at most {PROMPT_FILE_MAX >> 20} MiB")
     src.add_argument("--prompt-tokens", metavar="FILE",
-                     help="JSON list of token ids, used as-is ('-': stdin)")
+                     help="JSON list of token ids, used as-is ('-': stdin; at most "
+                          f"{PROMPT_FILE_MAX >> 20} MiB, as -f)")
     p.add_argument("--chat", action="store_true",
                    help="render the text prompt as one user message with the model's chat "
                         "template (an instruct model such as the embedded one needs it to "
@@ -66,21 +74,23 @@ def add_parser(subparsers):
 
 
 def _read_text(flag, path):
-    """A UTF-8 text file (a leading byte-order mark is dropped); errors name ``flag``."""
-    if path == "-":
-        text = sys.stdin.read()
-        return text[1:] if text.startswith("\ufeff") else text
+    """A UTF-8 text file (a leading byte-order mark is dropped) of at most `PROMPT_FILE_MAX`
+    bytes, a regular file or stdin (``-``); errors name ``flag``."""
     try:
-        with open(path, encoding="utf-8-sig") as fh:
-            return fh.read()
+        data = read_limited(path, "prompts", PROMPT_FILE_MAX)
     except FileNotFoundError:
         raise FileNotFoundError(f"{flag} {path}: no such file") from None
     except IsADirectoryError:
         raise IsADirectoryError(f"{flag} {path}: is a directory") from None
+    except OSError as exc:      # a FIFO or a device too (NotRegularFileError)
+        raise OSError(f"{flag} {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"{flag} {path}: {exc}") from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{flag} {path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise OSError(f"{flag} {path}: {exc.strerror or exc}") from None
+    return text[1:] if text.startswith("\ufeff") else text
 
 
 def _refuse_jsonl(path, text):
@@ -157,10 +167,11 @@ def _check_inputs(args):
     return types, params, prompt_ids, text, cost_model
 
 
-def _execute(args):
+def _execute(args, ctrl_c: CtrlC):
     types, params, prompt_ids, text, cost_model = _check_inputs(args)
     llm = load_model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
                      n_threads=args.threads, repack=args.repack)
+    ctrl_c.check()      # a Ctrl-C during the load (where llama-cpp-python's logging drops it)
     prompt = prompt_ids if prompt_ids is not None else tokenize_prompt(llm, text, chat=args.chat)
     if len(prompt) == 0:
         raise ValueError("the prompt is empty")
@@ -170,15 +181,14 @@ def _execute(args):
     if engine is not None and args.spec_policy == "auto":
         policy = _auto_policy(llm, cost_model, quiet=args.json)
 
-    stream = None if args.json else _Stream(llm)
+    stream = _Stream(llm, ctrl_c, text=not args.json)
     interrupted = False
     try:
         spec = target.generate(prompt, n_predict=args.n_predict, policy=policy,
                                update_dynamic_cache=args.lookup_cache_dynamic, on_tokens=stream)
     except GenerationInterrupted as exc:
         spec, interrupted = exc.result, True
-    if stream is not None:
-        stream.finish(spec.output_tokens)
+    stream.finish(spec.output_tokens)
     res = spec.to_dict()
     if args.lookup_cache_dynamic is not None:
         res["dynamic_cache_ngrams"] = spec.dynamic_cache_ngrams
@@ -190,7 +200,7 @@ def _execute(args):
     plain = None
     if args.compare and not interrupted:
         plain, interrupted = _compare(llm, prompt, args.n_predict, spec, res)
-    res["interrupted"] = interrupted
+    res["interrupted"] = interrupted or ctrl_c.seen
     return res, spec, plain
 
 
@@ -219,20 +229,33 @@ def _compare(llm, prompt, n_predict, spec, res):
 
 class _Stream:
     """``on_tokens`` of the generation: the text on stdout as it is produced, flushed per step
-    (UTF-8 never split: `TextStream`)."""
+    (UTF-8 never split: `TextStream`); with ``text=False`` (``--json``) one line on stderr says
+    the generation began instead. Each step first checks for a Ctrl-C that C code swallowed
+    (`CtrlC`): raised here, it ends the generation as interrupted."""
 
-    def __init__(self, llm):
-        self.text = text_stream(llm)
+    def __init__(self, llm, ctrl_c: CtrlC, text: bool = True):
+        self.text = text_stream(llm) if text else None
+        self.ctrl_c = ctrl_c
         self.n_tokens = 0
 
     def __call__(self, tokens):
-        self.n_tokens += len(tokens)
-        self._write(self.text.push(tokens)[1])
+        self.ctrl_c.check()
+        if self.text is None and self.n_tokens == 0:
+            # the prompt is in: from here on a Ctrl-C prints the result so far
+            sys.stderr.write("generating (Ctrl-C stops and prints the result so far)\n")
+            sys.stderr.flush()
+        self._push(tokens)
 
     def finish(self, output_tokens):
         """Write what the generation emitted but did not stream (a Ctrl-C between the two)."""
-        self(output_tokens[self.n_tokens:])
-        self._write(self.text.finish())
+        self._push(output_tokens[self.n_tokens:])
+        if self.text is not None:
+            self._write(self.text.finish())
+
+    def _push(self, tokens):
+        self.n_tokens += len(tokens)
+        if self.text is not None:
+            self._write(self.text.push(tokens)[1])
 
     @staticmethod
     def _write(chunk):
@@ -301,7 +324,8 @@ def run(args) -> int:
     Ctrl-C keeps what was generated: the statistics so far are printed (one JSON object with
     ``--json``) and the exit code is 130, as for any interrupted command.
     """
-    res, spec, plain = _execute(args)
+    with CtrlC() as ctrl_c:
+        res, spec, plain = _execute(args, ctrl_c)
     if args.json:
         sys.stdout.write(json.dumps(res) + "\n")
     else:

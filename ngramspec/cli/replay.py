@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from ngramspec.files import atomic_write_bytes
+from ngramspec.files import atomic_write_bytes, same_file
 from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_policy_flags,
                                   add_spec_flags, add_store_flag, check_spec_flags,
                                   check_writable, engine_params, int_arg, load_cache_files)
@@ -82,6 +82,10 @@ def run(args) -> int:
     check_spec_flags(args.spec_type, given)
     if args.output:
         check_writable("--output", args.output, streams=True)
+        for path in args.traces:
+            if same_file(args.output, path):     # the output would replace the trace
+                raise ValueError(f"--output {args.output} is the trace file {path} (the same "
+                                 "file): write the replay's lines to another file")
     # cache files are read once, for every trace file and every engine of --state fresh
     args.spec_type, params = load_cache_files(args.spec_type, given)
     lines = []

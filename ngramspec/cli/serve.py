@@ -23,6 +23,7 @@ from ngramspec.cost import load_cost_model
 from ngramspec.llama.model import default_model_path, load_model
 from ngramspec.llama.scheduler import Scheduler
 from ngramspec.policy import make_policy
+from ngramspec.server import limits
 from ngramspec.server.reasoning import REASONING_FORMATS
 
 # Seconds uvicorn lets running requests finish after SIGTERM/SIGINT before cancelling them.
@@ -40,6 +41,7 @@ def add_parser(subparsers):
                     + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
                                 for k, v in GENERATE_DEFAULTS.items()) + ").")
     add_serving_flags(p)
+    add_request_limit_flags(p, "a larger one is answered 413 before it is read")
     p.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
                    help="requests waiting for a slot before new ones get 503 "
                         "(default: %(default)s)")
@@ -51,18 +53,10 @@ def add_parser(subparsers):
                    help="require 'Authorization: Bearer KEY' on the API and its /openapi.json "
                         "(the /docs pages are then off); comma list for several keys, an empty "
                         "or blank key is refused (default: $NGRAMSPEC_API_KEY, else no key)")
-    p.add_argument("--max-body-size", type=int_arg(1024), default=None, metavar="BYTES",
-                   help="largest request body; a larger one is answered 413 before it is read "
-                        "(default: 8 MiB)")
     p.add_argument("--read-timeout", type=number_arg(float, 0.001), default=None, metavar="S",
                    help="seconds a client may take to send a request's headers, and then its "
                         "body, before the connection is closed (headers) or answered 408 "
                         "(body) (default: 30)")
-    p.add_argument("--escape-special-in-input", action="store_true",
-                   help="tokenize chat messages' content as plain text: '<|im_start|>' in a "
-                        "message stays text instead of becoming the special token, so a user "
-                        "cannot forge system turns (llama-server parses it; default: parsed, "
-                        "as llama-server)")
     p.add_argument("--timeout-graceful-shutdown", type=number_arg(float, 0.0),
                    default=GRACEFUL_S,
                    metavar="S", help="seconds running requests may finish after SIGTERM before "
@@ -102,6 +96,26 @@ def add_serving_flags(p, temp: float = 0.8) -> None:
                                   "start with --spec-policy auto, cached per model, threads "
                                   "and batch size")
     state_generate_defaults(p)
+
+
+def add_request_limit_flags(p, too_large: str) -> None:
+    """The bounds on what one request may hold, shared by ``serve`` and ``run-batch`` (one
+    definition, `ngramspec.server.limits`' defaults); ``too_large`` says what happens to a
+    larger body. `request_limits` turns them into `create_app`'s keywords."""
+    p.add_argument("--max-body-size", type=int_arg(1024), default=None, metavar="BYTES",
+                   help=f"largest request body; {too_large} (default: "
+                        f"{limits.MAX_BODY_SIZE >> 20} MiB)")
+    p.add_argument("--escape-special-in-input", action="store_true",
+                   help="tokenize chat messages' content as plain text: '<|im_start|>' in a "
+                        "message stays text instead of becoming the special token, so a user "
+                        "cannot forge system turns (llama-server parses it; default: parsed, "
+                        "as llama-server)")
+
+
+def request_limits(args) -> dict:
+    """`create_app`'s keywords of `add_request_limit_flags`' flags."""
+    return {"max_body_size": args.max_body_size or limits.MAX_BODY_SIZE,
+            "special_in_content": not args.escape_special_in_input}
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -254,19 +268,16 @@ def run(args) -> int:
     check_serving_flags(args)
     import uvicorn
 
-    from ngramspec.server import limits
     from ngramspec.server.auth import parse_api_keys
     from ngramspec.server.shutdown import DRAIN_S, DrainingServer
 
     parse_api_keys(args.api_key)  # a blank key fails here, before the model loads
-    max_body = args.max_body_size or limits.MAX_BODY_SIZE
     read_timeout = args.read_timeout or limits.READ_TIMEOUT_S
     sock = _bind(args.host, args.port)
     try:
         app, _, name = build_app(args, api_key=args.api_key,
                                  stop_timeout=max(5.0, args.timeout_graceful_shutdown),
-                                 max_body_size=max_body, read_timeout=read_timeout,
-                                 special_in_content=not args.escape_special_in_input)
+                                 read_timeout=read_timeout, **request_limits(args))
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         # One line a supervisor (or a test) can wait for, printed before requests are served.

@@ -27,8 +27,8 @@ from ngramspec.cost import load_cost_model
 from ngramspec.llama.model import gpu_offload_available
 from ngramspec.llama.tokenizer import Tokenizer
 from ngramspec.logs import FORMATS, read_logs
-from ngramspec.tune import (GRIDS, MOD_N_MIN_FRACTIONS, NGRAMSPEC_GRIDS, Config, parse_types,
-                            split_requests, tune)
+from ngramspec.tune import (GRIDS, JOBS_PER_CORE, MOD_N_MIN_FRACTIONS, NGRAMSPEC_GRIDS, Config,
+                            available_cores, parse_types, split_requests, tune)
 from ngramspec.tune_plot import require_matplotlib, save_plots
 
 # --cost-model's default follows the machine (`default_cost_model`): a GPU's curve priced on a
@@ -62,13 +62,6 @@ def _slot_list(text):
 
 
 _slot_list.__name__ = "comma list of integers >= 1"
-
-
-def _default_jobs() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:      # pragma: no cover - macOS / Windows
-        return os.cpu_count() or 1
 
 
 def add_parser(subparsers):
@@ -108,7 +101,9 @@ def add_parser(subparsers):
                         f"GPU, else {CPU_COST_MODEL}; said on stderr)")
     add_draft_bound_flag(p)
     p.add_argument("--jobs", "-j", type=positive_int, default=None, metavar="N",
-                   help="worker processes (default: the cores this process may use)")
+                   help=f"worker processes, at most one per configuration and "
+                        f"{JOBS_PER_CORE} per core (said on stderr when that caps N; default: "
+                        f"the cores this process may use)")
     p.add_argument("--top", type=positive_int, default=20, metavar="N",
                    help="table rows to print (default: %(default)s)")
     p.add_argument("--output", metavar="DIR",
@@ -150,8 +145,9 @@ def run(args) -> int:
                           ngramspec_options=not args.llama_only, chains=not args.no_chains,
                           auto=not args.no_auto,
                           static_path=static_path, n_ctx=args.ctx_size,
-                          jobs=args.jobs or _default_jobs(), progress=progress,
-                          cost_name=args.cost_model)
+                          jobs=args.jobs or available_cores(), progress=progress,
+                          cost_name=args.cost_model,
+                          note=lambda text: sys.stderr.write(f"tune: {text}\n"))
         if chosen:   # said after the sweep's own checks, so that an error stays one line
             sys.stderr.write(f"tune: cost model {args.cost_model} (the default on this "
                              f"machine; --cost-model {GPU_COST_MODEL} prices drafts for a GPU "
