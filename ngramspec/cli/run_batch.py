@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ngramspec.cli.common import Progress, add_progress_flags, check_writable
+from ngramspec.cli.common import Progress, add_output_flag, add_progress_flags, check_writable
 from ngramspec.cli.serve import add_serving_flags, build_app, check_serving_flags
 
 
@@ -23,8 +23,8 @@ def add_parser(subparsers):
                     "is completed by running it again.")
     p.add_argument("-i", "--input-file", required=True, metavar="FILE",
                    help="requests, one JSON object a line")
-    p.add_argument("-o", "--output-file", required=True, metavar="FILE",
-                   help="results, appended (created if missing)")
+    add_output_flag(p, required=True, old_name="--output-file",
+                    help="results, appended (created if missing)")
     add_serving_flags(p, temp=0.8)
     add_progress_flags(p)
     p.set_defaults(run=run)
@@ -37,13 +37,13 @@ def run(args) -> int:
 
     if not os.path.isfile(args.input_file):
         raise ValueError(f"-i: input file not found: {args.input_file}")
-    check_writable("-o", args.output_file)
+    check_writable("--output", args.output)
     scan_input(args.input_file)          # duplicate custom_ids: refused before the model loads
-    read_done(args.output_file)
+    read_done(args.output)
     # every slot busy, one more request each waiting in the queue
     args.queue_size = IN_FLIGHT_PER_SLOT * args.slots
     app, scheduler, _ = build_app(args)
     with Progress("run-batch", enabled=args.progress, unit="req") as bar:
-        summary = run_batch(app, scheduler, args.input_file, args.output_file, progress=bar)
+        summary = run_batch(app, scheduler, args.input_file, args.output, progress=bar)
     sys.stderr.write(f"run-batch: {summary.line()}\n")
     return 0
