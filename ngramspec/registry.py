@@ -273,8 +273,8 @@ TYPES: dict[str, SpecType] = _types(
               "lowest probability that the whole draft is accepted"),
         Param(SUFFIX + "gain_cost", 0.02, 0.0, 1.0, float,
               "a token is drafted only while the whole draft's acceptance probability is at "
-              "least this x the slot's accepted draft tokens per step (counted up to 8): a slot "
-              "that already gains much per step drafts only likelier tokens"),
+              "least this times the slot's accepted draft tokens per step (counted up to 8): a "
+              "slot that already gains much per step drafts only likelier tokens"),
         Param(SUFFIX + "draft_cost", 0.0078125, 0.0, 1.0, float,
               "that probability threshold rises by this much per token already drafted"),
         Param(SUFFIX + "max_context", 65536, 256, 1 << 26, help="tokens of a request indexed "
