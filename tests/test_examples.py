@@ -87,5 +87,22 @@ def test_paths_from_the_shell_without_shared(tmp_path):
     assert bad.returncode == 2 and "family = 'code' is out of range" in bad.stderr
 
 
+def test_sample_ships_with_the_package(tmp_path):
+    """pyproject's package data carries the sample: setuptools' build of the pure-Python part
+    (what a wheel or a non-editable install holds) has every file the helpers name."""
+    res = subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base",
+                          str(tmp_path), "build_py", "--build-lib", str(tmp_path / "lib")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "would be ignored" not in res.stderr          # every data folder is listed
+    shipped = tmp_path / "lib" / "ngramspec" / "examples"
+    here = ROOT / "ngramspec" / "examples"
+    for family in examples.FAMILIES:
+        name = os.path.relpath(examples.traces(family), here)
+        assert (shipped / name).read_bytes() == (here / name).read_bytes(), name
+    for name in ("traces/README.md", "code_edit_prompt.txt", "batch.jsonl", "__main__.py"):
+        assert (shipped / name).is_file(), name
+
+
 if __name__ == "__main__":
     write_sample()
