@@ -272,9 +272,11 @@ TYPES: dict[str, SpecType] = _types(
         Param(SUFFIX + "min_prob", 0.005, 0.0, 1.0, float,
               "lowest probability that the whole draft is accepted"),
         Param(SUFFIX + "gain_cost", 0.02, 0.0, 1.0, float,
-              "threshold >= this x accepted draft tokens per step (<= 8)"),
+              "a token is drafted only while the whole draft's acceptance probability is at "
+              "least this times the slot's accepted draft tokens per step (counted up to 8): a "
+              "slot that already gains much per step drafts only likelier tokens"),
         Param(SUFFIX + "draft_cost", 0.0078125, 0.0, 1.0, float,
-              "threshold rise per token already drafted"),
+              "that probability threshold rises by this much per token already drafted"),
         Param(SUFFIX + "max_context", 65536, 256, 1 << 26, help="tokens of a request indexed "
               "per slot"),
         Param(SUFFIX + "global_tokens", 1048576, 0, 1 << 26,
@@ -296,8 +298,7 @@ TYPES: dict[str, SpecType] = _types(
         Param("lookup_cache_static", None, kind=CacheFile,
               help="static n-gram cache file; giving it adds ngram-cache"),
         Param("lookup_cache_dynamic", None, kind=CacheFile,
-              help="dynamic n-gram cache file (absent = empty; generate merges each run into "
-                   "it); giving it adds ngram-cache"),
+              help="dynamic n-gram cache file (absent = empty); giving it adds ngram-cache"),
         Param("ngram_cache_restart", 0, 0, 1, help="ngramspec option, not llama.cpp: 1 = "
               "begin() restarts the slot's context cache (each request learns only its own "
               "tokens)"),

@@ -562,7 +562,8 @@ class TuneReport:
         return shlex.join(argv)
 
     def replay_command(self, entry: Entry, heldout: str) -> str:
-        """The ``ngramspec replay`` command that reproduces an entry's figures.
+        """The ``ngramspec replay`` command that reproduces an entry's figures, its modeled
+        speed-up included (``--cost-model`` always given).
 
         Parameters
         ----------
@@ -578,6 +579,9 @@ class TuneReport:
                 "--slots", str(entry.config.n_slots)]
         if self.n_ctx:
             argv += ["--ctx-size", str(self.n_ctx)]
+        if self.cost_model and "--cost-model" not in argv:
+            # replay prints the modeled speed-up too, priced as tune priced it
+            argv += ["--cost-model", self.cost_model]
         return shlex.join(argv)
 
     def to_dict(self) -> dict:

@@ -250,7 +250,7 @@ def _chat(reasoning_format, **extra):
 def test_reasoning_content_splits_the_models_own_think_block():
     raw = _chat("none").json()["choices"][0]["message"]
     text = raw["content"]           # --reasoning-format none: as generated
-    assert raw["reasoning_content"] is None
+    assert "reasoning_content" not in raw       # no field of OpenAI's schema
     assert text.lstrip().startswith("<think>") and "</think>" in text, text
     reasoning = text.split("<think>", 1)[1].split("</think>", 1)[0].strip()
     content = text.split("</think>", 1)[1].lstrip()
@@ -263,6 +263,16 @@ def test_reasoning_content_splits_the_models_own_think_block():
               if line.startswith("data: {") and '"choices":[{' in line]
     assert "".join(d.get("reasoning_content") or "" for d in deltas) == reasoning
     assert "".join(d.get("content") or "" for d in deltas) == content
+    # a chunk carries reasoning or content, never both; none carries a null reasoning field
+    assert not [d for d in deltas if d.get("reasoning_content") and d.get("content")]
+    assert all(d.get("reasoning_content", "x") is not None for d in deltas)
+    first_content = next(i for i, d in enumerate(deltas) if d.get("content"))
+    assert not any(d.get("reasoning_content") for d in deltas[first_content:])
+    r = _chat("none", stream=True)
+    plain = [json.loads(line[6:])["choices"][0]["delta"] for line in r.text.splitlines()
+             if line.startswith("data: {") and '"choices":[{' in line]
+    assert plain and not any("reasoning_content" in d for d in plain)
+    assert "".join(d.get("content") or "" for d in plain) == text
 
 
 def test_the_draft_model_answers_alone_in_its_own_context():

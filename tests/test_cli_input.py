@@ -249,8 +249,8 @@ def _help(capsys, *argv):
 
 def test_help_texts(capsys):
     replay_help = _help(capsys, "replay")
-    for default in ("(default: shared)", "(default: 1)", "(default: all)",
-                    "(default: 0 = unbounded)"):
+    for default in ("(default: shared)", "(default: 1, one slot", "(default: all)",
+                    "(default: 0, unbounded"):
         assert default in replay_help, default
     info = _help(capsys, "cache", "info")
     assert "n-grams by size" in info

@@ -6,6 +6,7 @@ signals or llama.cpp's own logging are.
 """
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -73,6 +74,115 @@ def test_help_texts_state_defaults_one_way():
     gen = next(p for p in parsers if p.prog == "ngramspec generate")
     cost = next(a for a in gen._actions if "--cost-model" in a.option_strings)
     assert "(default: the loaded model's calibration" in cost.help
+
+
+# The options several commands share: their one spelling (every visible option string of the
+# option, in every command that has it) ...
+SPELLINGS = {
+    "model": ("-m", "--model"), "model_draft": ("-md", "--model-draft"),
+    "ctx_size": ("-c", "--ctx-size"), "batch_size": ("-b", "--batch-size"),
+    "threads": ("-t", "--threads"), "slots": ("-np", "--slots", "--parallel"),
+    "output": ("-o", "--output"), "limit": ("--limit",), "n_predict": ("-n", "--n-predict"),
+    "spec_type": ("--spec-type",), "spec_policy": ("--spec-policy",),
+    "cost_model": ("--cost-model",), "progress": ("--progress", "--no-progress"),
+}
+# ... the old spellings kept as hidden, deprecated aliases, wherever the option is ...
+DEPRECATED = {"spec_policy": "--policy", "output": "--output-file"}
+# ... and the defaults that differ between commands, on purpose (each command's help says why;
+# the README's CLI reference lists them). Any other shared option has one default everywhere.
+DEFAULTS = {
+    "ctx_size": {"replay": 0, "tune": 0, "*": 4096},        # a trace fills no model's context
+    "spec_policy": {"generate": "auto", "*": "fixed"},      # fixed: what llama-server does
+    "slots": {"replay": 1, "tune": (1, 4), "*": 4},         # tune sweeps; serve batches 4
+    "n_predict": {"generate": 256, "*": -1},                # serve: until EOS, as llama-server
+}
+
+
+def _options(parser):
+    """dest -> (visible option strings, hidden ones, the actions) of a parser."""
+    found = {}
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            vis, hid, acts = found.setdefault(action.dest, (set(), set(), []))
+            (hid if action.help == "==SUPPRESS==" else vis).update(action.option_strings)
+            acts.append(action)
+    return found
+
+
+def _commands():
+    return [p for p in _subparsers(build_parser()) if not any(
+        a.__class__.__name__ == "_SubParsersAction" for a in p._actions)]
+
+
+def test_shared_options_have_one_spelling_in_every_command():
+    seen = {dest: set() for dest in SPELLINGS}
+    for p in _commands():
+        options = _options(p)
+        for dest, (vis, hid, _) in options.items():
+            for other, spelling in SPELLINGS.items():
+                # an option string of a shared option means that option, in every command
+                assert not (vis & set(spelling)) or dest == other, (p.prog, dest, vis)
+            if dest in SPELLINGS:
+                seen[dest].add(p.prog)
+                assert vis == set(SPELLINGS[dest]), (p.prog, dest, vis)
+                old = DEPRECATED.get(dest)
+                assert old is None or old not in vis, (p.prog, old)
+        for dest, old in DEPRECATED.items():
+            if dest == "spec_policy" and dest in options:
+                assert old in options[dest][1], (p.prog, old)     # works wherever the option is
+    assert all(len(progs) >= 2 for progs in seen.values()), seen  # the table lists shared ones
+
+
+@pytest.mark.parametrize("argv, dest, value, old", [
+    (["replay", "t.jsonl", "--policy", "auto"], "spec_policy", "auto", "--policy"),
+    (["generate", "-p", "x", "--policy", "fixed"], "spec_policy", "fixed", "--policy"),
+    (["serve", "--policy", "auto"], "spec_policy", "auto", "--policy"),
+    (["run-batch", "-i", "in.jsonl", "--output-file", "o.jsonl"], "output", "o.jsonl",
+     "--output-file"),
+    (["replay", "t.jsonl", "-np", "3"], "slots", 3, None),
+    (["tune", "log.jsonl", "--parallel", "2,8", "-o", "DIR", "-c", "512"], "slots", (2, 8), None),
+])
+def test_old_and_llama_server_spellings_still_work(capsys, argv, dest, value, old):
+    args = build_parser().parse_args(argv)
+    assert getattr(args, dest) == value
+    err = capsys.readouterr().err
+    if old:
+        assert f"{old} is deprecated, use " in err, err
+
+
+def test_shared_options_have_one_documented_default():
+    for p in _commands():
+        command = p.prog.split()[1]
+        for dest, (_, _, actions) in _options(p).items():
+            if dest not in SPELLINGS:
+                continue
+            action = next(a for a in actions if a.help != "==SUPPRESS==")
+            if dest in DEFAULTS:
+                expected = DEFAULTS[dest].get(command, DEFAULTS[dest]["*"])
+                assert action.default == expected, (p.prog, dest, action.default)
+            shown = ",".join(map(str, action.default)) if isinstance(action.default, tuple) \
+                else action.default
+            text = " ".join((action.help % {"default": action.default}
+                             if "%(default)" in action.help else action.help).split())
+            if action.default not in (None, False) and action.nargs != 0:
+                assert f"(default: {shown}" in text, (p.prog, dest, text)
+            if dest in DEFAULTS and len(set(map(str, DEFAULTS[dest].values()))) > 1:
+                # a default that differs between commands says why, after its value
+                assert re.search(rf"\(default: {re.escape(str(shown))}[,:;] \S", text), \
+                    (p.prog, dest, text)
+
+
+def test_no_flag_help_describes_another_command():
+    """A flag's help says what it does in its own command (the texts are shared code)."""
+    names = {n.replace("_", "-") for n in SUBCOMMANDS}
+    for p in _commands():
+        command = p.prog.split()[1]
+        for action in p._actions:
+            text = action.help or ""
+            for other in names - {command}:
+                # "serve: ...", "generate merges ..." in another command's help
+                assert not re.search(rf"(?<![\w-]){other}(:| merges| passes)", text), \
+                    (p.prog, action.option_strings, text)
 
 
 def test_cache_help_names_its_verbs(capsys):

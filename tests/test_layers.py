@@ -42,7 +42,7 @@ def _name(path: pathlib.Path) -> str:
 
 
 def _py_files():
-    return sorted(p for p in PKG.rglob("*.py") if "examples" not in p.parts)
+    return sorted(PKG.rglob("*.py"))
 
 
 MODULES = {_name(p): p for p in _py_files()}

@@ -407,8 +407,9 @@ def test_divergence_report_tells_noise_from_a_wrong_token(llm, prompt, plain):
 
 
 def test_generate_defaults_apply_to_generate_only(tmp_path, prompt, monkeypatch, capsys):
-    """GENERATE_DEFAULTS (bench/results/e2e-fixed.md) change generate's engine only; replay, SpecEngine
-    and the plug-in keep llama.cpp's defaults, and a flag given on the command line wins."""
+    """GENERATE_DEFAULTS (bench/results/e2e-fixed.md) change the engines of the commands that
+    decode with a model only; replay, SpecEngine and the plug-in keep llama.cpp's defaults, and
+    a flag given on the command line wins."""
     import argparse
 
     import ngramspec.registry as registry
@@ -439,7 +440,9 @@ def test_generate_defaults_apply_to_generate_only(tmp_path, prompt, monkeypatch,
     help_text = " ".join(gen_parser.format_help().split())
     for name, value in GENERATE_DEFAULTS.items():
         assert f"--spec-{name.replace('_', '-')} {value}" in gen_parser.description
-    assert "(default: 32 for generate, llama.cpp's 64; 0..1024)" in help_text
+    # the default and why it differs from llama.cpp's (replay and tune keep llama.cpp's)
+    assert "(default: 32, shorter than llama.cpp's 64 for a CPU, where a rejected draft costs " \
+           "nearly its length in decodes; 0..1024)" in help_text
 
     # The CLI really builds its ngram-mod with them.
     seen = []

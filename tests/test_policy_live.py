@@ -1,5 +1,7 @@
 """The auto draft-length policy on the real embedded model: the output stays plain greedy."""
 import json
+import os
+import re
 
 import pytest
 
@@ -53,7 +55,19 @@ def test_generate_defaults_to_auto_and_calibrates_once(capsys):
     assert cli_main(argv) == 0
     out, err = capsys.readouterr()
     assert "calibrating the verify cost" in err
-    assert "policy auto (cost model calibrated)" in out
+    # where the file goes (a file the user did not ask for): the session's cache folder here
+    assert f"cached in {os.environ['NGRAMSPEC_CACHE_DIR']}{os.sep}" in err
+    assert "policy auto (cost model calibrated): the proposers drafted " in out
+    # the two drafted counts say what each counts: all drafted tokens, or the verified ones
+    line = next(ln for ln in out.splitlines() if ln.startswith("policy auto"))
+    drafted, verified = map(int, re.search(r"drafted (\d+) tokens in \d+ drafts; (\d+) of them "
+                                           r"verified", line).groups())
+    assert verified <= drafted
+    assert f"/{verified} verified draft tokens accepted" in out
+    assert "#gen tokens counts every drafted token, before the policy's cut" in out
+    gen = sum(int(ln.split("#gen tokens =")[1].split(",")[0]) for ln in out.splitlines()
+              if "#gen tokens =" in ln)
+    assert gen == drafted
     assert cli_main(argv + ["--json"]) == 0
     out, err = capsys.readouterr()
     res = json.loads(out)

@@ -4,9 +4,11 @@ How the blocks run (the README's "Contributing" section says the same for writer
 
 * In a sandbox: a temporary folder holding ``repo/`` (links to this checkout's files, so
   ``ngramspec/examples/...`` and ``bench/...`` resolve, while the files an example writes land
-  in the sandbox) and ``shared/`` (a link to ``../shared``), the current directory being
-  ``repo/``; ``$NGRAMSPEC_CACHE_DIR`` is the test session's own, so the first ``--spec-policy
-  auto`` run calibrates as it would for a new user.
+  in the sandbox), the current directory being ``repo/``. There is no ``../shared`` beside it
+  and ``$NGRAMSPEC_SHARED`` names a missing folder, so every example runs as it would from a
+  clone alone (the packaged samples of `ngramspec.examples`, not the full corpora).
+  ``$NGRAMSPEC_CACHE_DIR`` is the test session's own, so the first ``--spec-policy auto`` run
+  calibrates as it would for a new user.
 * A ```bash block runs with ``bash -e -o pipefail``; a ```python block is written to a file and
   run with this interpreter. Each must exit with 0 within `BLOCK_TIMEOUT_S`.
 * ``pip`` is a stand-in that installs nothing: it checks that what the command asks for (the
@@ -34,7 +36,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, SHARED
+from conftest import ROOT
 
 README = ROOT / "README.md"
 BLOCK_TIMEOUT_S = 600
@@ -165,7 +167,6 @@ class Sandbox:
         for entry in ROOT.iterdir():
             if entry.name not in (".git", ".venv") and not entry.name.startswith(".venv"):
                 (self.repo / entry.name).symlink_to(entry)
-        (base / "shared").symlink_to(SHARED)
         bin_dir = base / "bin"
         bin_dir.mkdir()
         pip = bin_dir / "pip"
@@ -174,7 +175,7 @@ class Sandbox:
         self.env = dict(os.environ,
                         PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable),
                                               os.environ.get("PATH", "")]),
-                        PYTHONUNBUFFERED="1")
+                        PYTHONUNBUFFERED="1", NGRAMSPEC_SHARED=str(base / "no-shared"))
         self.server: subprocess.Popen | None = None
         self.server_section = None
         self.server_log = base / "server.log"
@@ -230,7 +231,7 @@ class Sandbox:
 
 
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory, shared_dir):
+def sandbox(tmp_path_factory):
     box = Sandbox(tmp_path_factory.mktemp("readme"))
     yield box
     box.stop_server()
@@ -257,6 +258,13 @@ def test_readme_has_runnable_blocks():
     # The harness would pass vacuously if the fences changed language or the parser broke.
     assert sum(b.skip_reason is None for b in BLOCKS) >= 10
     assert any(b.starts_server for b in BLOCKS)
+
+
+def test_readme_examples_need_no_shared_corpora():
+    # A clone has no ../shared: the examples use the samples of ngramspec/examples/ instead.
+    # (The sandbox has none either, so a block that slips through fails; this names it first.)
+    offenders = [b.label for b in BLOCKS if re.search(r"shared/|NGRAMSPEC_SHARED", b.code)]
+    assert offenders == []
 
 
 def test_markers_parse():

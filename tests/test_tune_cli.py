@@ -118,8 +118,9 @@ def test_replaying_the_recommended_flags_gives_the_reported_figures(tuned, capsy
     for k in FIGURES:
         assert summary[k] == best["llama_server"][k], k
     assert modeled_speedup(records, cost)["speedup"] == best["llama_server"]["speedup"]
+    # the check command carries the cost model, so replay prints the same modeled speed-up
     assert best["llama_server"]["replay_command"].split()[3:] == \
-        [str(a) for a in flags]
+        [str(a) for a in flags] + ["--cost-model", "cpu-embedded"]
     # the best ngramspec configuration, through its check command
     ours = best["ngramspec"]
     check = shlex.split(ours["replay_command"])
@@ -129,6 +130,7 @@ def test_replaying_the_recommended_flags_gives_the_reported_figures(tuned, capsy
     for k in FIGURES:
         assert summary[k] == ours[k], k
     assert modeled_speedup(records, cost)["speedup"] == ours["speedup"]
+    assert summary["modeled"][summary["spec_policy"]]["speedup"] == ours["speedup"]
     assert ours["speedup"] >= best["llama_server"]["speedup"]
     # the best auto-policy setting too (its flags name the policy and the cost model)
     auto = next(r for r in report["ranking"] if r["policy"] == "auto" and
@@ -169,7 +171,8 @@ def test_chat_logs_through_the_cli(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--holdout", "1.5"], "argument --holdout: invalid number between 0 and 1 value: '1.5'"),
-    (["--slots", "0"], "argument --slots: invalid comma list of integers >= 1 value: '0'"),
+    (["--slots", "0"], "argument --slots/-np/--parallel: invalid comma list of integers >= 1 "
+                          "value: '0'"),
     (["--types", "ngram-foo"], "unknown spec type 'ngram-foo'"),
     (["--types", "draft-simple"], "--types: nothing to sweep; the types tune sweeps are "
                                   "ngram-suffix, ngram-simple, ngram-map-k"),
@@ -192,3 +195,44 @@ def test_malformed_log_names_file_and_line(capsys, tmp_path):
     assert res.returncode == 2
     assert res.stderr == (f"ngramspec tune: error: {log}:2: field 'output' must be a list of "
                           f"integer token ids\n")
+
+
+def _local_calibration(folder):
+    """A calibration of the embedded model in ``folder`` (the cost cache), as `ngramspec
+    calibrate` leaves one: the cpu-embedded curve, stamped as measured here."""
+    import os
+    import time
+
+    from ngramspec.cost import PROFILES
+    from ngramspec.llama.model import default_model_path
+
+    model = PROFILES["cpu-embedded"]
+    model.meta = {**model.meta, "model": {"path": os.path.realpath(default_model_path())},
+                  "created": time.time()}
+    (folder / "cost").mkdir(parents=True)
+    (folder / "cost" / "here.json").write_text(json.dumps(model.to_dict()))
+
+
+def test_default_cost_model_is_this_machines_calibration(capsys, tmp_path, monkeypatch):
+    """On a CPU, tune prices drafts with this machine's calibration once there is one (issue
+    40: cpu-embedded's advice and this machine's differed completely), and says so."""
+    pytest.importorskip("llama_cpp")
+    from ngramspec.llama.model import gpu_offload_available
+    if gpu_offload_available():
+        pytest.skip("a GPU build defaults to the gpu profile")
+    monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["tune", SMALL, "--limit", 4, "--types", "ngram-mod", "--no-chains", "--no-auto",
+            "--slots", "1", "--jobs", 1, "--no-progress"]
+    r = cli(capsys, *argv)
+    assert r.returncode == 0, r.stderr
+    assert "tune: cost model cpu-embedded (no calibration on this machine yet: `ngramspec " \
+           "calibrate -t 1` makes one" in r.stderr
+    _local_calibration(tmp_path / "cache")
+    r = cli(capsys, *argv)
+    assert r.returncode == 0, r.stderr
+    assert "tune: cost model local (this machine's calibration of the embedded model" in r.stderr
+    assert "cost model local" in r.stdout.splitlines()[0]
+    # a model of its own is not the calibrated one: the profile again
+    from ngramspec.llama.model import default_model_path
+    r = cli(capsys, *argv, "--model", default_model_path())
+    assert r.returncode == 0 and "tune: cost model cpu-embedded" in r.stderr

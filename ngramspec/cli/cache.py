@@ -15,8 +15,8 @@ import sys
 import numpy as np
 
 from ngramspec.cache_file import NGRAM_STATIC, build_static_cache, load_cache, save_cache
-from ngramspec.cli.common import (Progress, add_model_flags, add_progress_flags,
-                                  check_model_file, check_writable, int_arg)
+from ngramspec.cli.common import (Progress, add_model_flags, add_output_flag,
+                                  add_progress_flags, check_model_file, check_writable, int_arg)
 from ngramspec.files import open_regular
 from ngramspec.llama.model import default_model_path, require_llama_cpp
 from ngramspec.llama.tokenizer import tokenize_corpus
@@ -40,7 +40,7 @@ def add_parser(subparsers):
     src.add_argument("--traces", metavar="FILE", help="trace file (.jsonl / .jsonl.gz)")
     src.add_argument("--text", metavar="FILE", help="UTF-8 text file (with --model)")
     add_model_flags(c, draft=False, help="model whose tokenizer --text uses")
-    c.add_argument("--output", "-o", required=True, metavar="FILE", help="cache file to write")
+    add_output_flag(c, required=True, help="cache file to write")
     c.add_argument("--skip", type=int_arg(0), default=0, metavar="N",
                    help="--traces: leave out the first N requests (default: %(default)s)")
     c.add_argument("--limit", type=int_arg(0), default=None, metavar="N",
@@ -52,7 +52,7 @@ def add_parser(subparsers):
         "merge", help="add cache files together, like llama-lookup-merge",
         description="Load the first cache and add the counts of every other one to it.")
     m.add_argument("inputs", nargs="+", metavar="INPUT", help="cache files")
-    m.add_argument("--output", "-o", required=True, metavar="FILE", help="cache file to write")
+    add_output_flag(m, required=True, help="cache file to write")
     add_progress_flags(m)
     m.set_defaults(run=run)
 
@@ -60,7 +60,8 @@ def add_parser(subparsers):
         "info", help="print what a cache file holds",
         description="Print a cache file's size, its n-grams by size (1..4), entries, total "
                     "count and approximate memory once loaded.")
-    i.add_argument("file", metavar="FILE")
+    i.add_argument("file", metavar="FILE", help="cache file (llama.cpp's format, as "
+                                                "--lookup-cache-static/-dynamic read it)")
     i.set_defaults(run=run)
     return p
 

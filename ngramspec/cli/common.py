@@ -144,17 +144,51 @@ def add_spec_flags(parser: argparse.ArgumentParser, include_live: bool = False) 
                                help=f"{spec.name}: {p.help} (default: {_shown(p.default)}{rng})")
 
 
+def amend_help(parser: argparse.ArgumentParser, dest: str, text: str) -> None:
+    """Add ``text`` to the help of flag ``dest`` before its "(default: ...)", for what the flag
+    does in this command only (generate merges into --lookup-cache-dynamic; serve only reads)."""
+    for action in parser._actions:
+        if action.dest == dest and action.help:
+            head, sep, tail = action.help.rpartition(" (default: ")
+            action.help = f"{head}{text}{sep}{tail}" if sep else action.help + text
+
+
 def _shown(default) -> str:
     """A default as the help texts show it: ``none`` for an unset value (not Python's None)."""
     return "none" if default is None else str(default)
 
 
 def add_draft_bound_flag(parser: argparse.ArgumentParser) -> None:
-    """``--ctx-size`` of the offline drivers (replay, tune): llama-server's draft bound
-    ``n_ctx - L - 2`` without a model (0: unbounded)."""
-    parser.add_argument("--ctx-size", type=int_arg(0), default=0, metavar="N",
-                        help="bound drafts by llama-server's n_ctx - L - 2 (default: 0 = "
-                             "unbounded)")
+    """``-c/--ctx-size`` of the offline drivers (replay, tune): llama-server's draft bound
+    ``n_ctx - L - 2`` without a model (0: unbounded). Its default differs from the commands that
+    load a model (4096, a KV cache's size): a recorded trace has no context to fill, and a bound
+    would cut the long prompts of agentic traces (8k tokens) that no model here has to hold."""
+    parser.add_argument("-c", "--ctx-size", type=int_arg(0), default=0, metavar="N",
+                        help="bound drafts by llama-server's n_ctx - L - 2, as a server with "
+                             "this context would; 0 = unbounded (default: 0, unbounded: a "
+                             "recorded trace fills no model's context)")
+
+
+def add_slots_flag(parser: argparse.ArgumentParser, *, help: str, default=1,
+                   kind=positive_int, metavar: str = "N") -> None:
+    """``--slots/-np/--parallel``: server slots (llama-server's ``-np/--parallel``), one
+    spelling in every command that has slots. ``help`` says what they are for the command and
+    its default."""
+    parser.add_argument("--slots", "-np", "--parallel", dest="slots", type=kind,
+                        default=default, metavar=metavar, help=help)
+
+
+def add_output_flag(parser, *, metavar: str = "FILE", help: str, required: bool = False,
+                    old_name: Optional[str] = None) -> None:
+    """``-o/--output``, the one spelling of a command's output file (or folder); with
+    `old_name`, a deprecated alias (run-batch's ``--output-file``) that still works."""
+    if old_name is not None:   # either spelling gives the one required value
+        parser = parser.add_mutually_exclusive_group(required=required)
+        parser.add_argument(old_name, dest="output", action=_DeprecatedAlias,
+                            metavar="--output", help=argparse.SUPPRESS)
+        required = False
+    parser.add_argument("-o", "--output", metavar=metavar, required=required, default=None,
+                        help=help)
 
 
 def add_store_flag(parser: argparse.ArgumentParser) -> None:
@@ -392,26 +426,32 @@ class _DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def add_policy_flags(parser: argparse.ArgumentParser, default: str, cost_default: str,
-                     old_name: Optional[str] = None) -> None:
-    """``--spec-policy`` (`ngramspec.policy.POLICIES`) and ``--cost-model FILE|NAME``;
-    ``cost_default`` says in words what the command uses without ``--cost-model``; with
-    `old_name`, a deprecated alias of ``--spec-policy`` (serve's ``--policy``)."""
+def add_policy_flags(parser: argparse.ArgumentParser, default: str, why: str,
+                     cost_default: str, auto: str = "") -> None:
+    """``--spec-policy`` (`ngramspec.policy.POLICIES`), its deprecated old spelling
+    ``--policy``, and ``--cost-model FILE|NAME``.
+
+    ``why`` says why the command's default is ``default`` (it differs between commands),
+    ``auto`` what auto means for this command beyond the common text, ``cost_default`` in
+    words what the command prices drafts with without ``--cost-model``.
+    """
     group = parser.add_argument_group("draft-length policy")
     group.add_argument("--spec-policy", choices=POLICIES, default=default,
-                       help="auto: verify only the part of each draft expected to pay under the "
-                            "verify-cost curve (serve: all slots' drafts of a step chosen "
-                            "together); fixed: llama.cpp's behaviour, the whole draft "
-                            "(default: %(default)s)")
-    if old_name is not None:
-        group.add_argument(old_name, dest="spec_policy", choices=POLICIES,
-                           action=_DeprecatedAlias, metavar="--spec-policy",
-                           help=argparse.SUPPRESS)
-    group.add_argument("--cost-model", metavar="FILE|NAME", default=None,
-                       help="verify-cost curve for --spec-policy auto: a JSON file of "
-                            "`ngramspec calibrate --json`, or a profile: gpu, cpu-embedded, "
-                            f"local (this machine's cached calibration of the embedded model) "
-                            f"(default: {cost_default})")
+                       help=f"auto: verify only the part of each draft expected to pay under the "
+                            f"verify-cost curve{auto}; fixed: llama.cpp's behaviour, the whole "
+                            f"draft (default: %(default)s, {why})")
+    group.add_argument("--policy", dest="spec_policy", choices=POLICIES,
+                       action=_DeprecatedAlias, metavar="--spec-policy", help=argparse.SUPPRESS)
+    add_cost_model_flag(group, "verify-cost curve for --spec-policy auto", cost_default)
+
+
+def add_cost_model_flag(parser, what: str, cost_default: str) -> None:
+    """``--cost-model FILE|NAME`` (`ngramspec.cost.load_cost_model`), one text in every
+    command: ``what`` the curve is for, ``cost_default`` what the command uses without it."""
+    parser.add_argument("--cost-model", metavar="FILE|NAME", default=None,
+                        help=f"{what}: a JSON file of `ngramspec calibrate --json`, or a profile: "
+                             f"gpu, cpu-embedded, local (this machine's cached calibration of "
+                             f"the embedded model) (default: {cost_default})")
 
 
 def check_spec_flags(spec_type: str, params: dict) -> None:

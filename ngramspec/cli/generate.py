@@ -6,7 +6,7 @@ import sys
 
 from ngramspec import cost, registry
 from ngramspec.cli.common import (CtrlC, add_context_flags, add_model_flags, add_policy_flags,
-                                  add_repack_flag, add_spec_flags, check_model_file,
+                                  add_repack_flag, add_spec_flags, amend_help, check_model_file,
                                   check_writable, int_arg, load_cache_files)
 from ngramspec.cli.live_flags import (GENERATE_DEFAULTS, generate_params, spec_types,
                                       state_generate_defaults)
@@ -35,11 +35,12 @@ def add_parser(subparsers):
                     "within float noise; --compare measures the speed-up and explains any "
                     "difference. The text streams to stdout as it is produced, the statistics "
                     "follow; Ctrl-C keeps the text and prints the statistics so far (exit code "
-                    "130). Defaults of generate only (on a CPU, verifying long drafts costs "
-                    "almost as much as decoding them one by one): "
-                    + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
-                                for k, v in GENERATE_DEFAULTS.items())
-                    + "; replay keeps llama.cpp's.")
+                    "130). Spec defaults of the commands that decode with a model (generate, serve, "
+                    "run-batch): " + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
+                                               for k, v in GENERATE_DEFAULTS.items())
+                    + " (on a CPU, verifying long drafts costs almost as much as decoding them "
+                      "one by one); replay and tune keep llama.cpp's 48..64, which the "
+                      "llama-server they model drafts.")
     add_model_flags(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", metavar="TEXT", help="prompt text (special tokens parsed)")
@@ -55,9 +56,11 @@ def add_parser(subparsers):
                         "template (an instruct model such as the embedded one needs it to "
                         "answer a question instead of continuing the text)")
     p.add_argument("-n", "--n-predict", type=int_arg(-1), default=256, metavar="N",
-                   help="maximum output tokens, -1 = until EOS or a full context (default: 256)")
-    add_context_flags(p, ctx_help="context size in tokens (default: %(default)s); bounds drafts "
-                                  "as n_ctx - L - 2")
+                   help="maximum output tokens, -1 = until EOS or a full context (default: "
+                        "256, a first run that ends in seconds)")
+    add_context_flags(p, ctx_help="context size in tokens; bounds drafts as n_ctx - L - 2 "
+                                  "(default: %(default)s, room for a code edit's prompt and "
+                                  "output)")
     p.add_argument("--compare", action="store_true",
                    help="also run plain greedy decoding; report both speeds, the speed-up and "
                         "whether the outputs match")
@@ -65,9 +68,11 @@ def add_parser(subparsers):
                    help="print one JSON object at the end (the text is not streamed)")
     add_repack_flag(p)
     add_spec_flags(p, include_live=True)
-    add_policy_flags(p, default="auto",
+    add_policy_flags(p, default="auto", why="a draft is verified only where it pays on this "
+                                            "machine; fixed gives llama.cpp's drafts",
                      cost_default="the loaded model's calibration on this machine, "
                                   "measured at first use and cached")
+    amend_help(p, "lookup_cache_dynamic", "; generate merges each run's n-grams into it")
     state_generate_defaults(p)
     p.set_defaults(run=run)
     return p
@@ -267,10 +272,34 @@ class _Stream:
 def _auto_policy(llm, cost_model, quiet):
     """AutoPolicy on `cost_model`, or on the loaded model's cached calibration (measured here at
     first use: a few seconds, said on stderr)."""
-    if cost_model is None and not quiet and not cost.cache_path(calibration.key_for(llm)).exists():
-        sys.stderr.write("calibrating the verify cost of this model (first use; "
-                         "`ngramspec calibrate` shows it)...\n")
+    path = cost.cache_path(calibration.key_for(llm))
+    if cost_model is None and not quiet and not path.exists():
+        # say where it goes: a file the user did not ask for ($NGRAMSPEC_CACHE_DIR moves it)
+        sys.stderr.write(f"calibrating the verify cost of this model (first use; cached in "
+                         f"{path}; `ngramspec calibrate` shows it)...\n")
     return calibration.auto_policy(llm, cost_model)
+
+
+def _draft_count_lines(res) -> list:
+    """The policy's line and llama.cpp's statistics, each saying which drafted tokens it counts:
+    under auto the proposers' drafts (llama.cpp's ``#gen tokens``) are cut before they are
+    verified, so the verified count above is smaller."""
+    lines = []
+    if "policy" in res:
+        pol = res["policy"]
+        proposed = sum(st.get("gen_tokens", 0) for st in res["stats"])
+        lines.append(f"policy auto (cost model {pol['cost_model']}): the proposers drafted "
+                     f"{proposed} tokens in {pol['drafts']} drafts; {res['n_draft_tokens']} of "
+                     f"them verified ({pol['verified']} drafts verified, {pol['truncated']} "
+                     f"shortened, {pol['plain']} plain steps, {pol['probes']} probes)")
+    if res["stats_lines"]:
+        counted = (" #gen tokens counts every drafted token, before the policy's cut;"
+                   if "policy" in res else "")
+        lines.append(f"llama.cpp's statistics ({counted.strip()}{' ' if counted else ''}"
+                     f"#mean acc len = 1 + #acc tokens / #calls a: the target's own token of "
+                     f"each verified draft is counted too):")
+        lines.extend(res["stats_lines"])
+    return lines
 
 
 def _print_text(res, spec, plain):
@@ -283,7 +312,7 @@ def _print_text(res, spec, plain):
         f"speculative: {t['tokens_per_s']:8.2f} tokens/s  "
         f"({res['n_target_decodes']} target decodes, "
         f"{res['n_acc_tokens']}/{res['n_draft_tokens']} "
-        f"draft tokens accepted)",
+        f"{'verified ' if 'policy' in res else ''}draft tokens accepted)",
         f"  time split: target {t['target_s'] * 1e3:.1f} ms, draft model "
         f"{t['draft_model_s'] * 1e3:.1f} ms, proposers {t['proposers_s'] * 1e3:.1f} ms, "
         f"other {t['other_s'] * 1e3:.1f} ms; prompt pass {t['prompt_s'] * 1e3:.1f} ms",
@@ -299,15 +328,7 @@ def _print_text(res, spec, plain):
             lines.append(f"  first difference at output token {div['index']}: logit gap "
                          f"{div['gap']:.4f}, float noise across decode paths {div['noise']:.4f} "
                          f"({'within' if div['within_float_noise'] else 'NOT within'} float noise)")
-    if "policy" in res:
-        pol = res["policy"]
-        lines.append(f"policy auto (cost model {pol['cost_model']}): {pol['drafts']} drafts, "
-                     f"{pol['verified']} verified, {pol['truncated']} shortened, "
-                     f"{pol['plain']} plain steps, {pol['probes']} probes")
-    if res["stats_lines"]:
-        lines.append("llama.cpp's statistics (#mean acc len = 1 + #acc tokens / #calls a: the "
-                     "target's own token of each verified draft is counted too):")
-        lines.extend(res["stats_lines"])
+    lines += _draft_count_lines(res)
     if res.get("dynamic_cache_ngrams") is not None:
         lines.append(f"dynamic cache: {res['dynamic_cache_ngrams']} n-grams saved")
     if res["interrupted"]:

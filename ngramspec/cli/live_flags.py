@@ -16,19 +16,21 @@ __all__ = ["GENERATE_DEFAULTS", "generate_params", "spec_types", "state_generate
 # tokens costs c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one
 # thread), so a rejected draft is expensive: llama.cpp's 64-token drafts (tuned for GPUs) lose
 # where the small model leaves its input, 16-token ones leave speed where it copies; 8..32 did best
-# on both. replay and the engine keep llama.cpp's; serve takes generate's.
+# on both. Every command that decodes with a model takes them (generate, serve, run-batch and the
+# engines' $NGRAMSPEC_SPEC); replay, tune and SpecEngine keep llama.cpp's, which is what the
+# llama-server they model drafts (and what the golden files hold).
 GENERATE_DEFAULTS = {"ngram_mod_n_min": 8, "ngram_mod_n_max": 32}
 
 
 def state_generate_defaults(parser) -> None:
-    """Show GENERATE_DEFAULTS instead of llama.cpp's defaults in the flags' help."""
+    """Show GENERATE_DEFAULTS instead of llama.cpp's defaults in the flags' help, and why."""
     for action in parser._actions:
         if action.dest in GENERATE_DEFAULTS and action.help:
             head, _, rest = action.help.rpartition("(default: ")
             rng = rest.partition(",")[2].rstrip(")")
-            action.help = (f"{head}(default: {GENERATE_DEFAULTS[action.dest]} for "
-                           f"{parser.prog.split()[-1]}, llama.cpp's "
-                           f"{rest.partition(',')[0].rstrip(')')};{rng})")
+            action.help = (f"{head}(default: {GENERATE_DEFAULTS[action.dest]}, shorter than "
+                           f"llama.cpp's {rest.partition(',')[0].rstrip(')')} for a CPU, where "
+                           f"a rejected draft costs nearly its length in decodes;{rng})")
 
 
 def generate_params(args) -> dict:

@@ -5,7 +5,8 @@ import json
 import os
 
 from ngramspec.files import atomic_write_bytes, same_file
-from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_policy_flags,
+from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_output_flag,
+                                  add_policy_flags, add_progress_flags, add_slots_flag,
                                   add_spec_flags, add_store_flag, check_spec_flags,
                                   check_writable, engine_params, int_arg, load_cache_files)
 from ngramspec.cost import load_cost_model, modeled_speedup, oracle_speedup
@@ -26,14 +27,15 @@ def add_parser(subparsers):
                     "llama.cpp's statistics.")
     p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files (.jsonl, .jsonl.gz)")
     add_spec_flags(p)
-    add_policy_flags(p, default="fixed",
+    add_policy_flags(p, default="fixed", why="llama.cpp's, what llama-server drafts; auto needs "
+                                             "--cost-model",
                      cost_default="none: no modeled speed-up, and auto needs one")
     p.add_argument("--state", choices=("shared", "fresh"), default="shared",
                    help="shared: one engine for all requests (a server); fresh: one per request "
                         "(default: shared)")
-    p.add_argument("--slots", type=int_arg(1, MAX_SLOTS), default=1, metavar="K",
+    add_slots_flag(p, kind=int_arg(1, MAX_SLOTS), default=1, metavar="K",
                    help=f"server slots, 1 .. {MAX_SLOTS}; request t runs on slot t %% K "
-                        f"(default: 1)")
+                        f"(default: 1, one slot that serves the requests in turn)")
     p.add_argument("--limit", type=int_arg(1), default=None, metavar="N",
                    help="replay only the first N requests of each file (default: all)")
     p.add_argument("--repeat", type=int_arg(1), default=1, metavar="R",
@@ -42,9 +44,9 @@ def add_parser(subparsers):
     add_store_flag(p)
     p.add_argument("--drafts", action="store_true",
                    help="record every draft (with --output; default: off)")
-    p.add_argument("--output", metavar="FILE",
-                   help="also write golden-format JSON lines to FILE (replaced only when the "
-                        "whole run succeeds; default: none)")
+    add_output_flag(p, help="also write golden-format JSON lines to FILE (replaced only when "
+                            "the whole run succeeds; default: none)")
+    add_progress_flags(p)
     p.set_defaults(run=run)
     return p
 
@@ -94,7 +96,7 @@ def run(args) -> int:
         result = None
         for name, factory in runs:
             with Progress(f"replay {os.path.basename(path)} ({name})", len(requests),
-                          unit="request") as progress:
+                          enabled=args.progress, unit="request") as progress:
                 res = replay(requests, args.spec_type, params, state=args.state,
                              n_slots=args.slots, record_drafts=args.drafts, repeat=args.repeat,
                              n_ctx=args.ctx_size, policy_factory=factory, progress=progress,

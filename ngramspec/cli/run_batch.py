@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from ngramspec.cli.common import CtrlC, Progress, add_progress_flags, check_writable
+from ngramspec.cli.common import (CtrlC, Progress, add_output_flag, add_progress_flags,
+                                  check_writable)
 from ngramspec.cli.serve import (add_request_limit_flags, add_serving_flags, build_app,
                                  check_serving_flags, request_limits)
 
@@ -26,8 +27,8 @@ def add_parser(subparsers):
                     "run-batch results (or is the input) is refused and left as it was.")
     p.add_argument("-i", "--input-file", required=True, metavar="FILE",
                    help="requests, one JSON object a line")
-    p.add_argument("-o", "--output-file", required=True, metavar="FILE",
-                   help="results, appended (created if missing)")
+    add_output_flag(p, required=True, old_name="--output-file",
+                    help="results, appended (created if missing)")
     add_serving_flags(p, temp=0.8)
     add_request_limit_flags(p, "a longer input line is that line's error, skipped unread")
     add_progress_flags(p)
@@ -40,9 +41,9 @@ def run(args) -> int:
     from ngramspec.server.batch import IN_FLIGHT_PER_SLOT, open_batch, run_batch
 
     limits = request_limits(args)
-    check_writable("-o", args.output_file)      # its folder, its permissions
+    check_writable("--output", args.output)      # its folder, its permissions
     # the output locked and both files checked before the model loads; nothing written yet
-    with open_batch(args.input_file, args.output_file, limits["max_body_size"]) as batch:
+    with open_batch(args.input_file, args.output, limits["max_body_size"]) as batch:
         # every slot busy, one more request each waiting in the queue
         args.queue_size = IN_FLIGHT_PER_SLOT * args.slots
         with CtrlC() as ctrl_c:

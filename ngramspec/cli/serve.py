@@ -15,8 +15,9 @@ import sys
 
 from ngramspec import store_log
 from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
-                                  add_spec_flags, add_store_flag, check_model_file, int_arg,
-                                  load_cache_files, number_arg, positive_int)
+                                  add_slots_flag, add_spec_flags, add_store_flag, amend_help,
+                                  check_model_file, int_arg, load_cache_files, number_arg,
+                                  positive_int)
 from ngramspec.cli.live_flags import (GENERATE_DEFAULTS, generate_params, spec_types,
                                       state_generate_defaults)
 from ngramspec.cost import load_cost_model
@@ -37,9 +38,10 @@ def add_parser(subparsers):
                     "/v1/models, /health and /metrics (Prometheus) on the batched scheduler: "
                     "--slots requests decode together, each with its own proposer state; a "
                     "request's \"speculative\" object chooses its proposers, n_max, n_min, "
-                    "policy, or switches speculation off. Spec defaults are generate's ("
-                    + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
-                                for k, v in GENERATE_DEFAULTS.items()) + ").")
+                    "policy, or switches speculation off. Spec defaults of the commands that decode "
+                    "with a model: " + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
+                                                for k, v in GENERATE_DEFAULTS.items())
+                    + " (llama.cpp's 48..64 are tuned for GPUs).")
     add_serving_flags(p)
     add_request_limit_flags(p, "a larger one is answered 413 before it is read")
     p.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
@@ -73,9 +75,12 @@ def add_serving_flags(p, temp: float = 0.8) -> None:
     slots, request defaults, reasoning format and speculation."""
     add_model_flags(p)
     add_context_flags(p, ctx_help="context size in tokens for all slots together, split evenly "
-                                  "between them as llama-server does (default: %(default)s)")
-    p.add_argument("-np", "--slots", "--parallel", dest="slots", type=positive_int, default=4,
-                   metavar="N", help="requests decoded together (default: %(default)s)")
+                                  "between them as llama-server does (default: %(default)s: "
+                                  "1024 tokens per request, prompt included, with the default "
+                                  "4 slots; raise it for longer prompts)")
+    add_slots_flag(p, default=4, help="requests decoded together, each in a slot of --ctx-size "
+                                      "/ N tokens (default: %(default)s: up to four "
+                                      "requests share each decode)")
     p.add_argument("-a", "--alias", metavar="NAME", default=None,
                    help="model id reported by /v1/models (default: the GGUF's file name)")
     p.add_argument("--temp", type=number_arg(float, 0.0), default=temp, metavar="X",
@@ -83,7 +88,7 @@ def add_serving_flags(p, temp: float = 0.8) -> None:
                         "llama-server's; 0 = greedy)")
     p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
                    help="max_tokens of requests that give none; -1 = until EOS or the slot's "
-                        "context is full (default: %(default)s)")
+                        "context is full (default: %(default)s, as llama-server)")
     p.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="none",
                    help="none: a chat output's <think>...</think> stays in message.content; "
                         "deepseek: it becomes message.reasoning_content (delta.reasoning_content "
@@ -91,11 +96,14 @@ def add_serving_flags(p, temp: float = 0.8) -> None:
     add_spec_flags(p, include_live=True)
     add_store_flag(p)
     # the policy of requests that choose none; --policy is its old spelling
-    add_policy_flags(p, default="fixed", old_name="--policy",
+    add_policy_flags(p, default="fixed", why="what llama-server does; auto first measures the "
+                                             "server's context at start",
+                     auto=" (all slots' drafts of a step chosen together)",
                      cost_default="the server's own calibration of its context: measured at "
                                   "start with --spec-policy auto, cached per model, threads "
                                   "and batch size")
     state_generate_defaults(p)
+    amend_help(p, "lookup_cache_dynamic", "; the server only reads it")
 
 
 def add_request_limit_flags(p, too_large: str) -> None:
@@ -160,7 +168,8 @@ def spec_from_flags(argv, prog: str = "NGRAMSPEC_SPEC", default_cost_model: str 
         argv = shlex.split(argv)
     parser = _RaisingParser(prog=prog, add_help=False)
     add_spec_flags(parser)
-    add_policy_flags(parser, default="fixed", cost_default=default_cost_model)
+    add_policy_flags(parser, default="fixed", why="llama.cpp's behaviour",
+                     cost_default=default_cost_model)
     state_generate_defaults(parser)
     args = parser.parse_args(list(argv))
     name = args.spec_policy

@@ -21,9 +21,10 @@ import sys
 import tempfile
 
 from ngramspec.files import atomic_write_bytes
-from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_model_flags,
-                                  add_progress_flags, check_model_file, positive_int)
-from ngramspec.cost import load_cost_model
+from ngramspec.cli.common import (Progress, add_cost_model_flag, add_draft_bound_flag,
+                                  add_model_flags, add_output_flag, add_progress_flags,
+                                  add_slots_flag, check_model_file, positive_int)
+from ngramspec.cost import PROFILES, load_cost_model
 from ngramspec.llama.model import gpu_offload_available
 from ngramspec.llama.tokenizer import Tokenizer
 from ngramspec.logs import FORMATS, read_logs
@@ -32,16 +33,25 @@ from ngramspec.tune import (GRIDS, JOBS_PER_CORE, MOD_N_MIN_FRACTIONS, NGRAMSPEC
 from ngramspec.tune_plot import require_matplotlib, save_plots
 
 # --cost-model's default follows the machine (`default_cost_model`): a GPU's curve priced on a
-# CPU recommends drafts that lose there.
-GPU_COST_MODEL, CPU_COST_MODEL = "gpu", "cpu-embedded"
+# CPU recommends drafts that lose there, and so does another CPU's (the cpu-embedded profile's
+# advice and this machine's calibration's can differ completely: issue 40).
+GPU_COST_MODEL, CPU_COST_MODEL, LOCAL_COST_MODEL = "gpu", "cpu-embedded", "local"
 REPORT_FILE = "report.json"
 HELDOUT_FILE = "heldout.jsonl.gz"
 STATIC_FILE = "static.bin"
 
 
-def default_cost_model() -> str:
-    """``gpu`` where this llama.cpp build offloads to a GPU, else ``cpu-embedded``."""
-    return GPU_COST_MODEL if gpu_offload_available() else CPU_COST_MODEL
+def default_cost_model(model=None) -> tuple:
+    """``(name, why)``: ``gpu`` where this llama.cpp build offloads to a GPU; else ``local``
+    where this machine has a cached calibration of the embedded model and ``model`` is that
+    model (None); else ``cpu-embedded``. ``why`` says so in words, for stderr."""
+    if gpu_offload_available():
+        return GPU_COST_MODEL, "llama.cpp here offloads to a GPU"
+    if model is None and LOCAL_COST_MODEL in PROFILES:
+        return LOCAL_COST_MODEL, ("this machine's calibration of the embedded model, cached by "
+                                  "`ngramspec calibrate` or generate's first auto run")
+    return CPU_COST_MODEL, ("no calibration on this machine yet: `ngramspec calibrate -t 1` "
+                            "makes one, which tune then uses")
 
 
 def _fraction(text):
@@ -83,8 +93,9 @@ def add_parser(subparsers):
     p.add_argument("--holdout", type=_fraction, default=0.5, metavar="F",
                    help="fraction of the requests, the last ones, held out for scoring; the "
                         "rest builds the static cache (default: %(default)s)")
-    p.add_argument("--slots", type=_slot_list, default=(1, 4), metavar="K[,K...]",
-                   help="server slot counts to sweep (default: 1,4)")
+    add_slots_flag(p, kind=_slot_list, default=(1, 4), metavar="K[,K...]",
+                   help="server slot counts to sweep, a comma list (default: 1,4: one slot "
+                        "across requests, and several)")
     p.add_argument("--types", metavar="LIST",
                    help="sweep only these spec types (comma list; default all)")
     p.add_argument("--llama-only", action="store_true",
@@ -94,11 +105,10 @@ def add_parser(subparsers):
                    help="do not try chains of the best configuration of each type")
     p.add_argument("--no-auto", action="store_true",
                    help="do not try the auto draft-length policy (--spec-policy auto)")
-    p.add_argument("--cost-model", default=None, metavar="FILE|NAME",
-                   help=f"verification cost model: a calibration JSON file (ngramspec "
-                        f"calibrate) or a named profile: {GPU_COST_MODEL}, {CPU_COST_MODEL}, "
-                        f"local (default: {GPU_COST_MODEL} where llama.cpp here offloads to a "
-                        f"GPU, else {CPU_COST_MODEL}; said on stderr)")
+    add_cost_model_flag(p, "verify-cost curve the modeled speed-ups are priced with",
+                        f"{GPU_COST_MODEL} where llama.cpp here offloads to a GPU, else local "
+                        f"where this machine has a calibration of the embedded model, else "
+                        f"{CPU_COST_MODEL}; said on stderr")
     add_draft_bound_flag(p)
     p.add_argument("--jobs", "-j", type=positive_int, default=None, metavar="N",
                    help=f"worker processes, at most one per configuration and "
@@ -106,8 +116,8 @@ def add_parser(subparsers):
                         f"the cores this process may use)")
     p.add_argument("--top", type=positive_int, default=20, metavar="N",
                    help="table rows to print (default: %(default)s)")
-    p.add_argument("--output", metavar="DIR",
-                   help="write report.json, the plots, static.bin and heldout.jsonl.gz here")
+    add_output_flag(p, metavar="DIR", help="write report.json, the plots, static.bin and "
+                                           "heldout.jsonl.gz in this folder (default: none)")
     add_progress_flags(p)
     p.set_defaults(run=run)
     return p
@@ -128,7 +138,7 @@ def run(args) -> int:
             raise ValueError(f"--types {args.types!r}: name at least one spec type")
     chosen = args.cost_model is None
     if chosen:
-        args.cost_model = default_cost_model()
+        args.cost_model, why = default_cost_model(args.model)
     cost_model = load_cost_model(args.cost_model)
     check_model_file("--model", args.model)
     requests, tokenizer = read_logs(args.logs, args.format, args.limit,
@@ -149,9 +159,8 @@ def run(args) -> int:
                           cost_name=args.cost_model,
                           note=lambda text: sys.stderr.write(f"tune: {text}\n"))
         if chosen:   # said after the sweep's own checks, so that an error stays one line
-            sys.stderr.write(f"tune: cost model {args.cost_model} (the default on this "
-                             f"machine; --cost-model {GPU_COST_MODEL} prices drafts for a GPU "
-                             f"server)\n")
+            sys.stderr.write(f"tune: cost model {args.cost_model} ({why}; --cost-model "
+                             f"{GPU_COST_MODEL} prices drafts for a GPU server)\n")
         if out_dir is None:   # the cache file goes away with the temporary folder
             report.static_cache = STATIC_FILE
             _relabel_static(report, static_path, STATIC_FILE)

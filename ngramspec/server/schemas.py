@@ -24,7 +24,7 @@ import re
 from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
-                      StrictStr, field_validator)
+                      StrictStr, field_validator, model_serializer)
 
 from ngramspec.policy import POLICIES
 from ngramspec.server.errors import FieldError
@@ -332,7 +332,19 @@ class CompletionResponse(_Envelope):
     timings: Optional[Timings] = None
 
 
-class AssistantMessage(BaseModel):
+class _OmitsAbsentReasoning(BaseModel):
+    """``reasoning_content`` is written only when there is some (``--reasoning-format``): it
+    is no field of OpenAI's schema, and llama-server omits it too when it is empty."""
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_reasoning(self, handler) -> Dict[str, Any]:
+        data = handler(self)
+        if data.get("reasoning_content") is None:
+            data.pop("reasoning_content", None)
+        return data
+
+
+class AssistantMessage(_OmitsAbsentReasoning):
     """The assistant's reply in a chat response."""
     role: Literal["assistant"] = "assistant"
     content: str
@@ -355,8 +367,9 @@ class ChatCompletionResponse(_Envelope):
     timings: Timings
 
 
-class ChatDelta(BaseModel):
-    """The new text of a chat stream chunk (the first chunk carries the role)."""
+class ChatDelta(_OmitsAbsentReasoning):
+    """The new text of a chat stream chunk (the first chunk carries the role); reasoning and
+    content never share one (`ngramspec.server.streaming`)."""
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
     reasoning_content: Optional[str] = None

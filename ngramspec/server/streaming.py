@@ -29,11 +29,12 @@ def sse(model) -> str:
     return f"data: {model.model_dump_json(exclude_none=False)}\n\n"
 
 
-async def _events(state, handle, n_prompt, include_usage, envelope, choice, opening=(),
+async def _events(state, handle, n_prompt, include_usage, envelope, choices, opening=(),
                   predicted=False):
     """SSE events of a streamed request: ``envelope(choices, **extra)`` builds one chunk,
-    ``choice(text, finish)`` one choice (``text`` None: the closing choice; a choice of None
-    sends no chunk)."""
+    ``choices(text, finish)`` the choices of new text, each sent in a chunk of its own
+    (``text`` None: the closing ones, the last of which carries ``finish``; none: all held
+    back, a possible reasoning tag)."""
     for chunk in opening:
         yield sse(chunk)
     try:
@@ -41,8 +42,7 @@ async def _events(state, handle, n_prompt, include_usage, envelope, choice, open
             if piece is None:
                 yield ": keep-alive\n\n"
             elif piece.text:
-                c = choice(piece.text, None)
-                if c is not None:      # None: all held back (a possible reasoning tag)
+                for c in choices(piece.text, None):
                     yield sse(envelope([c]))
         done = await state.bridge.result(handle)
         state.metrics.observe_completion(done)
@@ -58,8 +58,10 @@ async def _events(state, handle, n_prompt, include_usage, envelope, choice, open
         yield f"data: {json.dumps(body)}\n\n"
         yield "data: [DONE]\n\n"
         return
-    finish = openai_finish_reason(done.finish_reason)
-    yield sse(envelope([choice(None, finish)], timings=completion_timings(done)))
+    *held, last = choices(None, openai_finish_reason(done.finish_reason))
+    for c in held:
+        yield sse(envelope([c]))
+    yield sse(envelope([last], timings=completion_timings(done)))
     if include_usage:
         yield sse(envelope([], usage=completion_usage(done, n_prompt, predicted)))
     yield "data: [DONE]\n\n"
@@ -72,13 +74,15 @@ def text_stream(state, handle, rid, n_prompt, include_usage, name, predicted):
         state, handle, n_prompt, include_usage,
         lambda choices, **extra: schemas.CompletionResponse(
             id=rid, created=created, model=name, choices=choices, **extra),
-        lambda text, finish: schemas.CompletionChoice(text=text or "", finish_reason=finish),
+        lambda text, finish: [schemas.CompletionChoice(text=text or "", finish_reason=finish)],
         predicted=predicted)
 
 
 def chat_stream(state, handle, rid, n_prompt, include_usage, name, predicted):
     """The events of a streamed ``/v1/chat/completions`` request: a first chunk with the
-    assistant's role, then content deltas (``reasoning_content`` ones with ``deepseek``)."""
+    assistant's role, then content deltas; with ``deepseek``, ``reasoning_content`` deltas
+    too, never in the same chunk as content (a piece that crosses ``</think>`` is sent as two
+    chunks, the reasoning first)."""
     created = int(time.time())
     splitter = ReasoningSplitter() if state.reasoning_format == "deepseek" else None
 
@@ -86,18 +90,19 @@ def chat_stream(state, handle, rid, n_prompt, include_usage, name, predicted):
         return schemas.ChatCompletionChunk(id=rid, created=created, model=name,
                                            choices=choices, **extra)
 
-    def choice(text, finish, role=None):
+    def choices(text, finish):
         reasoning = None
-        if splitter is not None and role is None:
-            # the closing choice releases what the splitter still holds
+        if splitter is not None:
+            # the closing call releases what the splitter still holds
             reasoning, text = splitter.push(text) if text is not None else splitter.finish()
-            reasoning, text = reasoning or None, text or None
-            if finish is None and reasoning is None and text is None:
-                return None
-        return schemas.ChatChunkChoice(
-            delta=schemas.ChatDelta(role=role, content=text, reasoning_content=reasoning),
-            finish_reason=finish)
+        deltas = [d for d in (schemas.ChatDelta(reasoning_content=reasoning or None),
+                              schemas.ChatDelta(content=text or None))
+                  if d.reasoning_content is not None or d.content is not None]
+        if finish is not None and not deltas:
+            deltas = [schemas.ChatDelta()]
+        return [schemas.ChatChunkChoice(delta=d, finish_reason=finish if i == len(deltas) - 1
+                                        else None) for i, d in enumerate(deltas)]
 
-    return _events(state, handle, n_prompt, include_usage, envelope, choice,
-                   opening=[envelope([choice("", None, role="assistant")])],
-                   predicted=predicted)
+    opening = schemas.ChatChunkChoice(delta=schemas.ChatDelta(role="assistant", content=""))
+    return _events(state, handle, n_prompt, include_usage, envelope, choices,
+                   opening=[envelope([opening])], predicted=predicted)
