@@ -41,7 +41,7 @@ def run(args) -> int:
     from ngramspec.server.batch import IN_FLIGHT_PER_SLOT, open_batch, run_batch
 
     limits = request_limits(args)
-    check_writable("--output", args.output)      # its folder, its permissions
+    check_writable("-o", args.output)      # its folder, its permissions
     # the output locked and both files checked before the model loads; nothing written yet
     with open_batch(args.input_file, args.output, limits["max_body_size"]) as batch:
         # every slot busy, one more request each waiting in the queue
