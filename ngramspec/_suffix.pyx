@@ -13,8 +13,9 @@ current suffix, so the local match costs O(1) per call whatever its length.
 
 *Global store.* One suffix automaton shared by all slots holds the outputs of finished
 requests, each with the newest few tokens of its prompt (the chat template's assistant header),
-concatenated with a separator that no token matches; a request's output is stored when its
-slot begins the next one. Each slot follows the store with a matching-statistics cursor
+concatenated with a separator that no token matches; a request's output is stored when it
+ends (`end`, which the engine's `end` and the plug-ins call) or, failing that, when its slot
+begins the next one. Each slot follows the store with a matching-statistics cursor
 (amortized O(1) per new token). Its budget is fixed in tokens; when full it evicts whole
 sequences, oldest first, and rebuilds over the rest.
 
@@ -24,7 +25,7 @@ breaks ties). A local walk that runs into the end of the text goes on copying it
 (the context read as periodic, an LZ77 copy overlapping itself), so a loop of period p is not
 drafted p tokens at a time. The local and global walks run in lockstep.
 
-*Adaptive length.* Every drafted token gets a probability from a per-slot calibration table
+*Adaptive length.* Every drafted token gets a probability from a calibration table
 indexed by source, match-length bucket, continuation-frequency bucket, position in the draft
 (for the first token: whether the last call foresaw what came) and whether the other source
 agrees so far. The table learns online from every call, drafted or not (each source's walk is
@@ -34,10 +35,25 @@ that the whole draft so far is accepted stays at or above
 
     max(min_prob, gain_cost * min(G, 8)) + draft_cost * j
 
-where j is the token's position and G the slot's accepted draft tokens per step (a slow moving
-average): a draft token costs verification work, worth less to a slot that already gains a
+where j is the token's position and G the accepted draft tokens per step (a slow moving
+average): a draft token costs verification work, worth less to a server that already gains a
 lot per step, and more so the longer the draft. Of the two walks, the one with the larger
 expected number of accepted tokens is the draft; at most ``max_draft`` tokens.
+
+*Learned as a server.* The calibration table and G describe the workload, not the slot: one
+of each serves all slots (issue 35). With a table per slot, N slots each learned from 1/N of
+the traffic and drafted from sparse cells: replayed at 256 slots, ngram-suffix fell by a
+third. A slot scores its last predictions at its next draft call and appends the outcomes to
+a pending list of its own; the same call then *tries* the calibration's lock and, if free,
+folds the list into the shared cells in order (cal_fold), else keeps it for its next call.
+Drafts read the cells without any lock (relaxed atomic loads; a fold writes each word
+whole). So the draft path never waits; with one thread every outcome is folded by the call
+that observed it and the table is exactly one table learning from every slot in call order
+(deterministic, and what tests/reference_suffix.py models); under contention a fold is late
+by a call or two, and a slot whose list is full drops new outcomes, counted in
+`calibration_stats`. Atomic increments were the alternative: the halving that forgets
+touches two counters at once and would need a compare-and-swap loop per cell, for no gain
+over a lock that is only ever tried.
 
 *Draft trees.* For an engine that verifies a tree of a fixed number of tokens whatever it holds
 (SGLang), `SuffixProposer.draft_tree` turns the last draft into a tree: the chain first, then,
@@ -51,17 +67,20 @@ each), plus a power-of-two hash table of at least 4n int32 and the n tokens: ``s
 108 bytes per token when n is a power of two, never more than 124. A slot's automaton is
 allocated by doubling as its context grows (from 1024 tokens) and never beyond ``max_context``
 tokens: a longer context is re-indexed over its newest half. The global store likewise grows
-up to ``global_tokens``. Per slot besides: 3600 uint32 of calibration and ~3 * (max_draft + 1)
-int32 of buffers (~15 KiB). Defaults: at most 6.8 MiB per slot (65536 tokens) and 108 MiB for
+up to ``global_tokens``. Per slot besides: ~8 * (max_draft + 1) int32 of buffers (~8 KiB,
+the pending outcomes included); once for the proposer: 3600 uint32 of calibration.
+Defaults: at most 6.8 MiB per slot (65536 tokens) and 108 MiB for
 a full store (2**20 tokens); `memory_bytes` reports what is held.
 
 Thread-safety
 -------------
-One thread per slot at a time (the engine's rule); per-slot state is not shared. The global
-store is protected by a PyThread lock. ``begin`` inserts the slot's previous request under it
+One thread per slot at a time (the engine's rule); per-slot state is not shared. The
+calibration is shared: written under its own PyThread lock, which a draft only tries, and
+read without it (see *Learned as a server*). The global store is protected by a PyThread lock. ``begin`` inserts the slot's previous request under it
 with the GIL released (an insertion may rebuild the store). A draft only *tries* the lock: when
 another thread holds it, the draft uses the local index alone instead of waiting, so drafting
-never blocks on the store. With one thread, or with the store off, drafts are deterministic.
+never blocks on the store. With one thread drafts are deterministic; with several, the shared
+calibration makes them depend on the order of the calls.
 """
 import numpy as np
 
@@ -85,6 +104,29 @@ from ngramspec._proposer import check_int
 from ngramspec.validation import check_real
 
 cnp.import_array()
+
+# The server's calibration is written under its lock and read by drafts without it: relaxed
+# atomic loads and stores (a plain mov on x86 and ARM), so that a read racing with a fold is
+# defined and sees a whole word, old or new.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #if defined(__GNUC__) || defined(__clang__)
+    static inline uint32_t ngs_ld32(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+    static inline void ngs_st32(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+    static inline int64_t ngs_ld64(const int64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+    static inline void ngs_st64(int64_t* p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+    #else
+    static inline uint32_t ngs_ld32(const uint32_t* p) { return *(const volatile uint32_t*)p; }
+    static inline void ngs_st32(uint32_t* p, uint32_t v) { *(volatile uint32_t*)p = v; }
+    static inline int64_t ngs_ld64(const int64_t* p) { return *(const volatile int64_t*)p; }
+    static inline void ngs_st64(int64_t* p, int64_t v) { *(volatile int64_t*)p = v; }
+    #endif
+    """
+    uint32_t ld32 "ngs_ld32"(const uint32_t* p) noexcept nogil
+    void st32 "ngs_st32"(uint32_t* p, uint32_t v) noexcept nogil
+    int64_t ld64 "ngs_ld64"(const int64_t* p) noexcept nogil
+    void st64 "ngs_st64"(int64_t* p, int64_t v) noexcept nogil
 
 # Calibration cells: source (local, global) x match-length bucket x frequency bucket x stage
 # x agreement; coarse cells: source x match-length bucket x stage.
@@ -171,23 +213,67 @@ cdef inline uint32_t cal_prob(const uint32_t* acc, const uint32_t* tried, int ce
     towards its coarse cell's (worth CAL_PRIOR observations), itself shrunk towards 1/2
     (worth 2). Sparse cells borrow strength; busy ones speak for themselves."""
     cdef int c = coarse_index(cell)
-    cdef uint64_t qc = ((<uint64_t>acc[c] << 16) + ONE) // (tried[c] + 2)
-    return <uint32_t>(((<uint64_t>acc[cell] << 16) + CAL_PRIOR * qc)
-                      // (tried[cell] + CAL_PRIOR))
+    cdef uint32_t ac = ld32(&acc[c]), tc = ld32(&tried[c])
+    cdef uint32_t af = ld32(&acc[cell]), tf = ld32(&tried[cell])
+    cdef uint64_t qc
+    # a read racing with a fold may pair an old count with a new one: never above 1
+    if ac > tc:
+        ac = tc
+    if af > tf:
+        af = tf
+    qc = ((<uint64_t>ac << 16) + ONE) // (tc + 2)
+    return <uint32_t>(((<uint64_t>af << 16) + CAL_PRIOR * qc) // (tf + CAL_PRIOR))
 
 
 cdef inline void cal_count(uint32_t* acc, uint32_t* tried, int cell, bint hit) noexcept nogil:
-    tried[cell] += 1
-    if hit:
-        acc[cell] += 1
-    if tried[cell] >= CAL_WINDOW:
-        tried[cell] >>= 1
-        acc[cell] >>= 1
+    # the only writer (under the calibration's lock); drafts read concurrently (cal_prob)
+    cdef uint32_t t = tried[cell] + 1, a = acc[cell] + (1 if hit else 0)
+    if t >= CAL_WINDOW:
+        t >>= 1
+        a >>= 1
+    st32(&acc[cell], a)
+    st32(&tried[cell], t)
 
 
 cdef inline void cal_observe(uint32_t* acc, uint32_t* tried, int cell, bint hit) noexcept nogil:
     cal_count(acc, tried, cell, hit)
     cal_count(acc, tried, coarse_index(cell), hit)
+
+
+cdef struct Calib:
+    # What the proposer has learned about its drafts, shared by all slots (the server's): the
+    # cells, then the tokens-per-step average. Written only under the calibration lock by
+    # cal_fold, read by drafts without it (ld32 / ld64).
+    uint32_t acc[N_CAL]     # fine cells, then coarse cells
+    uint32_t tried[N_CAL]
+    int64_t rate            # tokens per step, slow moving average, Q16
+    int64_t n_folded        # outcomes folded in
+    int64_t n_dropped       # outcomes a slot could not keep while the lock was busy
+
+
+# A slot's pending outcome: (cell << 1) | hit, or RATE_TAG | tokens of one step.
+cdef extern from *:
+    """
+    #define NGS_RATE_TAG 0x80000000u
+    """
+    const uint32_t RATE_TAG "NGS_RATE_TAG"
+
+
+cdef void cal_fold(Calib* C, const uint32_t* pend, int32_t n) noexcept nogil:
+    """Fold a slot's pending outcomes into the server's calibration, in the order they came
+    (caller holds the calibration lock). With one thread every outcome is folded by the call
+    that observed it, so the table is what one table learning from every slot would be."""
+    cdef int32_t i
+    cdef uint32_t e
+    cdef int64_t r
+    for i in range(n):
+        e = pend[i]
+        if e & RATE_TAG:
+            r = C.rate
+            st64(&C.rate, r + (((<int64_t>(e & 0x7FFFFFFF) << 16) - r) >> RATE_SHIFT))
+        else:
+            cal_observe(C.acc, C.tried, <int>(e >> 1), e & 1)
+            C.n_folded += 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,14 +607,14 @@ cdef struct Slot:
     token_t* pred_tok       # 2 x (max_draft + 1)
     uint16_t* pred_cell     # 2 x (max_draft + 1)
     bint streak             # the last call's predictions foresaw every token that came
-    int64_t rate            # tokens per step, slow moving average, Q16
+    # outcomes observed but not folded into the server's calibration yet (its lock was busy)
+    uint32_t* pend          # 4 * (max_draft + 1) + 2 entries: two calls' outcomes
+    int32_t n_pend, pend_cap
     # the last draft and its accepted length, for the end of the output
     token_t* last_draft
     int32_t n_last_draft
     int32_t last_src        # the walk it came from: 0 local, 1 global
     int32_t n_last_acc      # -1: no accept since the last draft
-    uint32_t cal_acc[N_CAL]     # fine cells, then coarse cells
-    uint32_t cal_tried[N_CAL]
     # draft_tree's nodes (allocated on its first call, grown to the largest budget asked)
     TreeNode* tree
     int32_t tree_cap
@@ -540,7 +626,7 @@ cdef inline token_t ctx_at(const token_t* inp, Py_ssize_t n, token_t sampled,
 
 
 cdef void slot_restart(Slot* s) noexcept nogil:
-    """Forget the current request (calibration and throughput stay: they describe the slot)."""
+    """Forget the current request (its pending outcomes stay: they are the server's)."""
     sam_clear(&s.loc)
     s.ctx_len = 0
     s.loc_off = 0
@@ -586,9 +672,18 @@ cdef bint slot_follows(const Slot* s, const token_t* inp, Py_ssize_t n) noexcept
     return True
 
 
-cdef void slot_learn(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
+cdef inline void slot_pend(Slot* s, Calib* C, uint32_t e) noexcept nogil:
+    if s.n_pend < s.pend_cap:
+        s.pend[s.n_pend] = e
+        s.n_pend += 1
+    else:                                 # the lock busy for several calls: rare, counted
+        C.n_dropped += 1                  # (a racy count: a statistic only)
+
+
+cdef void slot_learn(Slot* s, Calib* C, const Params* P, const token_t* inp, Py_ssize_t n,
                      token_t sampled) noexcept nogil:
-    """Score the last call's predictions against the tokens that came since."""
+    """Score the last call's predictions against the tokens that came since (the outcomes go
+    to the slot's pending list, for cal_fold)."""
     cdef int src, i
     cdef int64_t avail
     cdef bint hit
@@ -596,7 +691,7 @@ cdef void slot_learn(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
     if s.pred_base < 0:
         return
     avail = n + 1 - s.pred_base           # accepted draft tokens + the target's own
-    s.rate += ((min(avail, <int64_t>P.max_draft + 1) << 16) - s.rate) >> RATE_SHIFT
+    slot_pend(s, C, RATE_TAG | <uint32_t>min(avail, <int64_t>P.max_draft + 1))
     s.streak = False
     for src in range(N_SRC):
         hit = False
@@ -604,7 +699,7 @@ cdef void slot_learn(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
             if i >= avail:
                 break
             hit = s.pred_tok[src * stride + i] == ctx_at(inp, n, sampled, s.pred_base + i)
-            cal_observe(s.cal_acc, s.cal_tried, s.pred_cell[src * stride + i], hit)
+            slot_pend(s, C, (<uint32_t>s.pred_cell[src * stride + i] << 1) | (1 if hit else 0))
             if not hit:
                 break
         if hit and s.n_pred[src] >= avail:
@@ -612,12 +707,12 @@ cdef void slot_learn(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
     s.pred_base = -1
 
 
-cdef int slot_sync(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
+cdef int slot_sync(Slot* s, Calib* C, const Params* P, const token_t* inp, Py_ssize_t n,
                    token_t sampled) noexcept nogil:
     """Learn from what came, then bring the local automaton up to inp + [sampled]."""
     cdef int64_t i, L = n + 1, start
     cdef Sam* S = &s.loc
-    slot_learn(s, P, inp, n, sampled)
+    slot_learn(s, C, P, inp, n, sampled)
     if L - s.loc_off > P.max_context:
         # outgrown: re-index the newest half of the context (room first: out of memory leaves
         # the slot as it was)
@@ -652,14 +747,15 @@ cdef void slot_cursor(Slot* s, const Store* G, const token_t* inp, Py_ssize_t n,
     s.g_pos = L
 
 
-cdef void slot_walk(Slot* s, const Params* P, const Store* G, const token_t* inp,
-                    Py_ssize_t n, token_t sampled) noexcept nogil:
+cdef void slot_walk(Slot* s, const Calib* C, const Params* P, const Store* G,
+                    const token_t* inp, Py_ssize_t n, token_t sampled) noexcept nogil:
     """Both walks (G = NULL: local only); leaves the predictions in pred_tok / n_pred."""
     cdef Sam* S = &s.loc
     cdef int32_t stride = P.max_draft + 1
     cdef int32_t v = S.slink[S.last]
     cdef Walker wl, wg
     cdef uint64_t gain, base
+    cdef int64_t rate = ld64(&C.rate)
     walker_init(&wl, S, 0, True, v, S.slen[v] if v > 0 else 0, s.pred_tok, s.pred_cell)
     if G != NULL:
         slot_cursor(s, G, inp, n, sampled)
@@ -667,13 +763,13 @@ cdef void slot_walk(Slot* s, const Params* P, const Store* G, const token_t* inp
                     s.pred_cell + stride)
     else:
         walker_init(&wg, S, 1, False, 0, 0, NULL, NULL)
-    gain = <uint64_t>(s.rate - ONE) if s.rate > ONE else 0
+    gain = <uint64_t>(rate - ONE) if rate > ONE else 0
     if gain > GAIN_CAP * ONE:
         gain = GAIN_CAP * ONE
     base = (P.gain_cost * gain) >> 16
     if base < P.min_p:
         base = P.min_p
-    draft_walk(&wl, &wg, s.cal_acc, s.cal_tried, s.streak, P.max_draft, <uint32_t>base,
+    draft_walk(&wl, &wg, C.acc, C.tried, s.streak, P.max_draft, <uint32_t>base,
                P.draft_cost)
     s.n_pred[0] = wl.n_pred
     s.n_pred[1] = wg.n_pred
@@ -721,26 +817,32 @@ cdef class SuffixProposer(Proposer):
     Notes
     -----
     Memory: per slot a suffix automaton of 108-124 bytes per context token (allocated by
-    doubling as the context grows, at most ``max_context`` tokens: 6.8 MiB by default), 3600
-    uint32 of calibration, ~3 * (max_draft + 1) int32 of buffers, and once `draft_tree` is
-    used, 68 bytes per node of the largest tree asked. The global store: 108-124
-    bytes per token, up to ``global_tokens`` tokens (108 MiB by default; allocated by
-    doubling), oldest sequences evicted first. `memory_bytes` reports what is held, `sam_bytes` the bound.
+    doubling as the context grows, at most ``max_context`` tokens: 6.8 MiB by default),
+    ~8 * (max_draft + 1) int32 of buffers, and once `draft_tree` is used, 68 bytes per node
+    of the largest tree asked. Once: 3600 uint32 of calibration, shared by the slots. The
+    global store: 108-124 bytes per token, up to ``global_tokens`` tokens (108 MiB by
+    default; allocated by doubling), oldest sequences evicted first. `memory_bytes` reports
+    what is held, `sam_bytes` the bound.
 
     Thread-safety: one thread per slot at a time (a second call on a busy slot raises
     RuntimeError, also through the engine, and leaves the slot alone). The global store is
-    shared by all slots and protected by a lock: ``begin`` inserts under it with the GIL
-    released; a draft only tries it and, when another thread holds it, drafts from the local
-    index alone (drafts never wait).
+    shared by all slots and protected by a lock: ``begin`` and ``end`` insert under it with the
+    GIL released; a draft only tries it and, when another thread holds it, drafts from the
+    local index alone (drafts never wait). The calibration is shared too: a draft folds its
+    slot's outcomes in when its lock is free (else at a later call) and reads it lock-free.
     """
     cdef Params P
     cdef Slot* slots
     cdef Store store
     cdef PyThread_type_lock lock
+    cdef Calib* cal
+    cdef PyThread_type_lock cal_lock
 
     def __cinit__(self):
         self.slots = NULL
         self.lock = NULL
+        self.cal = NULL
+        self.cal_lock = NULL
         memset(&self.store, 0, sizeof(Store))
 
     def __init__(self, n_slots=1, max_draft=256, min_prob=0.005, gain_cost=0.02,
@@ -779,6 +881,12 @@ cdef class SuffixProposer(Proposer):
         self.lock = PyThread_allocate_lock()
         if self.lock == NULL:
             raise MemoryError("out of memory for ngram-suffix's store lock")
+        self.cal_lock = PyThread_allocate_lock()
+        self.cal = <Calib*>malloc(sizeof(Calib))
+        if self.cal_lock == NULL or self.cal == NULL:
+            raise MemoryError("out of memory for ngram-suffix's calibration")
+        memset(self.cal, 0, sizeof(Calib))
+        self.cal.rate = ONE
         if global_tokens >= 2 and sam_reserve(&self.store.sam, 1) < 0:
             raise MemoryError("out of memory for ngram-suffix's global store")
         self.slots = <Slot*>alloc_per_slot(n_slots, sizeof(Slot), "ngram-suffix's per-slot state")
@@ -787,12 +895,13 @@ cdef class SuffixProposer(Proposer):
             self.slots[i].loc.depth = <int32_t>_count_depth
             self.slots[i].pred_base = -1
             self.slots[i].n_last_acc = -1
-            self.slots[i].rate = ONE
+            self.slots[i].pend_cap = <int32_t>(4 * (max_draft + 1) + 2)
+            self.slots[i].pend = <uint32_t*>malloc(self.slots[i].pend_cap * sizeof(uint32_t))
             self.slots[i].pred_tok = <token_t*>malloc(2 * (max_draft + 1) * sizeof(token_t))
             self.slots[i].pred_cell = <uint16_t*>malloc(2 * (max_draft + 1) * sizeof(uint16_t))
             self.slots[i].last_draft = <token_t*>malloc((max_draft + 1) * sizeof(token_t))
             if (self.slots[i].pred_tok == NULL or self.slots[i].pred_cell == NULL
-                    or self.slots[i].last_draft == NULL):
+                    or self.slots[i].last_draft == NULL or self.slots[i].pend == NULL):
                 raise MemoryError(f"n_slots = {n_slots}: out of memory for ngram-suffix's "
                                   f"buffers of slot {i}")
         return 0
@@ -809,12 +918,18 @@ cdef class SuffixProposer(Proposer):
                 free(self.slots[i].pred_cell)
                 free(self.slots[i].last_draft)
                 free(self.slots[i].tree)
+                free(self.slots[i].pend)
             free(self.slots)
             self.slots = NULL
         sam_free(&self.store.sam)
         if self.lock != NULL:
             PyThread_free_lock(self.lock)
             self.lock = NULL
+        if self.cal_lock != NULL:
+            PyThread_free_lock(self.cal_lock)
+            self.cal_lock = NULL
+        free(self.cal)
+        self.cal = NULL
 
     # -- the engine's interface ---------------------------------------------------------------
 
@@ -877,17 +992,21 @@ cdef class SuffixProposer(Proposer):
             slot_restart(s)
             s.active = True
             s.out_start = n
-        if slot_sync(s, &self.P, inp, n, sampled) < 0:
+        if slot_sync(s, self.cal, &self.P, inp, n, sampled) < 0:
             # the slot may be half-synced (e.g. its output start set past an empty automaton):
             # forget the request, so that the next call starts over cleanly
             slot_restart(s)
             s.active = False
             raise MemoryError("out of memory while indexing ngram-suffix's context")
+        if s.n_pend and PyThread_acquire_lock(self.cal_lock, NOWAIT_LOCK):
+            cal_fold(self.cal, s.pend, s.n_pend)
+            s.n_pend = 0
+            PyThread_release_lock(self.cal_lock)
         if self.store.budget >= 2 and PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
-            slot_walk(s, &self.P, &self.store, inp, n, sampled)
+            slot_walk(s, self.cal, &self.P, &self.store, inp, n, sampled)
             PyThread_release_lock(self.lock)
         else:
-            slot_walk(s, &self.P, NULL, inp, n, sampled)
+            slot_walk(s, self.cal, &self.P, NULL, inp, n, sampled)
         memcpy(out, s.last_draft, s.n_last_draft * sizeof(token_t))
         return s.n_last_draft
 
@@ -987,7 +1106,7 @@ cdef class SuffixProposer(Proposer):
                         l0 = sl.g_len
                 m = tree_build(sl.tree, S, src, v0, l0, sl.pred_tok + src * stride,
                                sl.pred_cell + src * stride, sl.n_last_draft, nc, bud,
-                               sl.cal_acc, sl.cal_tried, sl.streak)
+                               self.cal.acc, self.cal.tried, sl.streak)
                 if locked:
                     PyThread_release_lock(self.lock)
             for i in range(1, m):
@@ -996,6 +1115,36 @@ cdef class SuffixProposer(Proposer):
         finally:
             self.busy[s] = 0
         return tokens[:m - 1], parents[:m - 1]
+
+    def end(self, slot):
+        """The slot's request is over: store its output in the global store now, not when the
+        slot's next request begins (a server with many slots may not reuse this one for a long
+        time, and every other slot would draft without it until then). The slot is idle
+        afterwards; its next request starts with `begin` (a `draft` without one starts over
+        from its context). No-op on an idle slot.
+
+        Parameters
+        ----------
+        slot : int
+            0 .. n_slots - 1.
+
+        Raises
+        ------
+        MemoryError
+            Out of memory while storing the output (the slot is idle all the same).
+
+        Notes
+        -----
+        Thread-safety: claims the slot as `draft` does; waits for the store's lock with the GIL
+        released, as `begin` does.
+        """
+        cdef Py_ssize_t s = self.slot_arg(slot)
+        claim_slot(self.busy, s, self.name)
+        try:
+            if self.slots[s].active:
+                self.finish(&self.slots[s])
+        finally:
+            self.busy[s] = 0
 
     cdef Py_ssize_t checked_prefix(self, Py_ssize_t slot):
         # Of an int32 array, only the tokens the slot has not indexed yet are checked, as the
@@ -1016,7 +1165,7 @@ cdef class SuffixProposer(Proposer):
 
     def memory_bytes(self):
         """Bytes held now: every slot and the global store."""
-        cdef size_t total = 0
+        cdef size_t total = sizeof(Calib)
         cdef Py_ssize_t i
         self.lock_store()
         if self.store.sam.cap:
@@ -1027,6 +1176,7 @@ cdef class SuffixProposer(Proposer):
                 total += sam_bytes_for(self.slots[i].loc.cap, self.slots[i].loc.hbits)
             total += sizeof(Slot) + (self.max_draft + 1) * (3 * sizeof(token_t)
                                                             + 2 * sizeof(uint16_t))
+            total += self.slots[i].pend_cap * sizeof(uint32_t)
             total += self.slots[i].tree_cap * sizeof(TreeNode)
         return total
 
@@ -1056,11 +1206,12 @@ cdef class SuffixProposer(Proposer):
             PyThread_release_lock(self.lock)
 
     def slot_stats(self, Py_ssize_t slot):
-        """One slot: {'context', 'indexed', 'capacity', 'tokens_per_step'}."""
+        """One slot: {'context', 'indexed', 'capacity', 'tokens_per_step'}; tokens_per_step is
+        the server's average (every slot's steps: it is learned as one)."""
         self._check_slot(slot)
         cdef Slot* s = &self.slots[slot]
         return dict(context=s.ctx_len, indexed=s.loc.n, capacity=s.loc.cap,
-                    tokens_per_step=s.rate / ONE)
+                    tokens_per_step=ld64(&self.cal.rate) / <double>ONE)
 
     def draft_probs(self, Py_ssize_t slot):
         """Per-token probabilities of the slot's last draft and the evidence behind them.
@@ -1080,19 +1231,33 @@ cdef class SuffixProposer(Proposer):
         cdef double[::1] p = probs, t = tried
         for j in range(s.n_last_draft):
             cell = s.pred_cell[off + j]
-            p[j] = cal_prob(s.cal_acc, s.cal_tried, cell) / <double>ONE
-            t[j] = s.cal_tried[cell]
+            p[j] = cal_prob(self.cal.acc, self.cal.tried, cell) / <double>ONE
+            t[j] = ld32(&self.cal.tried[cell])
         return probs, tried
 
-    def calibration(self, Py_ssize_t slot):
-        """(acc, tried) of the slot's fine calibration cells, uint32 arrays of shape
-        (source, length bucket, frequency bucket, stage, agreement) = (2, 10, 7, 6, 2)."""
-        self._check_slot(slot)
-        acc = np.array([self.slots[slot].cal_acc[i] for i in range(N_CELLS)], dtype=np.uint32)
-        tried = np.array([self.slots[slot].cal_tried[i] for i in range(N_CELLS)],
-                         dtype=np.uint32)
+    def calibration(self):
+        """(acc, tried) of the fine calibration cells, shared by all slots, uint32 arrays of
+        shape (source, length bucket, frequency bucket, stage, agreement) = (2, 10, 7, 6, 2).
+        A consistent copy (taken under the calibration's lock); outcomes a slot has observed
+        but not folded in yet (only while another thread folds) are not in it."""
+        cdef Py_ssize_t i
+        acc = np.empty(N_CELLS, dtype=np.uint32)
+        tried = np.empty(N_CELLS, dtype=np.uint32)
+        cdef uint32_t[::1] a = acc, t = tried
+        with nogil:
+            PyThread_acquire_lock(self.cal_lock, WAIT_LOCK)
+        for i in range(N_CELLS):
+            a[i] = self.cal.acc[i]
+            t[i] = self.cal.tried[i]
+        PyThread_release_lock(self.cal_lock)
         shape = (N_SRC, N_LB, N_FB, N_ST, N_AG)
         return acc.reshape(shape), tried.reshape(shape)
+
+    def calibration_stats(self):
+        """The shared calibration: {'outcomes' folded in, 'dropped' (observed while the lock was
+        busy for longer than a slot's pending list lasts), 'tokens_per_step'}."""
+        return dict(outcomes=self.cal.n_folded, dropped=self.cal.n_dropped,
+                    tokens_per_step=ld64(&self.cal.rate) / <double>ONE)
 
 
 def sam_bytes(n_tokens):

@@ -253,9 +253,6 @@ class Slot:
     def __init__(self, depth):
         self.loc = Sam(depth)
         self.active = False
-        self.acc = [0] * N_CAL
-        self.tried = [0] * N_CAL
-        self.rate = ONE
         self.restart()
 
     def restart(self):
@@ -285,6 +282,11 @@ class ReferenceSuffix:
         self.global_prompt = global_prompt
         self.store = Store(global_tokens, _count_depth)
         self.slots = [Slot(_count_depth) for _ in range(n_slots)]
+        # the calibration and the tokens-per-step average are the server's: one for all slots
+        # (one thread: every outcome reaches it by the call that observed it, as in the kernel)
+        self.acc = [0] * N_CAL
+        self.tried = [0] * N_CAL
+        self.rate = ONE
 
     # -- begin ------------------------------------------------------------------------------
 
@@ -341,14 +343,14 @@ class ReferenceSuffix:
         if s.pred_base < 0:
             return
         avail = len(ctx) - s.pred_base
-        s.rate += ((min(avail, self.max_draft + 1) << 16) - s.rate) >> RATE_SHIFT
+        self.rate += ((min(avail, self.max_draft + 1) << 16) - self.rate) >> RATE_SHIFT
         s.streak = False
         for src in range(N_SRC):
             hit = False
             toks, cells = s.pred[src], s.pred_cells[src]
             for i in range(min(len(toks), avail)):
                 hit = toks[i] == ctx[s.pred_base + i]
-                cal_observe(s.acc, s.tried, cells[i], hit)
+                cal_observe(self.acc, self.tried, cells[i], hit)
                 if not hit:
                     break
             if hit and len(toks) >= avail:
@@ -385,9 +387,9 @@ class ReferenceSuffix:
             wg = Walker(G.sam, 1, False, s.g_state, s.g_len)
         else:
             wg = Walker(S, 1, False, 0, 0)
-        gain = min(max(s.rate - ONE, 0), GAIN_CAP * ONE)
+        gain = min(max(self.rate - ONE, 0), GAIN_CAP * ONE)
         base = max((self.gain_cost * gain) >> 16, self.min_p)
-        draft_walk(wl, wg, s.acc, s.tried, s.streak, self.max_draft, base, self.draft_cost)
+        draft_walk(wl, wg, self.acc, self.tried, s.streak, self.max_draft, base, self.draft_cost)
         s.pred = [wl.tok, wg.tok]
         s.pred_cells = [wl.cell, wg.cell]
         s.pred_base = len(ctx)
@@ -425,7 +427,7 @@ class ReferenceSuffix:
             tok, _, v, l, depth, P = nodes[-1]
             nxt = S.next[v].get(chain[j], -1) if v >= 0 else -1
             nodes.append([chain[j], j, nxt, l + 1, depth + 1,
-                          (P * cal_prob(s.acc, s.tried, cells[j])) >> 16])
+                          (P * cal_prob(self.acc, self.tried, cells[j])) >> 16])
         while len(nodes) - 1 < budget:
             best = None
             for u, (_, _, v, l, depth, P) in enumerate(nodes):
@@ -443,17 +445,16 @@ class ReferenceSuffix:
             nodes.append([c, u, t, nodes[u][3] + 1, nodes[u][4] + 1, cand])
         return [w[0] for w in nodes[1:]], [w[1] - 1 for w in nodes[1:]]
 
-    @staticmethod
-    def _children(s, S, u, v, l, depth, chain, cells, n_chain):
+    def _children(self, s, S, u, v, l, depth, chain, cells, n_chain):
         """Node u's children, best first: (token, probability given u, state)."""
         if u <= n_chain and u < len(chain):
-            ref, p_ref = chain[u], cal_prob(s.acc, s.tried, cells[u])
+            ref, p_ref = chain[u], cal_prob(self.acc, self.tried, cells[u])
         elif v >= 0 and S.next[v]:
             top = S.top_child(v)
             if top[0] == SEP:
                 return
             ref = top[0]
-            p_ref = cal_prob(s.acc, s.tried, cell_index(s.last_src, l, freq_bucket(top[2], top[3]),
+            p_ref = cal_prob(self.acc, self.tried, cell_index(s.last_src, l, freq_bucket(top[2], top[3]),
                                                         stage_of(depth, s.streak), False))
         else:
             return
@@ -472,6 +473,11 @@ class ReferenceSuffix:
             yield c, p, t
 
     # -- accept -----------------------------------------------------------------------------
+
+    def end(self, slot):
+        s = self.slots[slot]
+        if s.active:
+            self._finish(s)
 
     def accept(self, slot, n_accepted):
         s = self.slots[slot]
