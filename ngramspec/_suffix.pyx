@@ -56,9 +56,12 @@ touches two counters at once and would need a compare-and-swap loop per cell, fo
 over a lock that is only ever tried.
 
 *Draft trees.* For an engine that verifies a tree of a fixed number of tokens whatever it holds
-(SGLang), `SuffixProposer.draft_tree` turns the last draft into a tree: the chain first, then,
-best first by estimated path probability, the continuations the draft's automaton has seen
-after the same contexts (siblings with their counts). llama.cpp's paths never ask for one.
+(SGLang), `SuffixProposer.draft_tree` builds, per source, the tree of at most that many
+tokens with the largest expected accepted length: nodes best first by estimated path
+probability from the root (the draft's tokens scored by the calibration, other
+continuations by their counts), and returns the better of the two sources' trees. The chain
+is not forced first: where the next token is uncertain, siblings near the root are worth
+more than the chain's tail. llama.cpp's paths never ask for one.
 
 Memory
 ------
@@ -402,6 +405,7 @@ cdef struct TreeNode:
     int32_t ref_cnt, n_tot  # its count (0: not a child of v) and the sum over v's children
     bint ref_pending        # the reference child is not in the tree yet: it is the candidate
     int32_t below_cnt, below_pos   # rank of the last other child offered
+    int32_t chain_j         # >= 0: the node's path is the draft's first chain_j tokens
     bint has_cand           # the candidate: the node's best child not in the tree yet
     token_t cand_tok
     int32_t cand_v
@@ -476,48 +480,56 @@ cdef inline void tree_node(TreeNode* u, int32_t parent, token_t tok, int32_t v, 
     u.n_tot = 0
     u.below_cnt = 0x7FFFFFFF
     u.below_pos = 0x7FFFFFFF
+    u.chain_j = -1
     u.has_cand = False
 
 
+cdef inline void tree_refs(TreeNode* u, const Sam* S, int src, const token_t* chain,
+                           const uint16_t* cells, int32_t n_chain, const uint32_t* acc,
+                           const uint32_t* tried, bint streak) noexcept nogil:
+    """u's reference child, then its candidate: on the draft's path (within the kept n_chain
+    tokens) the draft's next token, as the walk scored it; elsewhere the most frequent
+    continuation."""
+    cdef int32_t e, a, n
+    if 0 <= u.chain_j < n_chain:
+        u.ref = chain[u.chain_j]
+        u.ref_p = cal_prob(acc, tried, cells[u.chain_j])
+        u.ref_pending = True
+        if u.v >= 0:
+            top_child(S, u.v, &a, &n)
+            e = sam_find(S, u.v, u.ref)
+            u.n_tot = n
+            u.ref_cnt = S.scnt[S.eto[e]] if e >= 0 else 0
+    else:
+        tree_ref_top(u, S, src, acc, tried, streak)
+    tree_offer(u, S)
+
+
 cdef int32_t tree_build(TreeNode* T, const Sam* S, int src, int32_t v0, int32_t l0,
-                        const token_t* chain, const uint16_t* cells, int32_t n_draft,
-                        int32_t n_chain, int32_t budget, const uint32_t* acc,
-                        const uint32_t* tried, bint streak) noexcept nogil:
+                        const token_t* chain, const uint16_t* cells, int32_t n_chain,
+                        int32_t budget, const uint32_t* acc, const uint32_t* tried,
+                        bint streak) noexcept nogil:
     """The draft tree of at most `budget` tokens below the root; returns its nodes, root
     included (T[1 ..] in the order added: parents before children, no two equal siblings).
 
-    Contract: T has room for budget + 1 nodes; chain / cells hold the slot's last draft
-    (n_draft tokens, as drafted, and their calibration cells), 0 <= n_chain <= min(n_draft,
-    budget); S is the automaton that draft came from (source `src`), unchanged since, and
-    (v0, l0) the walk's start in it (S may be NULL: no alternatives, the tree is the chain).
-    Rule: the chain's first n_chain tokens, then repeatedly the candidate with the likeliest
-    path, each node offering its best child not in the tree yet (tree_offer; ties: the node
-    added first). O(budget * (budget + out-degree)), no allocation, no lock taken."""
-    cdef int32_t j, m, u, best, e, a, n
+    Contract: T has room for budget + 1 nodes; chain / cells hold the slot's last draft (as
+    drafted, and their calibration cells), 0 <= n_chain <= its length; S is the automaton that
+    draft came from (source `src`), unchanged since, and (v0, l0) the walk's start in it (S may
+    be NULL: no alternatives, the tree is at most the chain).
+    Rule: best first from the root: repeatedly the candidate with the likeliest path, each node
+    offering its best child not in the tree yet (tree_offer; ties: the node added first). The
+    sum of the nodes' path probabilities is the expected accepted length, and a child is never
+    likelier than its parent, so taking the likeliest frontier node each time maximises it
+    for the estimates. O(budget * (budget + out-degree)), no allocation, no lock taken."""
+    cdef int32_t m, u, best
+    cdef bint on_chain
     cdef TreeNode* t
     if S == NULL or v0 <= 0 or l0 <= 0:
         v0 = -1
     tree_node(&T[0], -1, -1, v0, l0, 0, ONE)
-    for j in range(n_chain + 1):
-        t = &T[j]
-        if j < n_draft:
-            # the chain's path: its next token is the reference, as the walk scored it
-            t.ref = chain[j]
-            t.ref_p = cal_prob(acc, tried, cells[j])
-            t.ref_pending = j == n_chain
-            if t.v >= 0:
-                top_child(S, t.v, &a, &n)
-                e = sam_find(S, t.v, chain[j])
-                t.n_tot = n
-                t.ref_cnt = S.scnt[S.eto[e]] if e >= 0 else 0
-        else:
-            tree_ref_top(t, S, src, acc, tried, streak)
-        if j < n_chain:
-            e = sam_find(S, t.v, chain[j]) if t.v >= 0 else -1
-            tree_node(&T[j + 1], j, chain[j], S.eto[e] if e >= 0 else -1, t.l + 1, j + 1,
-                      <uint32_t>((<uint64_t>t.P * t.ref_p) >> 16))
-        tree_offer(t, S)
-    m = n_chain + 1
+    T[0].chain_j = 0
+    tree_refs(&T[0], S, src, chain, cells, n_chain, acc, tried, streak)
+    m = 1
     while m <= budget:
         best = -1
         for u in range(m):
@@ -526,13 +538,24 @@ cdef int32_t tree_build(TreeNode* T, const Sam* S, int src, int32_t v0, int32_t 
         if best < 0:
             break
         t = &T[best]
+        on_chain = t.ref_pending and t.chain_j >= 0 and t.chain_j < n_chain
         tree_node(&T[m], best, t.cand_tok, t.cand_v, t.l + 1, t.depth + 1, t.cand_p)
-        tree_ref_top(&T[m], S, src, acc, tried, streak)
-        tree_offer(&T[m], S)
+        if on_chain:
+            T[m].chain_j = t.chain_j + 1
+        tree_refs(&T[m], S, src, chain, cells, n_chain, acc, tried, streak)
         t.ref_pending = False
         tree_offer(t, S)
         m += 1
     return m
+
+
+cdef inline uint64_t tree_gain(const TreeNode* T, int32_t m) noexcept nogil:
+    """Expected accepted tokens of a tree (Q16): the sum of its nodes' path probabilities."""
+    cdef uint64_t g = 0
+    cdef int32_t i
+    for i in range(1, m):
+        g += T[i].P
+    return g
 
 
 # ---------------------------------------------------------------------------------------------
@@ -818,8 +841,8 @@ cdef class SuffixProposer(Proposer):
     -----
     Memory: per slot a suffix automaton of 108-124 bytes per context token (allocated by
     doubling as the context grows, at most ``max_context`` tokens: 6.8 MiB by default),
-    ~8 * (max_draft + 1) int32 of buffers, and once `draft_tree` is used, 68 bytes per node
-    of the largest tree asked. Once: 3600 uint32 of calibration, shared by the slots. The
+    ~8 * (max_draft + 1) int32 of buffers, and once `draft_tree` is used, 2 * 72 bytes per
+    node of the largest tree asked. Once: 3600 uint32 of calibration, shared by the slots. The
     global store: 108-124 bytes per token, up to ``global_tokens`` tokens (108 MiB by
     default; allocated by doubling), oldest sequences evicted first. `memory_bytes` reports
     what is held, `sam_bytes` the bound.
@@ -1022,17 +1045,20 @@ cdef class SuffixProposer(Proposer):
         """The slot's last draft as a tree of at most `budget` tokens, for an engine that
         verifies a tree of a fixed size whatever it holds (SGLang's ``draft_token_num``).
 
-        The first path is the draft's first `n_chain` tokens (the chain a llama.cpp-style
-        engine verifies, so the tree never accepts fewer tokens than it); the rest of the
-        budget goes best first, by the estimated probability that the path to a token is
-        accepted, to the continuations the draft's source automaton has seen after the same
-        contexts: the chain's siblings, the chain's own continuation past its cut, their
-        continuations. Along the chain a token's probability is the calibrated one the draft
-        was made with; a most frequent continuation elsewhere is scored as the walk scores a
-        token; another child of count a gets ``min(p_ref * a / a_ref, (1 - p_ref) * a /
-        (n - a_ref))``, with p_ref and a_ref its most frequent sibling's (on the chain: the
-        chain token's) probability and count, n the count of all the children. Ties go to the
-        node added first. No threshold: the engine verifies the whole budget anyway.
+        The tree that maximises the expected number of accepted tokens (the sum of its nodes'
+        path probabilities), as estimated: nodes are chosen best first from the root, each
+        time the continuation whose path is likeliest to be accepted, width near the root
+        where the next token is uncertain, depth where it is not (issue 37). Each source builds
+        one, over the continuations it has seen after the same contexts: the slot's automaton
+        (the request), and the global store (past outputs) when the draft call read it; the
+        tree with the larger expected gain is returned (the draft's source on ties). Along the
+        draft's first `n_chain` tokens (in the draft's source's tree) a token's probability is
+        the calibrated one the draft was made with; a most frequent continuation elsewhere is
+        scored as the walk scores a token; another child of count a gets ``min(p_ref * a /
+        a_ref, (1 - p_ref) * a / (n - a_ref))``, with p_ref and a_ref its most frequent
+        sibling's (on the chain: the chain token's) probability and count, n the count of all
+        the children. Ties go to the node added first. No threshold: the engine verifies the
+        whole budget anyway. The chain itself, what `draft` returns, is unchanged.
 
         Parameters
         ----------
@@ -1040,7 +1066,8 @@ cdef class SuffixProposer(Proposer):
             0 .. n_slots - 1; its last call was `draft` (or the engine's draft).
         n_chain : int
             0 .. the last draft's length: the draft's tokens the caller kept (after a
-            draft-length policy's cut); at most `budget` of them are used.
+            draft-length policy's cut), the path its probabilities score; past it a path goes
+            on by frequency. At most `budget` of them are used.
         budget : int, 0 .. 4096
             Tokens in the tree, the root (the last verified token) not counted.
 
@@ -1056,23 +1083,28 @@ cdef class SuffixProposer(Proposer):
             The slot's last call was not a draft (none since its `begin`, or a `begin`
             since), or an argument out of range.
         MemoryError
-            Out of memory for the slot's tree nodes ((budget + 1) * 68 bytes).
+            Out of memory for the slot's tree nodes (2 * (budget + 1) * 72 bytes).
 
         Notes
         -----
-        Memory: the outputs, and per slot a node buffer grown to the largest budget asked
-        (68 bytes a node), kept until the proposer is freed. Cost: O(budget * (budget +
-        out-degree)) with the GIL released.
+        Memory: the outputs, and per slot a node buffer grown to two trees of the largest
+        budget asked (72 bytes a node), kept until the proposer is freed. Cost: two trees of
+        O(budget * (budget + out-degree)) each, with the GIL released (~3-6 µs at budget 15
+        on the trace families, `python bench trees`).
 
-        Thread-safety: claims the slot as `draft` does. A tree from the global store reads it
-        under its lock, only tried, as a draft does: when another thread holds it, or the store
-        changed since the draft, the tree is the chain alone. Deterministic otherwise.
+        Thread-safety: claims the slot as `draft` does. The global store's tree reads it under
+        its lock, only tried, as a draft does: when another thread holds it, or the store
+        changed since the draft, that tree is the draft's chain alone (if the draft came from
+        the store) or empty. Deterministic otherwise.
         """
         cdef Py_ssize_t s = self.slot_arg(slot), i
         cdef Slot* sl = &self.slots[s]
-        cdef int32_t m = 1, stride = self.P.max_draft + 1, v0 = 0, l0 = 0, src, bud, nc
+        cdef int32_t m = 1, m1 = 1, stride = self.P.max_draft + 1, gv = 0, gl = 0, lv, src
+        cdef int32_t bud, nc, cap
         cdef TreeNode* grown
-        cdef const Sam* S = NULL
+        cdef TreeNode* T
+        cdef const Sam* G = NULL
+        cdef const Sam* L
         cdef bint locked = False
         if not sl.active or sl.pred_base < 0:
             raise ValueError(f"draft_tree() on slot {s} without a draft: call it after the "
@@ -1086,32 +1118,43 @@ cdef class SuffixProposer(Proposer):
         cdef int32_t[::1] tk = tokens, pa = parents
         claim_slot(self.busy, s, self.name)
         try:
-            if bud + 1 > sl.tree_cap:
-                grown = <TreeNode*>realloc(sl.tree, (bud + 1) * sizeof(TreeNode))
+            if 2 * (bud + 1) > sl.tree_cap:
+                grown = <TreeNode*>realloc(sl.tree, 2 * (bud + 1) * sizeof(TreeNode))
                 if grown == NULL:
                     raise MemoryError(f"budget = {budget}: out of memory for the tree's nodes")
                 sl.tree = grown
-                sl.tree_cap = bud + 1
+                sl.tree_cap = 2 * (bud + 1)
             src = sl.last_src
+            cap = bud + 1
             with nogil:
-                if src == 0:
-                    S = &sl.loc
-                    v0 = S.slink[S.last]
-                    l0 = S.slen[v0] if v0 > 0 else 0
-                elif PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
-                    locked = True
-                    if sl.g_gen == self.store.gen:
-                        S = &self.store.sam
-                        v0 = sl.g_state
-                        l0 = sl.g_len
-                m = tree_build(sl.tree, S, src, v0, l0, sl.pred_tok + src * stride,
-                               sl.pred_cell + src * stride, sl.n_last_draft, nc, bud,
-                               self.cal.acc, self.cal.tried, sl.streak)
+                # one tree per source, the draft's chain in its own source's; the global one
+                # only from a cursor this draft call brought up to date
+                L = &sl.loc
+                lv = L.slink[L.last]
+                locked = (self.store.budget >= 2
+                          and PyThread_acquire_lock(self.lock, NOWAIT_LOCK))
+                if locked and sl.g_gen == self.store.gen and sl.g_pos == sl.ctx_len:
+                    G = &self.store.sam
+                    gv = sl.g_state
+                    gl = sl.g_len
+                m = tree_build(sl.tree, L, 0, lv, L.slen[lv] if lv > 0 else 0, sl.pred_tok,
+                               sl.pred_cell, nc if src == 0 else 0, bud, self.cal.acc,
+                               self.cal.tried, sl.streak)
+                m1 = tree_build(sl.tree + cap, G, 1, gv, gl, sl.pred_tok + stride,
+                                sl.pred_cell + stride, nc if src == 1 else 0, bud,
+                                self.cal.acc, self.cal.tried, sl.streak)
                 if locked:
                     PyThread_release_lock(self.lock)
+                # the tree expecting more accepted tokens; the draft's source on ties
+                if tree_gain(sl.tree + cap, m1) > tree_gain(sl.tree, m) if src == 0 else \
+                        tree_gain(sl.tree, m) <= tree_gain(sl.tree + cap, m1):
+                    T = sl.tree + cap
+                    m = m1
+                else:
+                    T = sl.tree
             for i in range(1, m):
-                tk[i - 1] = sl.tree[i].tok
-                pa[i - 1] = sl.tree[i].parent - 1
+                tk[i - 1] = T[i].tok
+                pa[i - 1] = T[i].parent - 1
         finally:
             self.busy[s] = 0
         return tokens[:m - 1], parents[:m - 1]
