@@ -191,7 +191,7 @@ def main(argv=None):
             for d in ds:
                 r = rows[(f, d, tree)]
                 us = f" ({r['us_per_tree']:.1f} µs)" if r["us_per_tree"] is not None else ""
-                cells.append(f"{r['tokens_per_step']:.2f}{us}")
+                cells.append(f"{r['tokens_per_step']:.3f}{us}")
         p(f"| {label} | " + " | ".join(cells) + " |")
     if args.md:
         with open(args.md, "w") as f:

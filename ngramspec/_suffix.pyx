@@ -56,10 +56,10 @@ touches two counters at once and would need a compare-and-swap loop per cell, fo
 over a lock that is only ever tried.
 
 *Draft trees.* For an engine that verifies a tree of a fixed number of tokens whatever it holds
-(SGLang), `SuffixProposer.draft_tree` builds, per source, the tree of at most that many
-tokens with the largest expected accepted length: nodes best first by estimated path
-probability from the root (the draft's tokens scored by the calibration, other
-continuations by their counts), and returns the better of the two sources' trees. The chain
+(SGLang), `SuffixProposer.draft_tree` builds the tree of at most that many tokens with the
+largest expected accepted length: nodes best first by estimated path probability from the
+root (the draft's tokens scored by the calibration, other continuations by their counts),
+over both sources (one best-first tree each, merged by path probability). The chain
 is not forced first: where the next token is uncertain, siblings near the root are worth
 more than the chain's tail. llama.cpp's paths never ask for one.
 
@@ -406,6 +406,7 @@ cdef struct TreeNode:
     bint ref_pending        # the reference child is not in the tree yet: it is the candidate
     int32_t below_cnt, below_pos   # rank of the last other child offered
     int32_t chain_j         # >= 0: the node's path is the draft's first chain_j tokens
+    int32_t merged          # its index in the merged tree (tree_merge), -1 root
     bint has_cand           # the candidate: the node's best child not in the tree yet
     token_t cand_tok
     int32_t cand_v
@@ -549,13 +550,38 @@ cdef int32_t tree_build(TreeNode* T, const Sam* S, int src, int32_t v0, int32_t 
     return m
 
 
-cdef inline uint64_t tree_gain(const TreeNode* T, int32_t m) noexcept nogil:
-    """Expected accepted tokens of a tree (Q16): the sum of its nodes' path probabilities."""
-    cdef uint64_t g = 0
-    cdef int32_t i
-    for i in range(1, m):
-        g += T[i].P
-    return g
+cdef int32_t tree_merge(TreeNode* A, int32_t ma, TreeNode* B, int32_t mb, int32_t budget,
+                        int32_t* tok, int32_t* par) noexcept nogil:
+    """The two sources' trees as one: their nodes in order of path probability (A's first on
+    ties), a node whose path is already in the tree merged into it (its children follow it
+    there), at most `budget` tokens; writes tok / par (parents as in draft_tree), returns the
+    count. Each tree's nodes come in non-increasing path probability (best first, a child
+    never likelier than its parent), so the merge is the best-first tree of the two sources'
+    candidates, parents before children. O(budget^2)."""
+    cdef int32_t ia = 1, ib = 1, n = 0, j, p
+    cdef TreeNode* x
+    A[0].merged = -1
+    B[0].merged = -1
+    while n < budget and (ia < ma or ib < mb):
+        if ia < ma and (ib >= mb or A[ia].P >= B[ib].P):
+            x = &A[ia]
+            p = A[x.parent].merged
+            ia += 1
+        else:
+            x = &B[ib]
+            p = B[x.parent].merged
+            ib += 1
+        x.merged = -2
+        for j in range(p + 1, n):
+            if par[j] == p and tok[j] == x.tok:
+                x.merged = j
+                break
+        if x.merged == -2:
+            tok[n] = x.tok
+            par[n] = p
+            x.merged = n
+            n += 1
+    return n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -841,7 +867,7 @@ cdef class SuffixProposer(Proposer):
     -----
     Memory: per slot a suffix automaton of 108-124 bytes per context token (allocated by
     doubling as the context grows, at most ``max_context`` tokens: 6.8 MiB by default),
-    ~8 * (max_draft + 1) int32 of buffers, and once `draft_tree` is used, 2 * 72 bytes per
+    ~8 * (max_draft + 1) int32 of buffers, and once `draft_tree` is used, 2 * 76 bytes per
     node of the largest tree asked. Once: 3600 uint32 of calibration, shared by the slots. The
     global store: 108-124 bytes per token, up to ``global_tokens`` tokens (108 MiB by
     default; allocated by doubling), oldest sequences evicted first. `memory_bytes` reports
@@ -1048,10 +1074,11 @@ cdef class SuffixProposer(Proposer):
         The tree that maximises the expected number of accepted tokens (the sum of its nodes'
         path probabilities), as estimated: nodes are chosen best first from the root, each
         time the continuation whose path is likeliest to be accepted, width near the root
-        where the next token is uncertain, depth where it is not (issue 37). Each source builds
-        one, over the continuations it has seen after the same contexts: the slot's automaton
-        (the request), and the global store (past outputs) when the draft call read it; the
-        tree with the larger expected gain is returned (the draft's source on ties). Along the
+        where the next token is uncertain, depth where it is not (issue 37). Both sources
+        offer continuations they have seen after the same contexts: the slot's automaton (the
+        request), and the global store (past outputs) when the draft call read it. Each builds
+        its best-first tree of `budget` tokens; the two are merged by path probability (the
+        draft's source first on ties), a path both hold kept once, and cut at `budget`. Along the
         draft's first `n_chain` tokens (in the draft's source's tree) a token's probability is
         the calibrated one the draft was made with; a most frequent continuation elsewhere is
         scored as the walk scores a token; another child of count a gets ``min(p_ref * a /
@@ -1083,18 +1110,18 @@ cdef class SuffixProposer(Proposer):
             The slot's last call was not a draft (none since its `begin`, or a `begin`
             since), or an argument out of range.
         MemoryError
-            Out of memory for the slot's tree nodes (2 * (budget + 1) * 72 bytes).
+            Out of memory for the slot's tree nodes (2 * (budget + 1) * 76 bytes).
 
         Notes
         -----
         Memory: the outputs, and per slot a node buffer grown to two trees of the largest
-        budget asked (72 bytes a node), kept until the proposer is freed. Cost: two trees of
-        O(budget * (budget + out-degree)) each, with the GIL released (~3-6 µs at budget 15
-        on the trace families, `python bench trees`).
+        budget asked (76 bytes a node), kept until the proposer is freed. Cost: two trees of
+        O(budget * (budget + out-degree)) each and their O(budget^2) merge, with the GIL
+        released (~4-6 µs at budget 15 on the trace families, `python bench trees`).
 
         Thread-safety: claims the slot as `draft` does. The global store's tree reads it under
         its lock, only tried, as a draft does: when another thread holds it, or the store
-        changed since the draft, that tree is the draft's chain alone (if the draft came from
+        changed since the draft, its tree is the draft's chain alone (if the draft came from
         the store) or empty. Deterministic otherwise.
         """
         cdef Py_ssize_t s = self.slot_arg(slot), i
@@ -1102,7 +1129,6 @@ cdef class SuffixProposer(Proposer):
         cdef int32_t m = 1, m1 = 1, stride = self.P.max_draft + 1, gv = 0, gl = 0, lv, src
         cdef int32_t bud, nc, cap
         cdef TreeNode* grown
-        cdef TreeNode* T
         cdef const Sam* G = NULL
         cdef const Sam* L
         cdef bint locked = False
@@ -1115,7 +1141,8 @@ cdef class SuffixProposer(Proposer):
             nc = bud
         tokens = np.empty(bud, dtype=np.int32)
         parents = np.empty(bud, dtype=np.int32)
-        cdef int32_t[::1] tk = tokens, pa = parents
+        cdef int32_t* tkp = <int32_t*>cnp.PyArray_DATA(tokens)
+        cdef int32_t* pap = <int32_t*>cnp.PyArray_DATA(parents)
         claim_slot(self.busy, s, self.name)
         try:
             if 2 * (bud + 1) > sl.tree_cap:
@@ -1145,19 +1172,14 @@ cdef class SuffixProposer(Proposer):
                                 self.cal.acc, self.cal.tried, sl.streak)
                 if locked:
                     PyThread_release_lock(self.lock)
-                # the tree expecting more accepted tokens; the draft's source on ties
-                if tree_gain(sl.tree + cap, m1) > tree_gain(sl.tree, m) if src == 0 else \
-                        tree_gain(sl.tree, m) <= tree_gain(sl.tree + cap, m1):
-                    T = sl.tree + cap
-                    m = m1
+                # one tree of both, the draft's source first on ties
+                if src == 0:
+                    m = tree_merge(sl.tree, m, sl.tree + cap, m1, bud, tkp, pap)
                 else:
-                    T = sl.tree
-            for i in range(1, m):
-                tk[i - 1] = T[i].tok
-                pa[i - 1] = T[i].parent - 1
+                    m = tree_merge(sl.tree + cap, m1, sl.tree, m, bud, tkp, pap)
         finally:
             self.busy[s] = 0
-        return tokens[:m - 1], parents[:m - 1]
+        return tokens[:m], parents[:m]
 
     def end(self, slot):
         """The slot's request is over: store its output in the global store now, not when the

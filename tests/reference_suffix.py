@@ -406,8 +406,8 @@ class ReferenceSuffix:
         automaton, the store when the draft call read it), best first from the root:
         repeatedly the (node, child) not in the tree with the likeliest path (ties: the node
         added first, then the child ranked first); the draft's chain (its first n_chain tokens)
-        is the reference path of the draft's source. The tree with the larger sum of path
-        probabilities wins (the draft's source on ties)."""
+        is the reference path of the draft's source. The two trees are merged by path
+        probability (the draft's source first on ties), a path both hold kept once."""
         s = self.slots[slot]
         if not s.active or s.pred_base < 0:
             raise ValueError("no draft")
@@ -422,10 +422,21 @@ class ReferenceSuffix:
         else:
             src1 = (None, -1, 0)
         trees.append(self._tree(s, 1, *src1, n_chain if s.last_src == 1 else 0, budget))
-        gain = [sum(w[5] for w in t[1:]) for t in trees]
-        other = 1 - s.last_src
-        nodes = trees[other] if gain[other] > gain[s.last_src] else trees[s.last_src]
-        return [w[0] for w in nodes[1:]], [w[1] - 1 for w in nodes[1:]]
+        first, second = trees[s.last_src], trees[1 - s.last_src]
+        # (path probability, tree rank, order in its tree, node): a stable best-first merge
+        order = sorted([(-w[5], 0, i, w) for i, w in enumerate(first[1:], 1)]
+                       + [(-w[5], 1, i, w) for i, w in enumerate(second[1:], 1)],
+                       key=lambda x: x[:3])
+        path_of = [{0: ()}, {0: ()}]           # per tree: node index -> its token path
+        where, tokens, parents = {(): -1}, [], []
+        for _, rank, i, w in order:
+            path = path_of[rank][w[1]] + (w[0],)
+            path_of[rank][i] = path
+            if path not in where and len(tokens) < budget:
+                where[path] = len(tokens)
+                tokens.append(w[0])
+                parents.append(where[path[:-1]])
+        return tokens, parents
 
     def _tree(self, s, src, S, v0, l0, n_chain, budget):
         """One source's best-first tree: its nodes, the root first."""

@@ -237,9 +237,9 @@ def test_draft_tree_checks_its_arguments():
     p.draft(1, [5, 6, 7, 5, 6], 7)
     before = p.memory_bytes()
     p.draft_tree(1, 0, 40)
-    assert p.memory_bytes() - before == 2 * 41 * 72   # the slot's node buffers, kept
+    assert p.memory_bytes() - before == 2 * 41 * 76   # the slot's node buffers, kept
     p.draft_tree(1, 0, 8)
-    assert p.memory_bytes() - before == 2 * 41 * 72
+    assert p.memory_bytes() - before == 2 * 41 * 76
     with pytest.raises(ValueError, match="draft_tree\\(\\) on slot 0 without a draft"):
         p.draft_tree(0, 0, 4)
     p.begin(0, [5, 6, 7, 5, 6])
