@@ -1278,6 +1278,12 @@ cdef class SuffixProposer(Proposer):
         return dict(context=s.ctx_len, indexed=s.loc.n, capacity=s.loc.cap,
                     tokens_per_step=ld64(&self.cal.rate) / <double>ONE)
 
+    def calibration_stats(self):
+        """The shared calibration: {'outcomes' folded in, 'dropped' (observed while the lock was
+        busy for longer than a slot's pending list lasts), 'tokens_per_step'}."""
+        return dict(outcomes=self.cal.n_folded, dropped=self.cal.n_dropped,
+                    tokens_per_step=ld64(&self.cal.rate) / <double>ONE)
+
     def draft_probs(self, Py_ssize_t slot):
         """Per-token probabilities of the slot's last draft and the evidence behind them.
 
@@ -1317,12 +1323,6 @@ cdef class SuffixProposer(Proposer):
         PyThread_release_lock(self.cal_lock)
         shape = (N_SRC, N_LB, N_FB, N_ST, N_AG)
         return acc.reshape(shape), tried.reshape(shape)
-
-    def calibration_stats(self):
-        """The shared calibration: {'outcomes' folded in, 'dropped' (observed while the lock was
-        busy for longer than a slot's pending list lasts), 'tokens_per_step'}."""
-        return dict(outcomes=self.cal.n_folded, dropped=self.cal.n_dropped,
-                    tokens_per_step=ld64(&self.cal.rate) / <double>ONE)
 
 
 def sam_bytes(n_tokens):

@@ -402,6 +402,8 @@ THREAD_SCRIPT = textwrap.dedent("""
             while produced < len(output):
                 d = prop.draft(slot, np.asarray(cache, dtype=np.int32), sampled)
                 log.append(d.tolist())
+                toks, pars = prop.draft_tree(slot, len(d), 12)   # reads both sources too
+                log.append(toks.tolist())
                 k = 0
                 while k < len(d) and produced + k < len(output) and d[k] == output[produced + k]:
                     k += 1
@@ -431,8 +433,8 @@ THREAD_SCRIPT = textwrap.dedent("""
 
 
 def test_threads_share_the_global_store_and_the_calibration():
-    """Four threads drafting on four slots at once: no cross-talk in the drafts, the store
-    within its budget, and one calibration that learned from every thread's outcomes (about
+    """Four threads drafting (and drafting trees) on four slots at once: no cross-talk in the
+    drafts or trees, the store within its budget, and one calibration that learned from every thread's outcomes (about
     four times what slot 0's requests alone teach it; none lost while another thread folded)."""
     out = subprocess.run([sys.executable, "-c", THREAD_SCRIPT.format(root=str(ROOT))],
                          capture_output=True, text=True, timeout=120)
