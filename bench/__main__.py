@@ -23,6 +23,8 @@ COMMANDS = {
     "ab": ("ab_steady", "A/B of two checkouts' draft-call costs, interleaved worker processes"),
     "ab-index": ("ab_index", "A/B of two checkouts' one-off index builds, interleaved workers"),
     "suffix": ("suffix_report", "ngram-suffix in server state on the trace families (issue 7)"),
+    "trees": ("suffix_tree_report", "ngram-suffix's draft trees of d tokens, verified as SGLang "
+                             "verifies them: tokens/step and us per tree"),
     "options": ("options_report", "the named options that fix llama.cpp's server-state "
                                   "collapse (reindex, cache restart)"),
     "e2e": ("e2e_report", "live generation on the embedded model: tokens/s vs plain greedy, "

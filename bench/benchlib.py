@@ -434,6 +434,9 @@ def replay_family(factory, requests, n_slots: int = 1) -> dict:
     ctx_sum = 0
     for t, req in enumerate(requests):
         rec = replay_request(engine, t % n_slots, req.prompt, req.output, False, timers)
+        end = getattr(getattr(engine, "engine", engine), "end", None)
+        if end is not None:               # the request is over, as `ngramspec replay` ends it
+            end(t % n_slots)
         for k in keys:
             totals[k] += rec[k]
         L = rec["n_prompt"]

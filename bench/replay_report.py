@@ -2,7 +2,7 @@
 
     python bench replay [--repeat 3] [--families code-edit,agentic,...]
                         [--limit FAMILY=N ...] [--json FILE] [--md FILE]
-                        [--no-cpp] [--no-prompt-lookup]
+                        [--no-cpp] [--no-prompt-lookup] [--slots 1,16,64,256]
 
 The loop is ``ngramspec replay``'s (``ngramspec.replay.replay_request``: one server slot,
 shared state, greedy verification against the recorded output); llama-cpp-python's
@@ -14,6 +14,11 @@ llama.cpp C++ baseline (``llamacpp_baseline``) replaying the same requests in th
 alternately with ngramspec, its calls timed inside C++, and next to the spec's section 9 row
 whose context range is nearest the family's mean context at the draft calls (its traces, not
 these).
+
+A second table replays the same requests through ngram-suffix with several server slots
+(`ngramspec.replay.replay(..., n_slots=N)`: still one request after another, request t on slot
+t % N, each request ended as a server ends it): what ngram-suffix learns is the server's, so
+tokens per step must not fall with the slot count (issue 35: 256 slots >= 0.98x of 1).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import sys
 import benchlib
 from benchlib import (CPP, LLAMA_CPP_ROWS, LLAMA_CPP_US, PROMPT_LOOKUP, PROPOSERS, geomean,
                       is_cpp)
+from ngramspec.replay import replay
 from ngramspec.traces import read_requests
 
 FAMILIES = ["code-edit", "agentic", "reasoning", "chat", "model-generated"]
@@ -70,6 +76,37 @@ def run(args):
                         raise RuntimeError(f"{fam}/{name}: {k} differs from ngramspec's")
         print(f"  {fam}: {len(requests)} requests done", file=sys.stderr)
     return families, names, limits, table
+
+
+def run_slots(families, limits, slot_counts):
+    """ngram-suffix's tokens per step per family and slot count: {(family, n_slots): value}."""
+    out = {}
+    for fam in families:
+        requests = read_requests(str(benchlib.TRACES / f"{fam}.jsonl.gz"), limits.get(fam))
+        for n in slot_counts:
+            s = replay(requests, "ngram-suffix", n_slots=n).summary
+            out[(fam, n)] = s["n_output"] / s["n_steps"] if s["n_steps"] else 0.0
+        print(f"  {fam}: slots {slot_counts} done", file=sys.stderr)
+    return out
+
+
+def render_slots(families, limits, slot_counts, by_slots, p=print):
+    """The slot-count table; returns the worst ratio of the most slots to one slot."""
+    top = max(slot_counts)
+    p(f"\nngram-suffix, tokens per step by server slots (requests one after another, request t "
+      f"on slot t % N; target: {top} slots >= 0.98x of 1):\n")
+    p("| family (requests) | " + " | ".join(f"{n} slot{'s' if n > 1 else ''}"
+                                           for n in slot_counts) + f" | {top} / 1 |")
+    p("|---|" + "---|" * (len(slot_counts) + 1))
+    worst = None
+    for fam in families:
+        lim = limits.get(fam)
+        label = f"{fam} ({'first ' + str(lim) if lim is not None else 'all'})"
+        ratio = by_slots[(fam, top)] / by_slots[(fam, 1)] if by_slots[(fam, 1)] else 0.0
+        worst = ratio if worst is None else min(worst, ratio)
+        p(f"| {label} | " + " | ".join(f"{by_slots[(fam, n)]:.3f}" for n in slot_counts)
+          + f" | **{ratio:.3f}×** |")
+    return worst
 
 
 def render(families, names, limits, table, repeat, pl_repeat, p=print):
@@ -163,6 +200,8 @@ def main(argv=None):
     ap.add_argument("--no-prompt-lookup", action="store_true",
                     help="skip llama-cpp-python's LlamaPromptLookupDecoding")
     ap.add_argument("--no-cpp", action="store_true", help="skip the llama.cpp C++ baseline")
+    ap.add_argument("--slots", default="1,16,64,256",
+                    help="slot counts of the ngram-suffix table, 1 first (empty: no table)")
     ap.add_argument("--json", metavar="FILE", default=benchlib.result_path("replay.json"),
                     help="write the summaries as JSON here (default: %(default)s)")
     ap.add_argument("--md", metavar="FILE", default=benchlib.result_path("replay.md"),
@@ -170,6 +209,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     info = benchlib.machine(with_cpp=not args.no_cpp)
     families, names, limits, table = run(args)
+    slot_counts = [int(x) for x in args.slots.split(",") if x]
+    if slot_counts and slot_counts[0] != 1:
+        ap.error(f"--slots = {args.slots!r}: the first slot count must be 1")
+    by_slots = run_slots(families, limits, slot_counts) if slot_counts else {}
     lines = []
 
     def p(text=""):
@@ -179,6 +222,7 @@ def main(argv=None):
     p("Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items()) + "\n")
     ratios, cpp_ratios, cpp_med = render(families, names, limits, table, args.repeat,
                                          args.pl_repeat, p)
+    worst_slots = render_slots(families, limits, slot_counts, by_slots, p) if by_slots else None
     if args.md:
         with open(args.md, "w") as f:
             f.write("\n".join(lines) + "\n")
@@ -193,7 +237,9 @@ def main(argv=None):
                        "ratios_cpp": {f"{n}@{f}": v for (f, n), v in cpp_ratios.items()},
                        "ratios_cpp_median": {f"{n}@{f}": v for (f, n), v in cpp_med.items()},
                        "geomean_cpp": geomean([v for (f, n), v in cpp_ratios.items()
-                                               if n in CORE])}, f, indent=1)
+                                               if n in CORE]),
+                       "suffix_by_slots": {f"{f}@{n}": v for (f, n), v in by_slots.items()},
+                       "suffix_slots_worst_ratio": worst_slots}, f, indent=1)
 
 
 if __name__ == "__main__":

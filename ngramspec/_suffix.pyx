@@ -13,8 +13,9 @@ current suffix, so the local match costs O(1) per call whatever its length.
 
 *Global store.* One suffix automaton shared by all slots holds the outputs of finished
 requests, each with the newest few tokens of its prompt (the chat template's assistant header),
-concatenated with a separator that no token matches; a request's output is stored when its
-slot begins the next one. Each slot follows the store with a matching-statistics cursor
+concatenated with a separator that no token matches; a request's output is stored when it
+ends (`end`, which the engine's `end` and the plug-ins call) or, failing that, when its slot
+begins the next one. Each slot follows the store with a matching-statistics cursor
 (amortized O(1) per new token). Its budget is fixed in tokens; when full it evicts whole
 sequences, oldest first, and rebuilds over the rest.
 
@@ -24,7 +25,7 @@ breaks ties). A local walk that runs into the end of the text goes on copying it
 (the context read as periodic, an LZ77 copy overlapping itself), so a loop of period p is not
 drafted p tokens at a time. The local and global walks run in lockstep.
 
-*Adaptive length.* Every drafted token gets a probability from a per-slot calibration table
+*Adaptive length.* Every drafted token gets a probability from a calibration table
 indexed by source, match-length bucket, continuation-frequency bucket, position in the draft
 (for the first token: whether the last call foresaw what came) and whether the other source
 agrees so far. The table learns online from every call, drafted or not (each source's walk is
@@ -34,15 +35,33 @@ that the whole draft so far is accepted stays at or above
 
     max(min_prob, gain_cost * min(G, 8)) + draft_cost * j
 
-where j is the token's position and G the slot's accepted draft tokens per step (a slow moving
-average): a draft token costs verification work, worth less to a slot that already gains a
+where j is the token's position and G the accepted draft tokens per step (a slow moving
+average): a draft token costs verification work, worth less to a server that already gains a
 lot per step, and more so the longer the draft. Of the two walks, the one with the larger
 expected number of accepted tokens is the draft; at most ``max_draft`` tokens.
 
+*Learned as a server.* The calibration table and G describe the workload, not the slot: one
+of each serves all slots (issue 35). With a table per slot, N slots each learned from 1/N of
+the traffic and drafted from sparse cells: replayed at 256 slots, ngram-suffix fell by a
+third. A slot scores its last predictions at its next draft call and appends the outcomes to
+a pending list of its own; the same call then *tries* the calibration's lock and, if free,
+folds the list into the shared cells in order (cal_fold), else keeps it for its next call.
+Drafts read the cells without any lock (relaxed atomic loads; a fold writes each word
+whole). So the draft path never waits; with one thread every outcome is folded by the call
+that observed it and the table is exactly one table learning from every slot in call order
+(deterministic, and what tests/reference_suffix.py models); under contention a fold is late
+by a call or two, and a slot whose list is full drops new outcomes, counted in
+`calibration_stats`. Atomic increments were the alternative: the halving that forgets
+touches two counters at once and would need a compare-and-swap loop per cell, for no gain
+over a lock that is only ever tried.
+
 *Draft trees.* For an engine that verifies a tree of a fixed number of tokens whatever it holds
-(SGLang), `SuffixProposer.draft_tree` turns the last draft into a tree: the chain first, then,
-best first by estimated path probability, the continuations the draft's automaton has seen
-after the same contexts (siblings with their counts). llama.cpp's paths never ask for one.
+(SGLang), `SuffixProposer.draft_tree` builds the tree of at most that many tokens with the
+largest expected accepted length: nodes best first by estimated path probability from the
+root (the draft's tokens scored by the calibration, other continuations by their counts),
+over both sources (one best-first tree each, merged by path probability). The chain
+is not forced first: where the next token is uncertain, siblings near the root are worth
+more than the chain's tail. llama.cpp's paths never ask for one.
 
 Memory
 ------
@@ -51,17 +70,20 @@ each), plus a power-of-two hash table of at least 4n int32 and the n tokens: ``s
 108 bytes per token when n is a power of two, never more than 124. A slot's automaton is
 allocated by doubling as its context grows (from 1024 tokens) and never beyond ``max_context``
 tokens: a longer context is re-indexed over its newest half. The global store likewise grows
-up to ``global_tokens``. Per slot besides: 3600 uint32 of calibration and ~3 * (max_draft + 1)
-int32 of buffers (~15 KiB). Defaults: at most 6.8 MiB per slot (65536 tokens) and 108 MiB for
+up to ``global_tokens``. Per slot besides: ~8 * (max_draft + 1) int32 of buffers (~8 KiB,
+the pending outcomes included); once for the proposer: 3600 uint32 of calibration.
+Defaults: at most 6.8 MiB per slot (65536 tokens) and 108 MiB for
 a full store (2**20 tokens); `memory_bytes` reports what is held.
 
 Thread-safety
 -------------
-One thread per slot at a time (the engine's rule); per-slot state is not shared. The global
-store is protected by a PyThread lock. ``begin`` inserts the slot's previous request under it
+One thread per slot at a time (the engine's rule); per-slot state is not shared. The
+calibration is shared: written under its own PyThread lock, which a draft only tries, and
+read without it (see *Learned as a server*). The global store is protected by a PyThread lock. ``begin`` inserts the slot's previous request under it
 with the GIL released (an insertion may rebuild the store). A draft only *tries* the lock: when
 another thread holds it, the draft uses the local index alone instead of waiting, so drafting
-never blocks on the store. With one thread, or with the store off, drafts are deterministic.
+never blocks on the store. With one thread drafts are deterministic; with several, the shared
+calibration makes them depend on the order of the calls.
 """
 from collections import deque
 
@@ -87,6 +109,29 @@ from ngramspec._proposer import check_int
 from ngramspec.validation import check_real
 
 cnp.import_array()
+
+# The server's calibration is written under its lock and read by drafts without it: relaxed
+# atomic loads and stores (a plain mov on x86 and ARM), so that a read racing with a fold is
+# defined and sees a whole word, old or new.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #if defined(__GNUC__) || defined(__clang__)
+    static inline uint32_t ngs_ld32(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+    static inline void ngs_st32(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+    static inline int64_t ngs_ld64(const int64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+    static inline void ngs_st64(int64_t* p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+    #else
+    static inline uint32_t ngs_ld32(const uint32_t* p) { return *(const volatile uint32_t*)p; }
+    static inline void ngs_st32(uint32_t* p, uint32_t v) { *(volatile uint32_t*)p = v; }
+    static inline int64_t ngs_ld64(const int64_t* p) { return *(const volatile int64_t*)p; }
+    static inline void ngs_st64(int64_t* p, int64_t v) { *(volatile int64_t*)p = v; }
+    #endif
+    """
+    uint32_t ld32 "ngs_ld32"(const uint32_t* p) noexcept nogil
+    void st32 "ngs_st32"(uint32_t* p, uint32_t v) noexcept nogil
+    int64_t ld64 "ngs_ld64"(const int64_t* p) noexcept nogil
+    void st64 "ngs_st64"(int64_t* p, int64_t v) noexcept nogil
 
 # Calibration cells: source (local, global) x match-length bucket x frequency bucket x stage
 # x agreement; coarse cells: source x match-length bucket x stage.
@@ -173,23 +218,67 @@ cdef inline uint32_t cal_prob(const uint32_t* acc, const uint32_t* tried, int ce
     towards its coarse cell's (worth CAL_PRIOR observations), itself shrunk towards 1/2
     (worth 2). Sparse cells borrow strength; busy ones speak for themselves."""
     cdef int c = coarse_index(cell)
-    cdef uint64_t qc = ((<uint64_t>acc[c] << 16) + ONE) // (tried[c] + 2)
-    return <uint32_t>(((<uint64_t>acc[cell] << 16) + CAL_PRIOR * qc)
-                      // (tried[cell] + CAL_PRIOR))
+    cdef uint32_t ac = ld32(&acc[c]), tc = ld32(&tried[c])
+    cdef uint32_t af = ld32(&acc[cell]), tf = ld32(&tried[cell])
+    cdef uint64_t qc
+    # a read racing with a fold may pair an old count with a new one: never above 1
+    if ac > tc:
+        ac = tc
+    if af > tf:
+        af = tf
+    qc = ((<uint64_t>ac << 16) + ONE) // (tc + 2)
+    return <uint32_t>(((<uint64_t>af << 16) + CAL_PRIOR * qc) // (tf + CAL_PRIOR))
 
 
 cdef inline void cal_count(uint32_t* acc, uint32_t* tried, int cell, bint hit) noexcept nogil:
-    tried[cell] += 1
-    if hit:
-        acc[cell] += 1
-    if tried[cell] >= CAL_WINDOW:
-        tried[cell] >>= 1
-        acc[cell] >>= 1
+    # the only writer (under the calibration's lock); drafts read concurrently (cal_prob)
+    cdef uint32_t t = tried[cell] + 1, a = acc[cell] + (1 if hit else 0)
+    if t >= CAL_WINDOW:
+        t >>= 1
+        a >>= 1
+    st32(&acc[cell], a)
+    st32(&tried[cell], t)
 
 
 cdef inline void cal_observe(uint32_t* acc, uint32_t* tried, int cell, bint hit) noexcept nogil:
     cal_count(acc, tried, cell, hit)
     cal_count(acc, tried, coarse_index(cell), hit)
+
+
+cdef struct Calib:
+    # What the proposer has learned about its drafts, shared by all slots (the server's): the
+    # cells, then the tokens-per-step average. Written only under the calibration lock by
+    # cal_fold, read by drafts without it (ld32 / ld64).
+    uint32_t acc[N_CAL]     # fine cells, then coarse cells
+    uint32_t tried[N_CAL]
+    int64_t rate            # tokens per step, slow moving average, Q16
+    int64_t n_folded        # outcomes folded in
+    int64_t n_dropped       # outcomes a slot could not keep while the lock was busy
+
+
+# A slot's pending outcome: (cell << 1) | hit, or RATE_TAG | tokens of one step.
+cdef extern from *:
+    """
+    #define NGS_RATE_TAG 0x80000000u
+    """
+    const uint32_t RATE_TAG "NGS_RATE_TAG"
+
+
+cdef void cal_fold(Calib* C, const uint32_t* pend, int32_t n) noexcept nogil:
+    """Fold a slot's pending outcomes into the server's calibration, in the order they came
+    (caller holds the calibration lock). With one thread every outcome is folded by the call
+    that observed it, so the table is what one table learning from every slot would be."""
+    cdef int32_t i
+    cdef uint32_t e
+    cdef int64_t r
+    for i in range(n):
+        e = pend[i]
+        if e & RATE_TAG:
+            r = C.rate
+            st64(&C.rate, r + (((<int64_t>(e & 0x7FFFFFFF) << 16) - r) >> RATE_SHIFT))
+        else:
+            cal_observe(C.acc, C.tried, <int>(e >> 1), e & 1)
+            C.n_folded += 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,6 +407,8 @@ cdef struct TreeNode:
     int32_t ref_cnt, n_tot  # its count (0: not a child of v) and the sum over v's children
     bint ref_pending        # the reference child is not in the tree yet: it is the candidate
     int32_t below_cnt, below_pos   # rank of the last other child offered
+    int32_t chain_j         # >= 0: the node's path is the draft's first chain_j tokens
+    int32_t merged          # its index in the merged tree (tree_merge), -1 root
     bint has_cand           # the candidate: the node's best child not in the tree yet
     token_t cand_tok
     int32_t cand_v
@@ -392,48 +483,56 @@ cdef inline void tree_node(TreeNode* u, int32_t parent, token_t tok, int32_t v, 
     u.n_tot = 0
     u.below_cnt = 0x7FFFFFFF
     u.below_pos = 0x7FFFFFFF
+    u.chain_j = -1
     u.has_cand = False
 
 
+cdef inline void tree_refs(TreeNode* u, const Sam* S, int src, const token_t* chain,
+                           const uint16_t* cells, int32_t n_chain, const uint32_t* acc,
+                           const uint32_t* tried, bint streak) noexcept nogil:
+    """u's reference child, then its candidate: on the draft's path (within the kept n_chain
+    tokens) the draft's next token, as the walk scored it; elsewhere the most frequent
+    continuation."""
+    cdef int32_t e, a, n
+    if 0 <= u.chain_j < n_chain:
+        u.ref = chain[u.chain_j]
+        u.ref_p = cal_prob(acc, tried, cells[u.chain_j])
+        u.ref_pending = True
+        if u.v >= 0:
+            top_child(S, u.v, &a, &n)
+            e = sam_find(S, u.v, u.ref)
+            u.n_tot = n
+            u.ref_cnt = S.scnt[S.eto[e]] if e >= 0 else 0
+    else:
+        tree_ref_top(u, S, src, acc, tried, streak)
+    tree_offer(u, S)
+
+
 cdef int32_t tree_build(TreeNode* T, const Sam* S, int src, int32_t v0, int32_t l0,
-                        const token_t* chain, const uint16_t* cells, int32_t n_draft,
-                        int32_t n_chain, int32_t budget, const uint32_t* acc,
-                        const uint32_t* tried, bint streak) noexcept nogil:
+                        const token_t* chain, const uint16_t* cells, int32_t n_chain,
+                        int32_t budget, const uint32_t* acc, const uint32_t* tried,
+                        bint streak) noexcept nogil:
     """The draft tree of at most `budget` tokens below the root; returns its nodes, root
     included (T[1 ..] in the order added: parents before children, no two equal siblings).
 
-    Contract: T has room for budget + 1 nodes; chain / cells hold the slot's last draft
-    (n_draft tokens, as drafted, and their calibration cells), 0 <= n_chain <= min(n_draft,
-    budget); S is the automaton that draft came from (source `src`), unchanged since, and
-    (v0, l0) the walk's start in it (S may be NULL: no alternatives, the tree is the chain).
-    Rule: the chain's first n_chain tokens, then repeatedly the candidate with the likeliest
-    path, each node offering its best child not in the tree yet (tree_offer; ties: the node
-    added first). O(budget * (budget + out-degree)), no allocation, no lock taken."""
-    cdef int32_t j, m, u, best, e, a, n
+    Contract: T has room for budget + 1 nodes; chain / cells hold the slot's last draft (as
+    drafted, and their calibration cells), 0 <= n_chain <= its length; S is the automaton that
+    draft came from (source `src`), unchanged since, and (v0, l0) the walk's start in it (S may
+    be NULL: no alternatives, the tree is at most the chain).
+    Rule: best first from the root: repeatedly the candidate with the likeliest path, each node
+    offering its best child not in the tree yet (tree_offer; ties: the node added first). The
+    sum of the nodes' path probabilities is the expected accepted length, and a child is never
+    likelier than its parent, so taking the likeliest frontier node each time maximises it
+    for the estimates. O(budget * (budget + out-degree)), no allocation, no lock taken."""
+    cdef int32_t m, u, best
+    cdef bint on_chain
     cdef TreeNode* t
     if S == NULL or v0 <= 0 or l0 <= 0:
         v0 = -1
     tree_node(&T[0], -1, -1, v0, l0, 0, ONE)
-    for j in range(n_chain + 1):
-        t = &T[j]
-        if j < n_draft:
-            # the chain's path: its next token is the reference, as the walk scored it
-            t.ref = chain[j]
-            t.ref_p = cal_prob(acc, tried, cells[j])
-            t.ref_pending = j == n_chain
-            if t.v >= 0:
-                top_child(S, t.v, &a, &n)
-                e = sam_find(S, t.v, chain[j])
-                t.n_tot = n
-                t.ref_cnt = S.scnt[S.eto[e]] if e >= 0 else 0
-        else:
-            tree_ref_top(t, S, src, acc, tried, streak)
-        if j < n_chain:
-            e = sam_find(S, t.v, chain[j]) if t.v >= 0 else -1
-            tree_node(&T[j + 1], j, chain[j], S.eto[e] if e >= 0 else -1, t.l + 1, j + 1,
-                      <uint32_t>((<uint64_t>t.P * t.ref_p) >> 16))
-        tree_offer(t, S)
-    m = n_chain + 1
+    T[0].chain_j = 0
+    tree_refs(&T[0], S, src, chain, cells, n_chain, acc, tried, streak)
+    m = 1
     while m <= budget:
         best = -1
         for u in range(m):
@@ -442,13 +541,49 @@ cdef int32_t tree_build(TreeNode* T, const Sam* S, int src, int32_t v0, int32_t 
         if best < 0:
             break
         t = &T[best]
+        on_chain = t.ref_pending and t.chain_j >= 0 and t.chain_j < n_chain
         tree_node(&T[m], best, t.cand_tok, t.cand_v, t.l + 1, t.depth + 1, t.cand_p)
-        tree_ref_top(&T[m], S, src, acc, tried, streak)
-        tree_offer(&T[m], S)
+        if on_chain:
+            T[m].chain_j = t.chain_j + 1
+        tree_refs(&T[m], S, src, chain, cells, n_chain, acc, tried, streak)
         t.ref_pending = False
         tree_offer(t, S)
         m += 1
     return m
+
+
+cdef int32_t tree_merge(TreeNode* A, int32_t ma, TreeNode* B, int32_t mb, int32_t budget,
+                        int32_t* tok, int32_t* par) noexcept nogil:
+    """The two sources' trees as one: their nodes in order of path probability (A's first on
+    ties), a node whose path is already in the tree merged into it (its children follow it
+    there), at most `budget` tokens; writes tok / par (parents as in draft_tree), returns the
+    count. Each tree's nodes come in non-increasing path probability (best first, a child
+    never likelier than its parent), so the merge is the best-first tree of the two sources'
+    candidates, parents before children. O(budget^2)."""
+    cdef int32_t ia = 1, ib = 1, n = 0, j, p
+    cdef TreeNode* x
+    A[0].merged = -1
+    B[0].merged = -1
+    while n < budget and (ia < ma or ib < mb):
+        if ia < ma and (ib >= mb or A[ia].P >= B[ib].P):
+            x = &A[ia]
+            p = A[x.parent].merged
+            ia += 1
+        else:
+            x = &B[ib]
+            p = B[x.parent].merged
+            ib += 1
+        x.merged = -2
+        for j in range(p + 1, n):
+            if par[j] == p and tok[j] == x.tok:
+                x.merged = j
+                break
+        if x.merged == -2:
+            tok[n] = x.tok
+            par[n] = p
+            x.merged = n
+            n += 1
+    return n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,14 +670,14 @@ cdef struct Slot:
     token_t* pred_tok       # 2 x (max_draft + 1)
     uint16_t* pred_cell     # 2 x (max_draft + 1)
     bint streak             # the last call's predictions foresaw every token that came
-    int64_t rate            # tokens per step, slow moving average, Q16
+    # outcomes observed but not folded into the server's calibration yet (its lock was busy)
+    uint32_t* pend          # 4 * (max_draft + 1) + 2 entries: two calls' outcomes
+    int32_t n_pend, pend_cap
     # the last draft and its accepted length, for the end of the output
     token_t* last_draft
     int32_t n_last_draft
     int32_t last_src        # the walk it came from: 0 local, 1 global
     int32_t n_last_acc      # -1: no accept since the last draft
-    uint32_t cal_acc[N_CAL]     # fine cells, then coarse cells
-    uint32_t cal_tried[N_CAL]
     # draft_tree's nodes (allocated on its first call, grown to the largest budget asked)
     TreeNode* tree
     int32_t tree_cap
@@ -554,7 +689,7 @@ cdef inline token_t ctx_at(const token_t* inp, Py_ssize_t n, token_t sampled,
 
 
 cdef void slot_restart(Slot* s) noexcept nogil:
-    """Forget the current request (calibration and throughput stay: they describe the slot)."""
+    """Forget the current request (its pending outcomes stay: they are the server's)."""
     sam_clear(&s.loc)
     s.ctx_len = 0
     s.loc_off = 0
@@ -600,9 +735,18 @@ cdef bint slot_follows(const Slot* s, const token_t* inp, Py_ssize_t n) noexcept
     return True
 
 
-cdef void slot_learn(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
+cdef inline void slot_pend(Slot* s, Calib* C, uint32_t e) noexcept nogil:
+    if s.n_pend < s.pend_cap:
+        s.pend[s.n_pend] = e
+        s.n_pend += 1
+    else:                                 # the lock busy for several calls: rare, counted
+        C.n_dropped += 1                  # (a racy count: a statistic only)
+
+
+cdef void slot_learn(Slot* s, Calib* C, const Params* P, const token_t* inp, Py_ssize_t n,
                      token_t sampled) noexcept nogil:
-    """Score the last call's predictions against the tokens that came since."""
+    """Score the last call's predictions against the tokens that came since (the outcomes go
+    to the slot's pending list, for cal_fold)."""
     cdef int src, i
     cdef int64_t avail
     cdef bint hit
@@ -610,7 +754,7 @@ cdef void slot_learn(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
     if s.pred_base < 0:
         return
     avail = n + 1 - s.pred_base           # accepted draft tokens + the target's own
-    s.rate += ((min(avail, <int64_t>P.max_draft + 1) << 16) - s.rate) >> RATE_SHIFT
+    slot_pend(s, C, RATE_TAG | <uint32_t>min(avail, <int64_t>P.max_draft + 1))
     s.streak = False
     for src in range(N_SRC):
         hit = False
@@ -618,7 +762,7 @@ cdef void slot_learn(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
             if i >= avail:
                 break
             hit = s.pred_tok[src * stride + i] == ctx_at(inp, n, sampled, s.pred_base + i)
-            cal_observe(s.cal_acc, s.cal_tried, s.pred_cell[src * stride + i], hit)
+            slot_pend(s, C, (<uint32_t>s.pred_cell[src * stride + i] << 1) | (1 if hit else 0))
             if not hit:
                 break
         if hit and s.n_pred[src] >= avail:
@@ -626,12 +770,12 @@ cdef void slot_learn(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
     s.pred_base = -1
 
 
-cdef int slot_sync(Slot* s, const Params* P, const token_t* inp, Py_ssize_t n,
+cdef int slot_sync(Slot* s, Calib* C, const Params* P, const token_t* inp, Py_ssize_t n,
                    token_t sampled) noexcept nogil:
     """Learn from what came, then bring the local automaton up to inp + [sampled]."""
     cdef int64_t i, L = n + 1, start
     cdef Sam* S = &s.loc
-    slot_learn(s, P, inp, n, sampled)
+    slot_learn(s, C, P, inp, n, sampled)
     if L - s.loc_off > P.max_context:
         # outgrown: re-index the newest half of the context (room first: out of memory leaves
         # the slot as it was)
@@ -666,14 +810,15 @@ cdef void slot_cursor(Slot* s, const Store* G, const token_t* inp, Py_ssize_t n,
     s.g_pos = L
 
 
-cdef void slot_walk(Slot* s, const Params* P, const Store* G, const token_t* inp,
-                    Py_ssize_t n, token_t sampled) noexcept nogil:
+cdef void slot_walk(Slot* s, const Calib* C, const Params* P, const Store* G,
+                    const token_t* inp, Py_ssize_t n, token_t sampled) noexcept nogil:
     """Both walks (G = NULL: local only); leaves the predictions in pred_tok / n_pred."""
     cdef Sam* S = &s.loc
     cdef int32_t stride = P.max_draft + 1
     cdef int32_t v = S.slink[S.last]
     cdef Walker wl, wg
     cdef uint64_t gain, base
+    cdef int64_t rate = ld64(&C.rate)
     walker_init(&wl, S, 0, True, v, S.slen[v] if v > 0 else 0, s.pred_tok, s.pred_cell)
     if G != NULL:
         slot_cursor(s, G, inp, n, sampled)
@@ -681,13 +826,13 @@ cdef void slot_walk(Slot* s, const Params* P, const Store* G, const token_t* inp
                     s.pred_cell + stride)
     else:
         walker_init(&wg, S, 1, False, 0, 0, NULL, NULL)
-    gain = <uint64_t>(s.rate - ONE) if s.rate > ONE else 0
+    gain = <uint64_t>(rate - ONE) if rate > ONE else 0
     if gain > GAIN_CAP * ONE:
         gain = GAIN_CAP * ONE
     base = (P.gain_cost * gain) >> 16
     if base < P.min_p:
         base = P.min_p
-    draft_walk(&wl, &wg, s.cal_acc, s.cal_tried, s.streak, P.max_draft, <uint32_t>base,
+    draft_walk(&wl, &wg, C.acc, C.tried, s.streak, P.max_draft, <uint32_t>base,
                P.draft_cost)
     s.n_pred[0] = wl.n_pred
     s.n_pred[1] = wg.n_pred
@@ -735,22 +880,26 @@ cdef class SuffixProposer(Proposer):
     Notes
     -----
     Memory: per slot a suffix automaton of 108-124 bytes per context token (allocated by
-    doubling as the context grows, at most ``max_context`` tokens: 6.8 MiB by default), 3600
-    uint32 of calibration, ~3 * (max_draft + 1) int32 of buffers, and once `draft_tree` is
-    used, 68 bytes per node of the largest tree asked. The global store: 108-124
-    bytes per token, up to ``global_tokens`` tokens (108 MiB by default; allocated by
-    doubling), oldest sequences evicted first. `memory_bytes` reports what is held, `sam_bytes` the bound.
+    doubling as the context grows, at most ``max_context`` tokens: 6.8 MiB by default),
+    ~8 * (max_draft + 1) int32 of buffers, and once `draft_tree` is used, 2 * 76 bytes per
+    node of the largest tree asked. Once: 3600 uint32 of calibration, shared by the slots. The
+    global store: 108-124 bytes per token, up to ``global_tokens`` tokens (108 MiB by
+    default; allocated by doubling), oldest sequences evicted first. `memory_bytes` reports
+    what is held, `sam_bytes` the bound.
 
     Thread-safety: one thread per slot at a time (a second call on a busy slot raises
     RuntimeError, also through the engine, and leaves the slot alone). The global store is
-    shared by all slots and protected by a lock: ``begin`` inserts under it with the GIL
-    released; a draft only tries it and, when another thread holds it, drafts from the local
-    index alone (drafts never wait).
+    shared by all slots and protected by a lock: ``begin`` and ``end`` insert under it with the
+    GIL released; a draft only tries it and, when another thread holds it, drafts from the
+    local index alone (drafts never wait). The calibration is shared too: a draft folds its
+    slot's outcomes in when its lock is free (else at a later call) and reads it lock-free.
     """
     cdef Params P
     cdef Slot* slots
     cdef Store store
     cdef PyThread_type_lock lock
+    cdef Calib* cal
+    cdef PyThread_type_lock cal_lock
     # The store log's outbox (`publish_finished`): None, or a bounded deque of the sequences
     # begin() inserted, oldest first; appended and popped with the GIL held.
     cdef object outbox
@@ -759,6 +908,8 @@ cdef class SuffixProposer(Proposer):
     def __cinit__(self):
         self.slots = NULL
         self.lock = NULL
+        self.cal = NULL
+        self.cal_lock = NULL
         memset(&self.store, 0, sizeof(Store))
         self.outbox = None
         self.n_outbox_dropped = 0
@@ -799,6 +950,12 @@ cdef class SuffixProposer(Proposer):
         self.lock = PyThread_allocate_lock()
         if self.lock == NULL:
             raise MemoryError("out of memory for ngram-suffix's store lock")
+        self.cal_lock = PyThread_allocate_lock()
+        self.cal = <Calib*>malloc(sizeof(Calib))
+        if self.cal_lock == NULL or self.cal == NULL:
+            raise MemoryError("out of memory for ngram-suffix's calibration")
+        memset(self.cal, 0, sizeof(Calib))
+        self.cal.rate = ONE
         if global_tokens >= 2 and sam_reserve(&self.store.sam, 1) < 0:
             raise MemoryError("out of memory for ngram-suffix's global store")
         self.slots = <Slot*>alloc_per_slot(n_slots, sizeof(Slot), "ngram-suffix's per-slot state")
@@ -807,12 +964,13 @@ cdef class SuffixProposer(Proposer):
             self.slots[i].loc.depth = <int32_t>_count_depth
             self.slots[i].pred_base = -1
             self.slots[i].n_last_acc = -1
-            self.slots[i].rate = ONE
+            self.slots[i].pend_cap = <int32_t>(4 * (max_draft + 1) + 2)
+            self.slots[i].pend = <uint32_t*>malloc(self.slots[i].pend_cap * sizeof(uint32_t))
             self.slots[i].pred_tok = <token_t*>malloc(2 * (max_draft + 1) * sizeof(token_t))
             self.slots[i].pred_cell = <uint16_t*>malloc(2 * (max_draft + 1) * sizeof(uint16_t))
             self.slots[i].last_draft = <token_t*>malloc((max_draft + 1) * sizeof(token_t))
             if (self.slots[i].pred_tok == NULL or self.slots[i].pred_cell == NULL
-                    or self.slots[i].last_draft == NULL):
+                    or self.slots[i].last_draft == NULL or self.slots[i].pend == NULL):
                 raise MemoryError(f"n_slots = {n_slots}: out of memory for ngram-suffix's "
                                   f"buffers of slot {i}")
         return 0
@@ -829,12 +987,18 @@ cdef class SuffixProposer(Proposer):
                 free(self.slots[i].pred_cell)
                 free(self.slots[i].last_draft)
                 free(self.slots[i].tree)
+                free(self.slots[i].pend)
             free(self.slots)
             self.slots = NULL
         sam_free(&self.store.sam)
         if self.lock != NULL:
             PyThread_free_lock(self.lock)
             self.lock = NULL
+        if self.cal_lock != NULL:
+            PyThread_free_lock(self.cal_lock)
+            self.cal_lock = NULL
+        free(self.cal)
+        self.cal = NULL
 
     # -- the engine's interface ---------------------------------------------------------------
 
@@ -897,17 +1061,21 @@ cdef class SuffixProposer(Proposer):
             slot_restart(s)
             s.active = True
             s.out_start = n
-        if slot_sync(s, &self.P, inp, n, sampled) < 0:
+        if slot_sync(s, self.cal, &self.P, inp, n, sampled) < 0:
             # the slot may be half-synced (e.g. its output start set past an empty automaton):
             # forget the request, so that the next call starts over cleanly
             slot_restart(s)
             s.active = False
             raise MemoryError("out of memory while indexing ngram-suffix's context")
+        if s.n_pend and PyThread_acquire_lock(self.cal_lock, NOWAIT_LOCK):
+            cal_fold(self.cal, s.pend, s.n_pend)
+            s.n_pend = 0
+            PyThread_release_lock(self.cal_lock)
         if self.store.budget >= 2 and PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
-            slot_walk(s, &self.P, &self.store, inp, n, sampled)
+            slot_walk(s, self.cal, &self.P, &self.store, inp, n, sampled)
             PyThread_release_lock(self.lock)
         else:
-            slot_walk(s, &self.P, NULL, inp, n, sampled)
+            slot_walk(s, self.cal, &self.P, NULL, inp, n, sampled)
         memcpy(out, s.last_draft, s.n_last_draft * sizeof(token_t))
         return s.n_last_draft
 
@@ -923,17 +1091,21 @@ cdef class SuffixProposer(Proposer):
         """The slot's last draft as a tree of at most `budget` tokens, for an engine that
         verifies a tree of a fixed size whatever it holds (SGLang's ``draft_token_num``).
 
-        The first path is the draft's first `n_chain` tokens (the chain a llama.cpp-style
-        engine verifies, so the tree never accepts fewer tokens than it); the rest of the
-        budget goes best first, by the estimated probability that the path to a token is
-        accepted, to the continuations the draft's source automaton has seen after the same
-        contexts: the chain's siblings, the chain's own continuation past its cut, their
-        continuations. Along the chain a token's probability is the calibrated one the draft
-        was made with; a most frequent continuation elsewhere is scored as the walk scores a
-        token; another child of count a gets ``min(p_ref * a / a_ref, (1 - p_ref) * a /
-        (n - a_ref))``, with p_ref and a_ref its most frequent sibling's (on the chain: the
-        chain token's) probability and count, n the count of all the children. Ties go to the
-        node added first. No threshold: the engine verifies the whole budget anyway.
+        The tree that maximises the expected number of accepted tokens (the sum of its nodes'
+        path probabilities), as estimated: nodes are chosen best first from the root, each
+        time the continuation whose path is likeliest to be accepted, width near the root
+        where the next token is uncertain, depth where it is not (issue 37). Both sources
+        offer continuations they have seen after the same contexts: the slot's automaton (the
+        request), and the global store (past outputs) when the draft call read it. Each builds
+        its best-first tree of `budget` tokens; the two are merged by path probability (the
+        draft's source first on ties), a path both hold kept once, and cut at `budget`. Along the
+        draft's first `n_chain` tokens (in the draft's source's tree) a token's probability is
+        the calibrated one the draft was made with; a most frequent continuation elsewhere is
+        scored as the walk scores a token; another child of count a gets ``min(p_ref * a /
+        a_ref, (1 - p_ref) * a / (n - a_ref))``, with p_ref and a_ref its most frequent
+        sibling's (on the chain: the chain token's) probability and count, n the count of all
+        the children. Ties go to the node added first. No threshold: the engine verifies the
+        whole budget anyway. The chain itself, what `draft` returns, is unchanged.
 
         Parameters
         ----------
@@ -941,7 +1113,8 @@ cdef class SuffixProposer(Proposer):
             0 .. n_slots - 1; its last call was `draft` (or the engine's draft).
         n_chain : int
             0 .. the last draft's length: the draft's tokens the caller kept (after a
-            draft-length policy's cut); at most `budget` of them are used.
+            draft-length policy's cut), the path its probabilities score; past it a path goes
+            on by frequency. At most `budget` of them are used.
         budget : int, 0 .. 4096
             Tokens in the tree, the root (the last verified token) not counted.
 
@@ -957,23 +1130,27 @@ cdef class SuffixProposer(Proposer):
             The slot's last call was not a draft (none since its `begin`, or a `begin`
             since), or an argument out of range.
         MemoryError
-            Out of memory for the slot's tree nodes ((budget + 1) * 68 bytes).
+            Out of memory for the slot's tree nodes (2 * (budget + 1) * 76 bytes).
 
         Notes
         -----
-        Memory: the outputs, and per slot a node buffer grown to the largest budget asked
-        (68 bytes a node), kept until the proposer is freed. Cost: O(budget * (budget +
-        out-degree)) with the GIL released.
+        Memory: the outputs, and per slot a node buffer grown to two trees of the largest
+        budget asked (76 bytes a node), kept until the proposer is freed. Cost: two trees of
+        O(budget * (budget + out-degree)) each and their O(budget^2) merge, with the GIL
+        released (~4-6 µs at budget 15 on the trace families, `python bench trees`).
 
-        Thread-safety: claims the slot as `draft` does. A tree from the global store reads it
-        under its lock, only tried, as a draft does: when another thread holds it, or the store
-        changed since the draft, the tree is the chain alone. Deterministic otherwise.
+        Thread-safety: claims the slot as `draft` does. The global store's tree reads it under
+        its lock, only tried, as a draft does: when another thread holds it, or the store
+        changed since the draft, its tree is the draft's chain alone (if the draft came from
+        the store) or empty. Deterministic otherwise.
         """
         cdef Py_ssize_t s = self.slot_arg(slot), i
         cdef Slot* sl = &self.slots[s]
-        cdef int32_t m = 1, stride = self.P.max_draft + 1, v0 = 0, l0 = 0, src, bud, nc
+        cdef int32_t m = 1, m1 = 1, stride = self.P.max_draft + 1, gv = 0, gl = 0, lv, src
+        cdef int32_t bud, nc, cap
         cdef TreeNode* grown
-        cdef const Sam* S = NULL
+        cdef const Sam* G = NULL
+        cdef const Sam* L
         cdef bint locked = False
         if not sl.active or sl.pred_base < 0:
             raise ValueError(f"draft_tree() on slot {s} without a draft: call it after the "
@@ -984,38 +1161,75 @@ cdef class SuffixProposer(Proposer):
             nc = bud
         tokens = np.empty(bud, dtype=np.int32)
         parents = np.empty(bud, dtype=np.int32)
-        cdef int32_t[::1] tk = tokens, pa = parents
+        cdef int32_t* tkp = <int32_t*>cnp.PyArray_DATA(tokens)
+        cdef int32_t* pap = <int32_t*>cnp.PyArray_DATA(parents)
         claim_slot(self.busy, s, self.name)
         try:
-            if bud + 1 > sl.tree_cap:
-                grown = <TreeNode*>realloc(sl.tree, (bud + 1) * sizeof(TreeNode))
+            if 2 * (bud + 1) > sl.tree_cap:
+                grown = <TreeNode*>realloc(sl.tree, 2 * (bud + 1) * sizeof(TreeNode))
                 if grown == NULL:
                     raise MemoryError(f"budget = {budget}: out of memory for the tree's nodes")
                 sl.tree = grown
-                sl.tree_cap = bud + 1
+                sl.tree_cap = 2 * (bud + 1)
             src = sl.last_src
+            cap = bud + 1
             with nogil:
-                if src == 0:
-                    S = &sl.loc
-                    v0 = S.slink[S.last]
-                    l0 = S.slen[v0] if v0 > 0 else 0
-                elif PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
-                    locked = True
-                    if sl.g_gen == self.store.gen:
-                        S = &self.store.sam
-                        v0 = sl.g_state
-                        l0 = sl.g_len
-                m = tree_build(sl.tree, S, src, v0, l0, sl.pred_tok + src * stride,
-                               sl.pred_cell + src * stride, sl.n_last_draft, nc, bud,
-                               sl.cal_acc, sl.cal_tried, sl.streak)
+                # one tree per source, the draft's chain in its own source's; the global one
+                # only from a cursor this draft call brought up to date
+                L = &sl.loc
+                lv = L.slink[L.last]
+                locked = (self.store.budget >= 2
+                          and PyThread_acquire_lock(self.lock, NOWAIT_LOCK))
+                if locked and sl.g_gen == self.store.gen and sl.g_pos == sl.ctx_len:
+                    G = &self.store.sam
+                    gv = sl.g_state
+                    gl = sl.g_len
+                m = tree_build(sl.tree, L, 0, lv, L.slen[lv] if lv > 0 else 0, sl.pred_tok,
+                               sl.pred_cell, nc if src == 0 else 0, bud, self.cal.acc,
+                               self.cal.tried, sl.streak)
+                m1 = tree_build(sl.tree + cap, G, 1, gv, gl, sl.pred_tok + stride,
+                                sl.pred_cell + stride, nc if src == 1 else 0, bud,
+                                self.cal.acc, self.cal.tried, sl.streak)
                 if locked:
                     PyThread_release_lock(self.lock)
-            for i in range(1, m):
-                tk[i - 1] = sl.tree[i].tok
-                pa[i - 1] = sl.tree[i].parent - 1
+                # one tree of both, the draft's source first on ties
+                if src == 0:
+                    m = tree_merge(sl.tree, m, sl.tree + cap, m1, bud, tkp, pap)
+                else:
+                    m = tree_merge(sl.tree + cap, m1, sl.tree, m, bud, tkp, pap)
         finally:
             self.busy[s] = 0
-        return tokens[:m - 1], parents[:m - 1]
+        return tokens[:m], parents[:m]
+
+    def end(self, slot):
+        """The slot's request is over: store its output in the global store now, not when the
+        slot's next request begins (a server with many slots may not reuse this one for a long
+        time, and every other slot would draft without it until then). The slot is idle
+        afterwards; its next request starts with `begin` (a `draft` without one starts over
+        from its context). No-op on an idle slot.
+
+        Parameters
+        ----------
+        slot : int
+            0 .. n_slots - 1.
+
+        Raises
+        ------
+        MemoryError
+            Out of memory while storing the output (the slot is idle all the same).
+
+        Notes
+        -----
+        Thread-safety: claims the slot as `draft` does; waits for the store's lock with the GIL
+        released, as `begin` does.
+        """
+        cdef Py_ssize_t s = self.slot_arg(slot)
+        claim_slot(self.busy, s, self.name)
+        try:
+            if self.slots[s].active:
+                self.finish(&self.slots[s])
+        finally:
+            self.busy[s] = 0
 
     cdef Py_ssize_t checked_prefix(self, Py_ssize_t slot):
         # Of an int32 array, only the tokens the slot has not indexed yet are checked, as the
@@ -1036,7 +1250,7 @@ cdef class SuffixProposer(Proposer):
 
     def memory_bytes(self):
         """Bytes held now: every slot and the global store."""
-        cdef size_t total = 0
+        cdef size_t total = sizeof(Calib)
         cdef Py_ssize_t i
         self.lock_store()
         if self.store.sam.cap:
@@ -1047,6 +1261,7 @@ cdef class SuffixProposer(Proposer):
                 total += sam_bytes_for(self.slots[i].loc.cap, self.slots[i].loc.hbits)
             total += sizeof(Slot) + (self.max_draft + 1) * (3 * sizeof(token_t)
                                                             + 2 * sizeof(uint16_t))
+            total += self.slots[i].pend_cap * sizeof(uint32_t)
             total += self.slots[i].tree_cap * sizeof(TreeNode)
         return total
 
@@ -1076,11 +1291,18 @@ cdef class SuffixProposer(Proposer):
             PyThread_release_lock(self.lock)
 
     def slot_stats(self, Py_ssize_t slot):
-        """One slot: {'context', 'indexed', 'capacity', 'tokens_per_step'}."""
+        """One slot: {'context', 'indexed', 'capacity', 'tokens_per_step'}; tokens_per_step is
+        the server's average (every slot's steps: it is learned as one)."""
         self._check_slot(slot)
         cdef Slot* s = &self.slots[slot]
         return dict(context=s.ctx_len, indexed=s.loc.n, capacity=s.loc.cap,
-                    tokens_per_step=s.rate / ONE)
+                    tokens_per_step=ld64(&self.cal.rate) / <double>ONE)
+
+    def calibration_stats(self):
+        """The shared calibration: {'outcomes' folded in, 'dropped' (observed while the lock was
+        busy for longer than a slot's pending list lasts), 'tokens_per_step'}."""
+        return dict(outcomes=self.cal.n_folded, dropped=self.cal.n_dropped,
+                    tokens_per_step=ld64(&self.cal.rate) / <double>ONE)
 
     def draft_probs(self, Py_ssize_t slot):
         """Per-token probabilities of the slot's last draft and the evidence behind them.
@@ -1100,17 +1322,25 @@ cdef class SuffixProposer(Proposer):
         cdef double[::1] p = probs, t = tried
         for j in range(s.n_last_draft):
             cell = s.pred_cell[off + j]
-            p[j] = cal_prob(s.cal_acc, s.cal_tried, cell) / <double>ONE
-            t[j] = s.cal_tried[cell]
+            p[j] = cal_prob(self.cal.acc, self.cal.tried, cell) / <double>ONE
+            t[j] = ld32(&self.cal.tried[cell])
         return probs, tried
 
-    def calibration(self, Py_ssize_t slot):
-        """(acc, tried) of the slot's fine calibration cells, uint32 arrays of shape
-        (source, length bucket, frequency bucket, stage, agreement) = (2, 10, 7, 6, 2)."""
-        self._check_slot(slot)
-        acc = np.array([self.slots[slot].cal_acc[i] for i in range(N_CELLS)], dtype=np.uint32)
-        tried = np.array([self.slots[slot].cal_tried[i] for i in range(N_CELLS)],
-                         dtype=np.uint32)
+    def calibration(self):
+        """(acc, tried) of the fine calibration cells, shared by all slots, uint32 arrays of
+        shape (source, length bucket, frequency bucket, stage, agreement) = (2, 10, 7, 6, 2).
+        A consistent copy (taken under the calibration's lock); outcomes a slot has observed
+        but not folded in yet (only while another thread folds) are not in it."""
+        cdef Py_ssize_t i
+        acc = np.empty(N_CELLS, dtype=np.uint32)
+        tried = np.empty(N_CELLS, dtype=np.uint32)
+        cdef uint32_t[::1] a = acc, t = tried
+        with nogil:
+            PyThread_acquire_lock(self.cal_lock, WAIT_LOCK)
+        for i in range(N_CELLS):
+            a[i] = self.cal.acc[i]
+            t[i] = self.cal.tried[i]
+        PyThread_release_lock(self.cal_lock)
         shape = (N_SRC, N_LB, N_FB, N_ST, N_AG)
         return acc.reshape(shape), tried.reshape(shape)
 

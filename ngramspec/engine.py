@@ -76,6 +76,16 @@ class SpecEngine(Engine):
             raise TypeError("pass either spec_type with parameters, or proposers=")
         super().__init__(proposers, n_slots, pool)
 
+    def end(self, slot) -> None:
+        """Request `slot` is over: proposers that learn from finished requests (ngram-suffix's
+        global store) learn from it now rather than at the slot's next `begin`; the others
+        have nothing to do (llama.cpp's proposers learn at `begin`, as llama-server calls
+        them). Same thread rule as `begin`."""
+        for p in self.proposers:
+            end = getattr(p, "end", None)
+            if end is not None:
+                end(slot)
+
     @classmethod
     def from_proposers(cls, proposers, n_slots: int = 1) -> "SpecEngine":
         """An engine over already-built proposers.

@@ -110,6 +110,7 @@ def _run_once(requests, spec_type, params, state, n_slots, record_drafts, n_ctx,
                 replica = store_log.attach(engine, store)
         rec = replay_request(engine, slot, req.prompt, req.output, record_drafts, timers, n_ctx,
                              policy)
+        engine.end(slot)              # as a server does when the request finishes
         records.append({"trace": t, **rec, "id": req.id})
         if progress is not None:
             progress(t + 1, len(requests))

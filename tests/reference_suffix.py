@@ -253,9 +253,6 @@ class Slot:
     def __init__(self, depth):
         self.loc = Sam(depth)
         self.active = False
-        self.acc = [0] * N_CAL
-        self.tried = [0] * N_CAL
-        self.rate = ONE
         self.restart()
 
     def restart(self):
@@ -285,6 +282,11 @@ class ReferenceSuffix:
         self.global_prompt = global_prompt
         self.store = Store(global_tokens, _count_depth)
         self.slots = [Slot(_count_depth) for _ in range(n_slots)]
+        # the calibration and the tokens-per-step average are the server's: one for all slots
+        # (one thread: every outcome reaches it by the call that observed it, as in the kernel)
+        self.acc = [0] * N_CAL
+        self.tried = [0] * N_CAL
+        self.rate = ONE
 
     # -- begin ------------------------------------------------------------------------------
 
@@ -341,14 +343,14 @@ class ReferenceSuffix:
         if s.pred_base < 0:
             return
         avail = len(ctx) - s.pred_base
-        s.rate += ((min(avail, self.max_draft + 1) << 16) - s.rate) >> RATE_SHIFT
+        self.rate += ((min(avail, self.max_draft + 1) << 16) - self.rate) >> RATE_SHIFT
         s.streak = False
         for src in range(N_SRC):
             hit = False
             toks, cells = s.pred[src], s.pred_cells[src]
             for i in range(min(len(toks), avail)):
                 hit = toks[i] == ctx[s.pred_base + i]
-                cal_observe(s.acc, s.tried, cells[i], hit)
+                cal_observe(self.acc, self.tried, cells[i], hit)
                 if not hit:
                     break
             if hit and len(toks) >= avail:
@@ -385,9 +387,9 @@ class ReferenceSuffix:
             wg = Walker(G.sam, 1, False, s.g_state, s.g_len)
         else:
             wg = Walker(S, 1, False, 0, 0)
-        gain = min(max(s.rate - ONE, 0), GAIN_CAP * ONE)
+        gain = min(max(self.rate - ONE, 0), GAIN_CAP * ONE)
         base = max((self.gain_cost * gain) >> 16, self.min_p)
-        draft_walk(wl, wg, s.acc, s.tried, s.streak, self.max_draft, base, self.draft_cost)
+        draft_walk(wl, wg, self.acc, self.tried, s.streak, self.max_draft, base, self.draft_cost)
         s.pred = [wl.tok, wg.tok]
         s.pred_cells = [wl.cell, wg.cell]
         s.pred_base = len(ctx)
@@ -400,61 +402,78 @@ class ReferenceSuffix:
     # -- the draft tree ---------------------------------------------------------------------
 
     def draft_tree(self, slot, n_chain, budget):
-        """The kernel's draft_tree, one candidate list per call: the chain's first n_chain
-        tokens, then repeatedly the (node, child) not in the tree with the likeliest path
-        (ties: the node added first, then the child ranked first)."""
+        """The kernel's draft_tree, one candidate list per call: per source (the slot's
+        automaton, the store when the draft call read it), best first from the root:
+        repeatedly the (node, child) not in the tree with the likeliest path (ties: the node
+        added first, then the child ranked first); the draft's chain (its first n_chain tokens)
+        is the reference path of the draft's source. The two trees are merged by path
+        probability (the draft's source first on ties), a path both hold kept once."""
         s = self.slots[slot]
         if not s.active or s.pred_base < 0:
             raise ValueError("no draft")
-        chain = s.last_draft
-        cells = s.pred_cells[s.last_src]
         n_chain = min(n_chain, budget)
-        if s.last_src == 0:
-            S = s.loc
-            v0 = S.link[S.last]
-            l0 = S.length[v0] if v0 > 0 else 0
-        elif s.g_gen == self.store.gen:
-            S, v0, l0 = self.store.sam, s.g_state, s.g_len
+        S = s.loc
+        v = S.link[S.last]
+        trees = [self._tree(s, 0, S, v, S.length[v] if v > 0 else 0,
+                            n_chain if s.last_src == 0 else 0, budget)]
+        G = self.store
+        if G.budget >= 2 and s.g_gen == G.gen and s.g_pos == s.ctx_len:
+            src1 = (G.sam, s.g_state, s.g_len)
         else:
-            S, v0, l0 = None, -1, 0
+            src1 = (None, -1, 0)
+        trees.append(self._tree(s, 1, *src1, n_chain if s.last_src == 1 else 0, budget))
+        first, second = trees[s.last_src], trees[1 - s.last_src]
+        # (path probability, tree rank, order in its tree, node): a stable best-first merge
+        order = sorted([(-w[5], 0, i, w) for i, w in enumerate(first[1:], 1)]
+                       + [(-w[5], 1, i, w) for i, w in enumerate(second[1:], 1)],
+                       key=lambda x: x[:3])
+        path_of = [{0: ()}, {0: ()}]           # per tree: node index -> its token path
+        where, tokens, parents = {(): -1}, [], []
+        for _, rank, i, w in order:
+            path = path_of[rank][w[1]] + (w[0],)
+            path_of[rank][i] = path
+            if path not in where and len(tokens) < budget:
+                where[path] = len(tokens)
+                tokens.append(w[0])
+                parents.append(where[path[:-1]])
+        return tokens, parents
+
+    def _tree(self, s, src, S, v0, l0, n_chain, budget):
+        """One source's best-first tree: its nodes, the root first."""
+        chain, cells = s.pred[src], s.pred_cells[src]
         if S is None or v0 <= 0 or l0 <= 0:
             v0 = -1
-        # a node: [token, parent, state, length, depth, path probability]
-        nodes = [[None, -1, v0, l0, 0, ONE]]
-        for j in range(n_chain):
-            tok, _, v, l, depth, P = nodes[-1]
-            nxt = S.next[v].get(chain[j], -1) if v >= 0 else -1
-            nodes.append([chain[j], j, nxt, l + 1, depth + 1,
-                          (P * cal_prob(s.acc, s.tried, cells[j])) >> 16])
+        # a node: [token, parent, state, length, depth, path probability, chain position]
+        nodes = [[None, -1, v0, l0, 0, ONE, 0]]
         while len(nodes) - 1 < budget:
             best = None
-            for u, (_, _, v, l, depth, P) in enumerate(nodes):
-                for rank, (c, p, t) in enumerate(self._children(s, S, u, v, l, depth, chain,
-                                                                 cells, n_chain)):
+            for u, (_, _, v, l, depth, P, cj) in enumerate(nodes):
+                for c, p, t in self._children(s, src, S, v, l, depth, cj, chain, cells,
+                                              n_chain):
                     if any(w[1] == u and w[0] == c for w in nodes):
                         continue                 # in the tree already
                     cand = (P * p) >> 16
                     if best is None or cand > best[0]:
-                        best = (cand, u, c, t)
+                        on_chain = 0 <= cj < n_chain and c == chain[cj]
+                        best = (cand, u, c, t, cj + 1 if on_chain else -1)
                     break                        # a node offers its best child not taken
             if best is None:
                 break
-            cand, u, c, t = best
-            nodes.append([c, u, t, nodes[u][3] + 1, nodes[u][4] + 1, cand])
-        return [w[0] for w in nodes[1:]], [w[1] - 1 for w in nodes[1:]]
+            cand, u, c, t, cj = best
+            nodes.append([c, u, t, nodes[u][3] + 1, nodes[u][4] + 1, cand, cj])
+        return nodes
 
-    @staticmethod
-    def _children(s, S, u, v, l, depth, chain, cells, n_chain):
-        """Node u's children, best first: (token, probability given u, state)."""
-        if u <= n_chain and u < len(chain):
-            ref, p_ref = chain[u], cal_prob(s.acc, s.tried, cells[u])
+    def _children(self, s, src, S, v, l, depth, cj, chain, cells, n_chain):
+        """A node's children, best first: (token, probability given the node, state)."""
+        if 0 <= cj < n_chain:
+            ref, p_ref = chain[cj], cal_prob(self.acc, self.tried, cells[cj])
         elif v >= 0 and S.next[v]:
             top = S.top_child(v)
             if top[0] == SEP:
                 return
             ref = top[0]
-            p_ref = cal_prob(s.acc, s.tried, cell_index(s.last_src, l, freq_bucket(top[2], top[3]),
-                                                        stage_of(depth, s.streak), False))
+            p_ref = cal_prob(self.acc, self.tried, cell_index(src, l, freq_bucket(top[2], top[3]),
+                                                              stage_of(depth, s.streak), False))
         else:
             return
         yield ref, p_ref, S.next[v].get(ref, -1) if v >= 0 else -1
@@ -471,7 +490,10 @@ class ReferenceSuffix:
                 p = min(p, (p_ref * a) // a_ref)
             yield c, p, t
 
-    # -- accept -----------------------------------------------------------------------------
+    def end(self, slot):
+        s = self.slots[slot]
+        if s.active:
+            self._finish(s)
 
     def accept(self, slot, n_accepted):
         s = self.slots[slot]

@@ -131,9 +131,10 @@ def sglang_verify(req, row, mask, rest):
 
 
 def test_suffix_trees_verified_by_sglang(registered, trace, monkeypatch):
-    """ngram-suffix through the NGRAM worker with trees: every mask is one SGLang reads as
-    written, SGLang's verification accepts what the greedy model of the harness accepts, every
-    tree holds the request's chain as its first path, and requests are erased as they leave."""
+    """ngram-suffix through the NGRAM worker with trees (best first: the chain is not forced
+    first): every mask is one SGLang reads as written, SGLang's verification accepts what the
+    greedy model of the harness accepts, trees branch, and requests are erased as they
+    leave."""
     monkeypatch.setenv("NGRAMSPEC_SPEC", SUFFIX)
     corpus = ours.NgramspecCorpus(**dict(WORKER_KWARGS, max_trie_depth=MAX_LEN))
     assert corpus.tree_proposer is not None
@@ -141,9 +142,6 @@ def test_suffix_trees_verified_by_sglang(registered, trace, monkeypatch):
 
     def verify(req, row, mask, rest):
         nonlocal n_branchy
-        chain = corpus.requests.get(req.rid).loop.pending_draft.tolist()
-        assert row[1:len(chain) + 1].tolist() == chain
-        assert all(mask[i + 1, i] for i in range(len(chain)))      # each under the one before
         acc = sglang_verify(req, row, mask, rest)
         assert acc == greedy_tree_verify(req, row, mask, rest)
         n_branchy += len(tree_paths(row, mask)) > 1

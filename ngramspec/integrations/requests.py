@@ -219,9 +219,11 @@ class RequestLoops:
         return loop.propose(self.n_max)
 
     def end(self, key) -> None:
-        """Forget request `key` (no-op if unknown); its slot is free again."""
+        """Forget request `key` (no-op if unknown); its slot is free again, and what the engine
+        learns from finished requests (ngram-suffix's store) it learns from this one now."""
         req = self.requests.pop(key, None)
         if req is not None:
+            self.engine.end(req.loop.slot)
             heapq.heappush(self._free, req.loop.slot)
 
     def clear(self) -> None:
