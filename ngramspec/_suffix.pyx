@@ -1087,6 +1087,35 @@ cdef class SuffixProposer(Proposer):
 
     # -- The Python API (`Proposer.begin` / `draft` / `accept`) ------------------------------
 
+    cdef int32_t build_tree(self, Slot* sl, int32_t nc, int32_t bud, int32_t* tkp,
+                            int32_t* pap) noexcept nogil:
+        """`draft_tree`'s work, the GIL released and the slot claimed: one tree per source, the
+        draft's chain in its own source's, the global one only from a cursor this draft call
+        brought up to date; then one tree of both, the draft's source first on ties. Returns
+        the merged tree's size."""
+        cdef int32_t m, m1, stride = self.P.max_draft + 1, gv = 0, gl = 0, lv
+        cdef int32_t src = sl.last_src, cap = bud + 1
+        cdef const Sam* G = NULL
+        cdef const Sam* L = &sl.loc
+        cdef bint locked
+        lv = L.slink[L.last]
+        locked = (self.store.budget >= 2 and PyThread_acquire_lock(self.lock, NOWAIT_LOCK))
+        if locked and sl.g_gen == self.store.gen and sl.g_pos == sl.ctx_len:
+            G = &self.store.sam
+            gv = sl.g_state
+            gl = sl.g_len
+        m = tree_build(sl.tree, L, 0, lv, L.slen[lv] if lv > 0 else 0, sl.pred_tok,
+                       sl.pred_cell, nc if src == 0 else 0, bud, self.cal.acc,
+                       self.cal.tried, sl.streak)
+        m1 = tree_build(sl.tree + cap, G, 1, gv, gl, sl.pred_tok + stride,
+                        sl.pred_cell + stride, nc if src == 1 else 0, bud,
+                        self.cal.acc, self.cal.tried, sl.streak)
+        if locked:
+            PyThread_release_lock(self.lock)
+        if src == 0:
+            return tree_merge(sl.tree, m, sl.tree + cap, m1, bud, tkp, pap)
+        return tree_merge(sl.tree + cap, m1, sl.tree, m, bud, tkp, pap)
+
     def draft_tree(self, slot, n_chain, budget):
         """The slot's last draft as a tree of at most `budget` tokens, for an engine that
         verifies a tree of a fixed size whatever it holds (SGLang's ``draft_token_num``).
@@ -1144,14 +1173,10 @@ cdef class SuffixProposer(Proposer):
         changed since the draft, its tree is the draft's chain alone (if the draft came from
         the store) or empty. Deterministic otherwise.
         """
-        cdef Py_ssize_t s = self.slot_arg(slot), i
+        cdef Py_ssize_t s = self.slot_arg(slot)
         cdef Slot* sl = &self.slots[s]
-        cdef int32_t m = 1, m1 = 1, stride = self.P.max_draft + 1, gv = 0, gl = 0, lv, src
-        cdef int32_t bud, nc, cap
+        cdef int32_t m = 0, bud, nc
         cdef TreeNode* grown
-        cdef const Sam* G = NULL
-        cdef const Sam* L
-        cdef bint locked = False
         if not sl.active or sl.pred_base < 0:
             raise ValueError(f"draft_tree() on slot {s} without a draft: call it after the "
                              f"slot's draft(), before its next begin()")
@@ -1171,32 +1196,8 @@ cdef class SuffixProposer(Proposer):
                     raise MemoryError(f"budget = {budget}: out of memory for the tree's nodes")
                 sl.tree = grown
                 sl.tree_cap = 2 * (bud + 1)
-            src = sl.last_src
-            cap = bud + 1
             with nogil:
-                # one tree per source, the draft's chain in its own source's; the global one
-                # only from a cursor this draft call brought up to date
-                L = &sl.loc
-                lv = L.slink[L.last]
-                locked = (self.store.budget >= 2
-                          and PyThread_acquire_lock(self.lock, NOWAIT_LOCK))
-                if locked and sl.g_gen == self.store.gen and sl.g_pos == sl.ctx_len:
-                    G = &self.store.sam
-                    gv = sl.g_state
-                    gl = sl.g_len
-                m = tree_build(sl.tree, L, 0, lv, L.slen[lv] if lv > 0 else 0, sl.pred_tok,
-                               sl.pred_cell, nc if src == 0 else 0, bud, self.cal.acc,
-                               self.cal.tried, sl.streak)
-                m1 = tree_build(sl.tree + cap, G, 1, gv, gl, sl.pred_tok + stride,
-                                sl.pred_cell + stride, nc if src == 1 else 0, bud,
-                                self.cal.acc, self.cal.tried, sl.streak)
-                if locked:
-                    PyThread_release_lock(self.lock)
-                # one tree of both, the draft's source first on ties
-                if src == 0:
-                    m = tree_merge(sl.tree, m, sl.tree + cap, m1, bud, tkp, pap)
-                else:
-                    m = tree_merge(sl.tree + cap, m1, sl.tree, m, bud, tkp, pap)
+                m = self.build_tree(sl, nc, bud, tkp, pap)
         finally:
             self.busy[s] = 0
         return tokens[:m], parents[:m]
