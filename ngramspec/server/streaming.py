@@ -59,7 +59,8 @@ async def _events(state, handle, n_prompt, include_usage, envelope, choice, open
         yield "data: [DONE]\n\n"
         return
     finish = openai_finish_reason(done.finish_reason)
-    yield sse(envelope([choice(None, finish)], timings=completion_timings(done)))
+    timings = completion_timings(done, state.hide_cache_n)
+    yield sse(envelope([choice(None, finish)], timings=timings))
     if include_usage:
         yield sse(envelope([], usage=completion_usage(done, n_prompt, predicted)))
     yield "data: [DONE]\n\n"
