@@ -26,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import pathlib
 import statistics
@@ -37,6 +38,7 @@ import httpx
 
 import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
 from ngramspec.server.process import ServerProcess
+from llama_server import proc_cpu_seconds
 from serve_load import machine
 
 ROOT = benchlib.ROOT
@@ -50,7 +52,7 @@ def attack_bodies() -> dict:
     empty = b'{"role":"user","content":""},'
     n_msg = (BODY - 64) // len(empty)
     messages = b'{"max_tokens":2,"messages":[' + empty * (n_msg - 1) + empty[:-1] + b"]}"
-    big = b'{"role":"user","content":"' + b"x" * ((BODY - 256) // 8) + b'"},'
+    big = b'{"role":"user","content":"' + b"x" * ((BODY - 512) // 8) + b'"},'
     contents = b'{"max_tokens":2,"messages":[' + big * 7 + big[:-1] + b"]}"
     n_ids = (BODY - 64) // 2
     tokens = b'{"max_tokens":2,"prompt":[' + b"1," * (n_ids - 1) + b"1]}"
@@ -76,6 +78,20 @@ def vm_hwm_mb(pid: int) -> float:
 
 
 
+def server_cpu_seconds(pid: int) -> float:
+    """CPU seconds of the server and of its child processes (the body parser)."""
+    pids = {pid}
+    for children in pathlib.Path(f"/proc/{pid}/task").glob("*/children"):
+        pids.update(int(c) for c in children.read_text().split())
+    total = 0.0
+    for p in pids:
+        try:
+            total += proc_cpu_seconds(p)
+        except OSError:          # ended meanwhile
+            pass
+    return total
+
+
 def probes(url: str, n: int) -> dict:
     """Median seconds of the normal request and of /health, ``n`` of each, alternating."""
     auth = {"Authorization": f"Bearer {KEY}"}
@@ -93,20 +109,20 @@ def probes(url: str, n: int) -> dict:
             "normal_max_s": max(normal)}
 
 
-def attack(url: str, path: str, body: bytes, keyed: bool, clients: int, seconds: float,
-           max_requests: int, n_probes: int) -> dict:
-    """``clients`` threads sending ``body`` to ``path`` back to back while the probes run."""
-    headers = {"Content-Type": "application/json"}
-    if keyed:
-        headers["Authorization"] = f"Bearer {KEY}"
-    stop = threading.Event()
+def _attackers(url: str, path: str, body: bytes, headers: dict, clients: int,
+               seconds: float, max_requests: int, out) -> None:
+    """The attacking clients: ``clients`` threads, in a process of their own at the lowest
+    priority (attackers on other machines would not take the server's cores); puts their
+    statuses and CPU seconds on ``out``."""
+    os.nice(19)
+    deadline = time.monotonic() + seconds
     statuses: dict = {}
     lock = threading.Lock()
 
     def client(_):
         with httpx.Client(base_url=url, timeout=60) as c:
             for _ in range(max_requests):
-                if stop.is_set():
+                if time.monotonic() > deadline:
                     return
                 try:
                     code = str(c.post(path, content=body, headers=headers).status_code)
@@ -115,19 +131,30 @@ def attack(url: str, path: str, body: bytes, keyed: bool, clients: int, seconds:
                 with lock:
                     statuses[code] = statuses.get(code, 0) + 1
 
-    pool = ThreadPoolExecutor(clients)
-    futures = [pool.submit(client, i) for i in range(clients)]
-    t0 = time.monotonic()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    out.put((statuses, time.process_time()))
+
+
+def attack(url: str, path: str, body: bytes, keyed: bool, clients: int, seconds: float,
+           max_requests: int, n_probes: int) -> dict:
+    """``clients`` attacking clients sending ``body`` to ``path`` back to back for ``seconds``
+    while the probes run."""
+    headers = {"Content-Type": "application/json"}
+    if keyed:
+        headers["Authorization"] = f"Bearer {KEY}"
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_attackers, args=(url, path, body, headers, clients, seconds,
+                                                max_requests, out))
+    proc.start()
     time.sleep(min(1.0, seconds / 4))          # the attack is under way
     res = probes(url, n_probes)
-    while time.monotonic() - t0 < seconds and not all(f.done() for f in futures):
-        time.sleep(0.1)
-    stop.set()
-    for f in futures:
-        f.result()
-    pool.shutdown()
+    statuses, cpu = out.get(timeout=seconds + 120)
+    proc.join(30)
     res["statuses"] = statuses
     res["attack_requests"] = sum(statuses.values())
+    res["attack_cpu_s"] = cpu
     return res
 
 
@@ -137,12 +164,15 @@ def markdown(result: dict) -> str:
              f"`{result['command']}`", "",
              f"Idle: normal request {result['idle']['normal_s'] * 1e3:.0f} ms, /health "
              f"{result['idle']['health_s'] * 1e3:.1f} ms.", "",
-             "| attack (8 clients) | requests sent | statuses | normal request | x idle | "
-             "/health | server peak RSS |", "|---|---:|---|---:|---:|---:|---:|"]
+             "| attack (8 clients) | requests sent | statuses | normal request (idle before) | "
+             "x idle | /health | server cores | attackers' cores | server peak RSS |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in result["classes"].items():
         st = ", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items()))
         lines.append(f"| {name} | {r['attack_requests']} | {st} | {r['normal_s'] * 1e3:.0f} ms "
-                     f"| {r['x_idle']:.2f} | {r['health_s'] * 1e3:.1f} ms | "
+                     f"({r['idle_normal_s'] * 1e3:.0f} ms) | {r['x_idle']:.2f} | "
+                     f"{r['health_s'] * 1e3:.1f} ms | {r['server_cores']:.2f} | "
+                     f"{r['client_cores']:.2f} | "
                      f"{r['peak_rss_mb']:.0f} MB |")
     return "\n".join(lines) + "\n"
 
@@ -169,9 +199,17 @@ def main(argv=None) -> int:
         classes = {}
         for name in names:
             path, body, keyed = bodies[name]
+            # the idle latency again just before each class: the machine's load drifts
+            before = probes(srv.url, args.probes)
+            cpu0, t0 = server_cpu_seconds(srv.proc.pid), time.monotonic()
             r = attack(srv.url, path, body, keyed, args.clients, args.seconds,
                        args.max_requests, args.probes)
-            r["x_idle"] = r["normal_s"] / idle["normal_s"]
+            wall = time.monotonic() - t0
+            # cores busy on average: the server's (parser included) and the attack clients'
+            r["server_cores"] = (server_cpu_seconds(srv.proc.pid) - cpu0) / wall
+            r["client_cores"] = r["attack_cpu_s"] / wall
+            r["idle_normal_s"] = before["normal_s"]
+            r["x_idle"] = r["normal_s"] / before["normal_s"]
             r["peak_rss_mb"] = vm_hwm_mb(srv.proc.pid)
             classes[name] = r
             print(f"{name}: {r['attack_requests']} sent {r['statuses']}, normal "

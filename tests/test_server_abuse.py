@@ -85,9 +85,12 @@ def test_a_long_token_prompt_is_refused_by_its_length(http, batch):
 
 
 def test_malformed_and_deep_bodies_are_400s(http):
-    for content, needle in ((b"[" * 100_000, "nested too deeply"),
+    for content, needle in ((b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                             "nested too deeply"),
                             (b'{"prompt": "x", "max_tokens": 1' + b"\xff}", "not UTF-8"),
-                            (b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", "")):
+                            (b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", ""),
+                            (b"[" * 100_000, "must be a JSON object"),
+                            (b'{"prompt": [' + b"1, " * 1_000_000, "does not end with '}'")):
         r = http.post("/v1/completions", content=content,
                       headers={"Content-Type": "application/json"})
         assert r.status_code == 400, r.text[:300]

@@ -181,3 +181,4 @@ async def _lifespan(app: FastAPI):
         # ended them already) are cancelled here.
         await _drain(app)
         state.bridge.close()
+        state.bodies.close()

@@ -5,9 +5,11 @@ chat messages in 8 MiB cost seconds of event-loop CPU and hundreds of MB, and a 
 token ids was copied twice before the scheduler refused its length. Here:
 
 1. the body (already read whole, bounded by `ngramspec.server.limits.RequestLimits`) is parsed
-   with ``json.loads`` — on the event loop only when it is small (`INLINE_BYTES`), else on the
-   app's thread pool, at most `PARSERS` large bodies at once (`BodyParser`), so that many large
-   bodies arriving together neither add up in memory nor take every core;
+   with ``json.loads`` — on the event loop only when it is small (`INLINE_BYTES`), else in a
+   worker process, `PARSERS` large bodies at a time (`BodyParser`): ``json.loads`` and pydantic
+   hold the GIL for the whole call (half a second for 8 MB of token ids), so in a thread they
+   would stall the event loop and the decode thread just the same; one worker process also
+   keeps many large bodies from taking every core;
 2. the parsed JSON's lists are bounded before pydantic copies them (``precheck``): a chat's
    message count and its summed content against a slot's context, a prompt of token ids
    against a slot's context;
@@ -20,12 +22,17 @@ handler.
 Notes
 -----
 Thread-safety: `BodyParser.parse` runs on the event loop (its semaphore is the loop's); the
-parsing function is pure and runs on any thread.
+parsing function is pure and runs on any thread or process.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing as mp
+import os
+import signal
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Optional
 
 from fastapi.exceptions import RequestValidationError
@@ -35,8 +42,10 @@ from ngramspec.server.errors import APIError, FieldError
 
 #: Bodies up to this size are parsed on the event loop (a thread hop costs more than them).
 INLINE_BYTES = 64 << 10
-#: Large bodies parsed at once; more wait their turn (each costs up to ~30x its size).
-PARSERS = 2
+#: Large bodies parsed at once, each in a worker process of its own; more wait their turn.
+PARSERS = 1
+#: The parser processes' niceness above the server's.
+PARSER_NICE = 10
 
 
 class BodyBounds:
@@ -98,6 +107,24 @@ class BodyBounds:
                              code="context_length_exceeded")
 
 
+def check_object_shape(raw: bytes) -> None:
+    """Refuse, without parsing it, a body that cannot be a JSON object: empty, beginning with
+    another JSON value, or beginning with ``{`` but not ending with ``}`` (cut short, or never
+    closed: 8 MB of an unclosed list would otherwise be parsed to its end).
+
+    Raises
+    ------
+    APIError
+        400.
+    """
+    head = raw.lstrip()[:1]
+    if not head or head in b'["-0123456789tfn':
+        raise APIError(400, "the request body must be a JSON object")
+    if head == b"{" and not raw.rstrip().endswith(b"}"):
+        raise APIError(400, "malformed JSON body: the object does not end with '}' (cut "
+                            "short?)")
+
+
 def parse_body(raw: bytes, model, bounds: BodyBounds):
     """``model`` validated from the JSON body ``raw``; ``model.precheck(obj, bounds)`` runs on
     the parsed JSON first.
@@ -121,8 +148,7 @@ def parse_body(raw: bytes, model, bounds: BodyBounds):
     fastapi.exceptions.RequestValidationError
         pydantic's errors, answered by the app's handler (a 400 naming the field).
     """
-    if not raw.strip():
-        raise APIError(400, "the request body must be a JSON object")
+    check_object_shape(raw)
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -142,35 +168,82 @@ def parse_body(raw: bytes, model, bounds: BodyBounds):
         raise APIError(400, "the request body is nested too deeply") from None
 
 
+def _parse_outcome(raw: bytes, model, bounds: BodyBounds) -> tuple:
+    """`parse_body` in a worker process, its outcome as plain data (an exception of ours does
+    not survive pickling: its constructor takes keywords): ``("ok", request)``,
+    ``("error", status, message, param, code)`` or ``("invalid", pydantic errors)``."""
+    try:
+        return ("ok", parse_body(raw, model, bounds))
+    except APIError as exc:
+        return ("error", exc.status, exc.message, exc.param, exc.code)
+    except RequestValidationError as exc:
+        return ("invalid", [{k: v for k, v in e.items() if k != "ctx"} for e in exc.errors()])
+
+
+def _worker_setup() -> None:
+    # Ctrl-C reaches the whole process group: the server, not its parser, handles it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Below the decode thread's priority: on a busy machine a large body waits, not the
+    # requests being generated.
+    os.nice(PARSER_NICE)
+
+
 class BodyParser:
-    """Parses request bodies: small ones on the event loop, large ones on a thread pool, at
-    most ``parsers`` of them at once.
+    """Parses request bodies: small ones on the event loop, large ones in ``parsers`` worker
+    processes (started at the first large body), one body per worker at a time.
 
     Parameters
     ----------
-    run : coroutine function
-        ``await run(fn, *args)`` runs ``fn`` on a thread pool (`SchedulerBridge.run`).
     bounds : BodyBounds
     parsers : int
-        Large bodies parsed at once.
+        Large bodies parsed at once (worker processes).
 
     Notes
     -----
-    Memory: the large bodies waiting for a parser stay as bytes (bounded by the server's
-    concurrency cap and body size); at most ``parsers`` are expanded into objects at once.
+    Memory: the large bodies waiting for a parser stay as bytes (bounded by the server's body
+    budget); a worker process (~60 MB, at a lower priority than the server: `PARSER_NICE`)
+    expands one at a time.
 
-    Thread-safety: `parse` runs on one event loop.
+    Thread-safety: `parse` and `close` run on one event loop.
     """
 
-    def __init__(self, run, bounds: BodyBounds, parsers: int = PARSERS):
-        self._run = run
+    def __init__(self, bounds: BodyBounds, parsers: int = PARSERS):
         self.bounds = bounds
+        self._n = parsers
         self._parsers = asyncio.Semaphore(parsers)
+        self._pool: Optional[ProcessPoolExecutor] = None
+
+    def _workers(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            # spawned, not forked: the server has threads (decode, pool) a fork would copy
+            self._pool = ProcessPoolExecutor(self._n, mp_context=mp.get_context("spawn"),
+                                             initializer=_worker_setup)
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the worker processes (the app's shutdown)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     async def parse(self, request, model):
         """The request's body as ``model`` (see `parse_body`)."""
         raw = await request.body()
         if len(raw) <= INLINE_BYTES:
             return parse_body(raw, model, self.bounds)
+        loop = asyncio.get_running_loop()
         async with self._parsers:
-            return await self._run(parse_body, raw, model, self.bounds)
+            try:
+                outcome = await loop.run_in_executor(self._workers(), _parse_outcome, raw,
+                                                     model, self.bounds)
+            except BrokenProcessPool:      # a worker died (killed): a new pool next time
+                self.close()
+                raise APIError(503, "the request parser failed; retry", code="unavailable")
+        if outcome[0] == "ok":
+            return outcome[1]
+        if outcome[0] == "invalid":
+            raise RequestValidationError(outcome[1])
+        _, status, message, param, code = outcome
+        if status == 400 and param is not None:
+            raise FieldError(param, message, code=code)
+        raise APIError(status, message, param=param, code=code)

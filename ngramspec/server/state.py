@@ -84,8 +84,7 @@ class ServerState:
         self.bridge = SchedulerBridge(scheduler, sum(s.n_slots + s.queue_size for s in served))
         self.metrics = ServerMetrics(dict(self.named()))
         self.text_bound = PromptTextBound(max_token_bytes(scheduler.llm), self.n_ctx_slot)
-        self.bodies = BodyParser(self.bridge.run, BodyBounds(self.n_ctx_slot,
-                                                             self.text_bound.max_bytes))
+        self.bodies = BodyParser(BodyBounds(self.n_ctx_slot, self.text_bound.max_bytes))
 
     def served(self) -> list:
         """Every scheduler the app serves, the main one first."""
