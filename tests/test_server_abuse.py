@@ -84,6 +84,23 @@ def test_a_long_token_prompt_is_refused_by_its_length(http, batch):
     assert ok.status_code == 200, ok.text
 
 
+def test_large_bodies_parsed_by_the_worker_answer_as_small_ones(http):
+    # over 64 KiB (an ignored OpenAI "user" field): parsed in the worker process
+    pad = {"user": "u" * 100_000}
+    small = http.post("/v1/completions", json={"prompt": COPY_PROMPT, "max_tokens": 4,
+                                               "temperature": 0})
+    large = http.post("/v1/completions", json={"prompt": COPY_PROMPT, "max_tokens": 4,
+                                               "temperature": 0, **pad})
+    assert small.status_code == large.status_code == 200, large.text
+    assert large.json()["choices"] == small.json()["choices"]
+    err = _error(http.post("/v1/completions", json={"prompt": "x", "max_tokens": "ten", **pad}),
+                 400, "max_tokens")
+    assert err["message"].startswith("max_tokens: "), err
+    chat = http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **pad})
+    assert chat.status_code == 200, chat.text
+
+
 def test_malformed_and_deep_bodies_are_400s(http):
     for content, needle in ((b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
                              "nested too deeply"),
