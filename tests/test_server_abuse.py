@@ -218,6 +218,29 @@ def inproc_scheduler():
     return Scheduler(n_slots=1, n_ctx=512, n_threads=1, spec_type="none")
 
 
+def test_cache_owner_is_the_key_else_the_client_address(inproc_scheduler):
+    from starlette.requests import Request
+
+    from ngramspec.server import create_app
+
+    def owner(app, key=None, host="10.0.0.1"):
+        headers = [(b"authorization", b"Bearer " + key.encode())] if key else []
+        return app.state.server.cache_owner(Request({"type": "http", "headers": headers,
+                                                     "client": (host, 5000)}))
+
+    keyed = create_app(inproc_scheduler, api_key="a1,b2", cache_isolation="per-key",
+                       manage_scheduler=False)
+    assert owner(keyed, "a1") != owner(keyed, "b2")
+    assert owner(keyed, "a1") == owner(keyed, "a1", host="10.0.0.2")   # the key, not the host
+    assert "a1" not in owner(keyed, "a1")                              # a digest of it
+    open_app = create_app(inproc_scheduler, cache_isolation="per-key", manage_scheduler=False)
+    assert owner(open_app) == owner(open_app, "any") != owner(open_app, host="10.0.0.2")
+    shared = create_app(inproc_scheduler, manage_scheduler=False)
+    assert owner(shared, "a1") is None
+    with pytest.raises(ValueError, match="cache_isolation"):
+        create_app(inproc_scheduler, cache_isolation="per-user", manage_scheduler=False)
+
+
 def test_the_schema_documents_the_request_bodies(inproc_scheduler):
     from starlette.testclient import TestClient
 
