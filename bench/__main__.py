@@ -38,6 +38,8 @@ COMMANDS = {
                               "clients"),
     "serve-load": ("serve_load", "`ngramspec serve` under load: requests/s and tokens/s, "
                                  "speculative vs plain"),
+    "serve-abuse": ("serve_abuse_report", "a normal request's latency while 8 clients send "
+                                          "each attack class (big bodies, no key, ...)"),
     "engines": ("engines_report", "inside vLLM and SGLang: their built-in n-gram drafters next to "
                                   "ngramspec's, tokens per step and modeled GPU speed-up"),
     "fleet": ("fleet_report", "ngram-suffix over 1, 4, 16 data-parallel replicas, without and "

@@ -94,3 +94,25 @@ def test_never_more_admissions_than_free_slots(n_free):
     got = plan(q, free, [], now=0.0, prompt_seconds=per_token(0.0))
     assert len(got) == n_free
     assert len({id(sl) for _, sl, _ in got}) == n_free
+
+
+def test_a_request_reuses_only_its_owners_caches():
+    # Issue 34: a shared cache is an oracle of other clients' prompts. A slot left by owner
+    # "a" shares nothing with a request of owner "b" (nor with one that turns cache_prompt off),
+    # and "b" does not wait for "a"'s busy slot either.
+    a_slot, empty = slot(PROMPTS[0], 1), slot([], 2)
+    a_slot.owner, empty.owner = "a", None
+    mine = SimpleNamespace(prompt=PROMPTS[0], t_submit=0.0, cache_owner="a", cache_prompt=True)
+    theirs = SimpleNamespace(prompt=PROMPTS[0], t_submit=0.0, cache_owner="b",
+                             cache_prompt=True)
+    off = SimpleNamespace(prompt=PROMPTS[0], t_submit=0.0, cache_owner="a", cache_prompt=False)
+    assert best_slot(PROMPTS[0], [a_slot, empty], mine) == (a_slot, 300)
+    assert best_slot(PROMPTS[0], [a_slot, empty], theirs) == (a_slot, 0)   # LRU, nothing kept
+    assert best_slot(PROMPTS[0], [a_slot, empty], off)[1] == 0
+    # a busy slot of owner "a" holds the prompt: "a" waits for it, "b" is admitted at once
+    free = [slot(PROMPTS[1])]
+    waits = plan([mine], free, [PROMPTS[0]], now=0.0, prompt_seconds=per_token(1.0),
+                 owners=["a"])
+    goes = plan([theirs], free, [PROMPTS[0]], now=0.0, prompt_seconds=per_token(1.0),
+                owners=["a"])
+    assert waits == [] and len(goes) == 1 and goes[0][2] == 0

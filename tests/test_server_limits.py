@@ -279,7 +279,11 @@ def test_docs_and_schema_need_the_key(inproc):
     with TestClient(app) as c:
         assert c.get("/openapi.json").status_code == 401
         assert c.get("/openapi.json", headers={"Authorization": "Bearer k2"}).json()["info"]
-        assert c.get("/docs").status_code == 404 and c.get("/redoc").status_code == 404
+        key = {"Authorization": "Bearer k1"}
+        assert c.get("/docs", headers=key).status_code == 404
+        assert c.get("/redoc", headers=key).status_code == 404
+        # without the key every path but /health and /v1/models is a 401, unknown ones too
+        assert c.get("/docs").status_code == 401 and c.get("/nothing").status_code == 401
     with pytest.raises(ValueError, match="empty or blank key"):
         create_app(inproc, api_key=" , ", manage_scheduler=False)
     open_app = create_app(inproc, manage_scheduler=False)

@@ -26,9 +26,12 @@ from ngramspec.llama.scheduler import Scheduler
 from ngramspec.policy import make_policy
 from ngramspec.server import limits
 from ngramspec.server.reasoning import REASONING_FORMATS
+from ngramspec.validation import OutOfRange
 
-# Seconds uvicorn lets running requests finish after SIGTERM/SIGINT before cancelling them.
+# Seconds uvicorn lets running requests finish after SIGTERM/SIGINT before cancelling them;
+# at most a day (asyncio's timers overflow on values such as 1e308).
 GRACEFUL_S = 5.0
+MAX_GRACEFUL_S = 86400.0
 
 
 def add_parser(subparsers):
@@ -59,7 +62,20 @@ def add_parser(subparsers):
                    help="seconds a client may take to send a request's headers, and then its "
                         "body, before the connection is closed (headers) or answered 408 "
                         "(body) (default: 30)")
-    p.add_argument("--timeout-graceful-shutdown", type=number_arg(float, 0.0),
+    p.add_argument("--cache-isolation", choices=("shared", "per-key"), default="shared",
+                   help="whose cached prompt a request may reuse: shared = anyone's, as "
+                        "llama-server (timings.cache_n and the prompt's time then tell a client "
+                        "how much of its prompt others sent: see the README's security notes); "
+                        "per-key = only what requests of the same API key left (without "
+                        "--api-key: of the same client address) (default: %(default)s)")
+    p.add_argument("--hide-cache-n", action="store_true",
+                   help="leave timings.cache_n out of responses, with the prompt's other "
+                        "timings that give it away (prompt_n, prompt_ms, prompt rates)")
+    p.add_argument("--limit-concurrency", type=int_arg(1, 65536), default=None, metavar="N",
+                   help="connections and requests the server holds at once; more are answered "
+                        "503 at once (uvicorn's limit_concurrency), so that many simultaneous "
+                        "large bodies cannot add up (default: 2 x (slots + queue size) + 128)")
+    p.add_argument("--timeout-graceful-shutdown", type=number_arg(float, 0.0, MAX_GRACEFUL_S),
                    default=GRACEFUL_S,
                    metavar="S", help="seconds running requests may finish after SIGTERM before "
                                      "they are cancelled (default: %(default)s)")
@@ -248,8 +264,13 @@ def check_serving_flags(args) -> None:
     except ImportError as exc:
         raise ImportError(f"{args.command} needs the 'serve' extra "
                           f"(pip install 'ngramspec[serve]'): {exc}") from None
-    if args.n_predict < -1 or args.n_predict == 0:
-        raise ValueError(f"--n-predict must be -1 or >= 1, got {args.n_predict}")
+    # a request without max_tokens gets --n-predict: more than a slot's context (llama.cpp may
+    # round the context up, never down) would refuse every such request with a 400
+    n_ctx_slot = args.ctx_size // args.slots
+    if args.n_predict != -1 and not 1 <= args.n_predict <= n_ctx_slot:
+        raise OutOfRange("--n-predict", args.n_predict,
+                         f"-1 (until EOS or a full slot) or 1 .. {n_ctx_slot} (a slot's context: "
+                         f"--ctx-size {args.ctx_size} / --slots {args.slots})")
     if args.store and "ngram-suffix" not in args.spec_type.split(","):
         raise ValueError("--store shares ngram-suffix's global store: add ngram-suffix to "
                          "--spec-type")
@@ -273,6 +294,14 @@ def build_app(args, **options):
     return app, scheduler, name
 
 
+def default_concurrency(args) -> int:
+    """``--limit-concurrency``'s default: room for every request the scheduler can hold (its
+    slots and queue) twice over — a request being read or refused beside each — and for idle
+    kept-alive connections and probes (``/health``, ``/metrics``). The bodies' memory is
+    bounded apart (`ngramspec.server.limits.BODY_BUDGET_BODIES`)."""
+    return 2 * (args.slots + args.queue_size) + 128
+
+
 def run(args) -> int:
     check_serving_flags(args)
     import uvicorn
@@ -286,7 +315,8 @@ def run(args) -> int:
     try:
         app, _, name = build_app(args, api_key=args.api_key,
                                  stop_timeout=max(5.0, args.timeout_graceful_shutdown),
-                                 read_timeout=read_timeout, **request_limits(args))
+                                 read_timeout=read_timeout, cache_isolation=args.cache_isolation,
+                                 hide_cache_n=args.hide_cache_n, **request_limits(args))
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         # One line a supervisor (or a test) can wait for, printed before requests are served.
@@ -298,6 +328,7 @@ def run(args) -> int:
         # uvicorn gives their answers DRAIN_S more seconds.
         config = uvicorn.Config(
             app, log_level=args.log_level, lifespan="on",
+            limit_concurrency=args.limit_concurrency or default_concurrency(args),
             http=limits.HeaderTimeoutH11Protocol.with_header_timeout(read_timeout),
             timeout_graceful_shutdown=args.timeout_graceful_shutdown + DRAIN_S)
         # uvicorn re-raises the signal that stopped it once it has shut down; a no-op handler

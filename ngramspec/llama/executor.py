@@ -5,7 +5,8 @@ A generating slot samples its target tokens with its own sampler, accepting the 
 sample equals it (`ngramspec.llama.sampling.sample_run`: lossless), verifies them through its
 `ngramspec.loop.SlotLoop` and drops the rejected KV cells (``llama_memory_seq_rm``); a prompt's
 last chunk gives its first token. What the tokens mean to the request (stop rules, text, the
-client) is the scheduler's.
+client) is the scheduler's, except that a step is verified only up to where the request's text
+stream would cut it at a stop string (so accepted counts are of kept tokens).
 """
 from __future__ import annotations
 
@@ -90,6 +91,10 @@ class StepExecutor:
         row0, idx0 = at
         target = sample_run(r.sampler, self._ctx, out.rows[row0:row0 + m + 1], idx0, draft,
                             max(1, remaining), eog.__contains__)
+        # A stop string ends the output inside the step: verify only the kept tokens, as
+        # max_tokens bounds sample_run above, so that every count of accepted draft tokens
+        # (the request's, the proposers', the prediction's) is of tokens the output keeps.
+        target = target[:r.text.stop_cut(target)]
         L0 = loop.n_context
         # A draft cut by the joint choice: its verified part is what was decoded.
         n_acc = loop.verify(np.asarray(target, dtype=np.int32), n_verified=m)

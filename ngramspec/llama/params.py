@@ -122,6 +122,12 @@ class SamplingParams:
             if not 1 <= len(s) <= STOP_MAX_CHARS:
                 raise Refused("stop", f"strings must have 1 .. {STOP_MAX_CHARS} characters, got "
                                       f"{len(s)}", value=s, sep=" ")
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError as exc:   # JSON's \ud800 escapes can carry one
+                raise Refused("stop", f"character {exc.start} is an unpaired surrogate "
+                                      f"(U+{ord(s[exc.start]):04X}): not valid Unicode text",
+                              value=s) from None
         put(self, "stop", tuple(stop))
         mt = check_int("max_tokens", self.max_tokens, -1, INT32_MAX)
         if mt == 0:

@@ -71,8 +71,10 @@ PROPOSER_COUNTS = ("gen_tokens", "acc_tokens", "gen_drafts", "acc_drafts")
 class _Request:
     """The decode thread's state of one request."""
 
-    def __init__(self, rid, prompt, sampling, spec, on_token, prediction, cancel):
+    def __init__(self, rid, prompt, sampling, spec, on_token, prediction, cancel,
+                 cache_owner=None, cache_prompt=True):
         self.prediction: Optional[PredictionDrafter] = prediction   # Predicted Outputs
+        self.cache_owner, self.cache_prompt = cache_owner, cache_prompt   # see admission
         self.id = rid
         self.prompt: np.ndarray = prompt
         self.sampling: SamplingParams = sampling
@@ -100,6 +102,7 @@ class _Slot:
         self.n_cached = 0
         self.req: Optional[_Request] = None
         self.last_used = 0
+        self.owner = None     # the cache_owner of the request that left the cache
 
 
 class Scheduler:
@@ -322,7 +325,8 @@ class Scheduler:
     def submit(self, prompt_tokens, sampling: SamplingParams = SamplingParams(),
                speculation: Optional[SpeculationParams] = None,
                on_token: Optional[Callable[[List[int], str], None]] = None,
-               prediction=None) -> RequestHandle:
+               prediction=None, cache_owner: Optional[str] = None,
+               cache_prompt: bool = True) -> RequestHandle:
         """Queue a request.
 
         Parameters
@@ -338,6 +342,11 @@ class Scheduler:
             The expected output's tokens (OpenAI's Predicted Outputs): the request's first draft
             source (`ngramspec.prediction`), ahead of the chain; unused when speculation is off.
             The output does not depend on it, only the number of steps.
+        cache_owner : str, optional
+            Whose cached prompts the request may reuse: only those of requests of the same
+            owner (None: of every request without an owner, llama-server's shared cache).
+        cache_prompt : bool
+            llama-server's ``cache_prompt``: False decodes the whole prompt, reusing no cache.
 
         Returns
         -------
@@ -366,7 +375,7 @@ class Scheduler:
             if len(self._queue) >= self.queue_size + free:
                 raise QueueFull(f"the request queue is full ({self.queue_size} waiting)")
             req = _Request(next(self._ids), prompt, sampling, spec, on_token, drafter,
-                           self.cancel)
+                           self.cancel, cache_owner, bool(cache_prompt))
             self._queue.append(req)
             self._live[req.id] = req
             self._stats["requests_submitted"] += 1
@@ -547,9 +556,10 @@ class Scheduler:
         free = [s for s in self._slots if s.req is None]
         if not free:
             return
-        running = [s.req.prompt for s in self._slots if s.req is not None]
-        for req, slot, lcp in admission.plan(self._queue, free, running, time.perf_counter(),
-                                             self._prompt_seconds):
+        busy = [s.req for s in self._slots if s.req is not None]
+        for req, slot, lcp in admission.plan(self._queue, free, [r.prompt for r in busy],
+                                             time.perf_counter(), self._prompt_seconds,
+                                             [r.cache_owner for r in busy]):
             self._queue.remove(req)
             self._place(req, slot, lcp)
 
@@ -569,6 +579,7 @@ class Scheduler:
         self._executor.drop(slot.id, lcp)
         slot.n_cached = lcp
         slot.req = req
+        slot.owner = req.cache_owner      # what the slot caches from now on is this owner's
         self._use += 1
         slot.last_used = self._use
         req.slot = slot

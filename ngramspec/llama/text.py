@@ -74,15 +74,38 @@ class TextStream:
             n_kept += 1
             before = len(self.text)
             self.text += self._dec.decode(self._piece(t))
-            if self._max_stop and len(self.text) > before:
-                start = max(0, before - self._max_stop + 1)
-                hits = [(i, s) for i, s in ((self.text.find(s, start), s) for s in self.stop)
-                        if i >= 0]
-                if hits:
-                    i, self.stop_string = min(hits)
-                    self.text = self.text[:i]
-                    self.stopped = True
+            hit = self._first_stop(self.text, before)
+            if hit is not None:
+                i, self.stop_string = hit
+                self.text = self.text[:i]
+                self.stopped = True
         return n_kept, self._release(final=self.stopped)
+
+    def stop_cut(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` `push` would keep (all, or up to the token that completes a
+        stop string), the stream left unchanged: the scheduler bounds a step's verification
+        by it, so that tokens after a stop string are neither emitted nor counted as
+        accepted."""
+        if not self._max_stop or self.stopped:
+            return len(tokens)
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        dec.setstate(self._dec.getstate())
+        text = self.text
+        for n, t in enumerate(tokens):
+            before = len(text)
+            text += dec.decode(self._piece(t))
+            if self._first_stop(text, before) is not None:
+                return n + 1
+        return len(tokens)
+
+    def _first_stop(self, text: str, before: int) -> Optional[Tuple[int, str]]:
+        """``(index, stop string)`` of the first stop string in ``text`` that ends after its
+        first ``before`` characters (None: none)."""
+        if not self._max_stop or len(text) <= before:
+            return None
+        start = max(0, before - self._max_stop + 1)
+        hits = [(i, s) for i, s in ((text.find(s, start), s) for s in self.stop) if i >= 0]
+        return min(hits) if hits else None
 
     def finish(self) -> str:
         """The rest of the text (held-back stop prefix, incomplete bytes as U+FFFD)."""

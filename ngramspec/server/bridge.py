@@ -72,7 +72,7 @@ class SchedulerBridge:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def submit(self, prompt_tokens, sampling, speculation, *, prediction=None,
-                     scheduler=None):
+                     scheduler=None, cache_owner=None, cache_prompt: bool = True):
         """Submit a request to the scheduler.
 
         Parameters
@@ -84,6 +84,10 @@ class SchedulerBridge:
             Predicted Outputs' tokens (the scheduler's ``prediction``).
         scheduler : Scheduler, optional
             Another scheduler served by the same app (a second model); default the bridge's.
+        cache_owner : str, optional
+        cache_prompt : bool
+            The scheduler's prompt-cache arguments (whose cached prompts the request may
+            reuse; none when False).
 
         Returns
         -------
@@ -99,7 +103,7 @@ class SchedulerBridge:
             target = self.scheduler if scheduler is None else scheduler
             return await self.run(lambda: target.submit(
                 prompt_tokens, sampling=sampling, speculation=speculation,
-                prediction=prediction))
+                prediction=prediction, cache_owner=cache_owner, cache_prompt=cache_prompt))
         except QueueFull as exc:
             raise APIError(503, f"the server is busy: {exc}; retry later",
                            code="queue_full") from None

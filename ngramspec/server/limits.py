@@ -2,8 +2,9 @@
 
 * `RequestLimits`, an ASGI middleware: a body larger than ``max_body_size`` is a 413 before any
   of it is parsed (at once from ``Content-Length``, else as soon as the bytes received pass the
-  limit), and a body that has not fully arrived ``read_timeout`` seconds after its headers is a
-  408. The body is read whole before the app sees it (the JSON parser needs all of it anyway).
+  limit), a body that has not fully arrived ``read_timeout`` seconds after its headers is a
+  408, and a body that would pass the bytes all requests may hold at once is a 503. The body is
+  read whole before the app sees it (the JSON parser needs all of it anyway).
 * `HeaderTimeoutH11Protocol`, uvicorn's h11 protocol with a deadline on request headers:
   uvicorn only times out idle keep-alive connections, so a client sending half a header line
   would hold its connection (and a file descriptor) forever.
@@ -30,6 +31,9 @@ from ngramspec.server.errors import FieldError, error_response
 MAX_BODY_SIZE = 8 << 20
 #: Default ``--read-timeout``, seconds for a request's headers, and for its body.
 READ_TIMEOUT_S = 30.0
+#: Bodies of the largest size the server holds at once (read, or being answered), all requests
+#: together; a body that would pass this is answered 503 (many large bodies cannot add up).
+BODY_BUDGET_BODIES = 16
 
 
 class RequestLimits:
@@ -42,19 +46,25 @@ class RequestLimits:
         Bytes; a larger body is answered 413 without being parsed.
     read_timeout : float
         Seconds from the headers to the body's last byte; a slower body is answered 408.
+    budget : int, optional
+        Body bytes held at once by all requests together (read so far, or read and not yet
+        answered); a body that would pass it is answered 503 ``server_busy`` at once. Default
+        `BODY_BUDGET_BODIES` bodies of ``max_body_size``.
 
     Notes
     -----
-    Memory: at most ``max_body_size`` bytes per request being read.
+    Memory: at most ``budget`` bytes of bodies in all.
 
-    Thread-safety: runs on the event loop; no state shared between requests.
+    Thread-safety: runs on the event loop; the budget's count is the loop's.
     """
 
     def __init__(self, app, max_body_size: int = MAX_BODY_SIZE,
-                 read_timeout: float = READ_TIMEOUT_S):
+                 read_timeout: float = READ_TIMEOUT_S, budget: Optional[int] = None):
         self.app = app
         self.max_body_size = max_body_size
         self.read_timeout = read_timeout
+        self.budget = BODY_BUDGET_BODIES * max_body_size if budget is None else budget
+        self.held = 0             # body bytes held by the requests in flight
 
     def _too_large(self, what: str, drained: bool):
         # "Connection: close" unless the rest of the body was read: the connection is not
@@ -91,6 +101,38 @@ class RequestLimits:
             # refused before reading any of it
             await self._too_large(f"{int(declared)} bytes", False)(scope, receive, send)
             return
+        held = [0]                # this request's share of `held`, released at its end
+        try:
+            body = await self._read(scope, receive, send, held)
+            if body is None:
+                return
+            whole = {"type": "http.request", "body": body, "more_body": False}
+            body = None
+
+            async def replay():
+                # The body once, then the client's own messages (a disconnect).
+                nonlocal whole
+                if whole is not None:
+                    message, whole = whole, None
+                    return message
+                return await receive()
+
+            await self.app(scope, replay, send)
+        finally:
+            self.held -= held[0]
+
+    def _hold(self, n: int, held: list) -> bool:
+        """Count ``n`` more body bytes of a request against the budget; False (nothing
+        counted) when they would pass it."""
+        if self.held + n > self.budget:
+            return False
+        self.held += n
+        held[0] += n
+        return True
+
+    async def _read(self, scope, receive, send, held: list) -> Optional[bytes]:
+        """The whole body (its bytes counted in ``held``); None when an error was answered
+        instead (408, 413, 503) or the client left."""
         chunks, size = [], 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.read_timeout
@@ -102,9 +144,9 @@ class RequestLimits:
                                            f"{self.read_timeout:g} s (--read-timeout)",
                                       code="request_timeout", headers={"Connection": "close"})
                 await resp(scope, receive, send)
-                return
+                return None
             if message["type"] == "http.disconnect":
-                return
+                return None
             body = message.get("body", b"")
             size += len(body)
             if size > self.max_body_size:
@@ -113,22 +155,16 @@ class RequestLimits:
                     await self._drain(receive, deadline)
                 await self._too_large(f"more than {self.max_body_size} bytes", drained)(
                     scope, receive, send)
-                return
+                return None
+            if not self._hold(len(body), held):
+                chunks = None
+                await error_response(503, "the server holds too many request bodies at once; "
+                                          "retry later", code="server_busy",
+                                     headers={"Connection": "close"})(scope, receive, send)
+                return None
             chunks.append(body)
             if not message.get("more_body", False):
-                break
-        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        chunks = None
-
-        async def replay():
-            # The body once, then the client's own messages (a disconnect).
-            nonlocal whole
-            if whole is not None:
-                message, whole = whole, None
-                return message
-            return await receive()
-
-        await self.app(scope, replay, send)
+                return b"".join(chunks)
 
 
 class HeaderTimeoutH11Protocol(H11Protocol):

@@ -8,9 +8,11 @@ the scheduler keeps one set of counters and the server adds only its HTTP counts
   ``prompt_tokens_seconds`` and ``predicted_tokens_seconds``
   (tokens/s), ``requests_processing`` (slots busy), ``requests_deferred`` (queue length), and the
   speculative counters llama-server's clients read, ``n_drafted_total`` and
-  ``n_drafted_accepted_total``;
-- vLLM's (``vllm:``, label ``model_name``): ``num_requests_running``, ``num_requests_waiting``,
-  ``prompt_tokens_total``, ``generation_tokens_total``, ``spec_decode_num_drafts_total``,
+  ``n_drafted_accepted_total`` (every verified draft, a Predicted Output's included, as the
+  responses' ``draft_n`` / ``draft_n_accepted``; accepted = kept in the output);
+- vLLM's (``vllm:``, label ``model_name``, one series per served model):
+  ``num_requests_running``, ``num_requests_waiting``, ``prompt_tokens_total``,
+  ``generation_tokens_total``, ``spec_decode_num_drafts_total``,
   ``spec_decode_num_draft_tokens_total``, ``spec_decode_num_accepted_tokens_total``;
 - ngramspec's (``ngramspec:``): the speculative counters per proposer (label ``spec_type``),
   cached prompt tokens, requests submitted/finished/cancelled, slots, queue, and HTTP requests
@@ -70,18 +72,40 @@ def _ratio(a, b):
     return a / b if b > 0 else 0.0
 
 
-class _SchedulerCollector:
-    """Builds the metric families from one ``scheduler.stats()`` snapshot."""
+def _merged(stats: list) -> dict:
+    """Several schedulers' ``stats()`` as one: counts summed, proposers' counts summed by type."""
+    out = {k: sum(st[k] for st in stats) for k, v in stats[0].items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    props: dict = {}
+    for st in stats:
+        for spec_type, p in st.get("proposers", {}).items():
+            mine = props.setdefault(spec_type, dict.fromkeys(p, 0))
+            for key, value in p.items():
+                if isinstance(value, (int, float)):
+                    mine[key] = mine.get(key, 0) + value
+    out["proposers"] = props
+    return out
 
-    def __init__(self, scheduler, model_name: str, timing: _Timing):
-        self.scheduler, self.model_name, self.timing = scheduler, model_name, timing
+
+class _SchedulerCollector:
+    """Builds the metric families from one ``stats()`` snapshot of each served scheduler:
+    vLLM's per model (label ``model_name``), llama-server's and ngramspec's for the server as
+    a whole (every served model's requests, ``serve -md``'s draft model's included)."""
+
+    def __init__(self, schedulers: dict, timing: _Timing):
+        self.schedulers, self.timing = dict(schedulers), timing
 
     def collect(self):
-        st = self.scheduler.stats()
-        props = st.get("proposers", {})
-        drafts = sum(p["gen_drafts"] for p in props.values())
-        drafted = sum(p["gen_tokens"] for p in props.values())
-        accepted = sum(p["acc_tokens"] for p in props.values())
+        per = {name: s.stats() for name, s in self.schedulers.items()}
+        st = _merged(list(per.values()))
+        yield from self._server(st)
+        yield from self._vllm(per)
+        yield from self._ngramspec(st)
+
+    def _server(self, st):
+        """llama-server's families."""
+        # every verified draft (a Predicted Output's too), as the responses' draft_n count
+        drafted, accepted = st["n_draft_tokens"], st["n_acc_tokens"]
         processed = st["tokens_prompt"] - st["tokens_prompt_cached"]
         t_prompt_n, t_prompt_s, t_pred_n, t_pred_s = self.timing.snapshot()
         counter = lambda *a: _family(CounterMetricFamily, *a)  # noqa: E731
@@ -106,29 +130,44 @@ class _SchedulerCollector:
                     st["slots_busy"])
         yield gauge("llamacpp:requests_deferred", "Number of requests deferred.",
                     st["queue_length"])
-        yield counter("llamacpp:n_drafted_total", "Draft tokens generated (all proposers).",
+        yield counter("llamacpp:n_drafted_total",
+                      "Draft tokens verified (all proposers, predictions).",
                       drafted)
         yield counter("llamacpp:n_drafted_accepted_total",
-                      "Draft tokens accepted by the target (all proposers).", accepted)
+                      "Draft tokens accepted by the target (all proposers, predictions).",
+                      accepted)
 
-        # vLLM
-        m = {"model_name": self.model_name}
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution "
-                    "batches.", st["slots_busy"], m)
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                    st["queue_length"], m)
-        yield counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
-                      processed, m)
-        yield counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
-                      st["tokens_predicted"], m)
-        yield counter("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.",
-                      drafts, m)
-        yield counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.",
-                      drafted, m)
-        yield counter("vllm:spec_decode_num_accepted_tokens_total",
-                      "Number of accepted tokens.", accepted, m)
+    @staticmethod
+    def _vllm(per: dict):
+        """vLLM's families, one series per model (label ``model_name``)."""
+        fams = [(GaugeMetricFamily, "vllm:num_requests_running",
+                 "Number of requests in model execution batches.", lambda st, p: st["slots_busy"]),
+                (GaugeMetricFamily, "vllm:num_requests_waiting",
+                 "Number of requests waiting to be processed.", lambda st, p: st["queue_length"]),
+                (CounterMetricFamily, "vllm:prompt_tokens_total",
+                 "Number of prefill tokens processed.",
+                 lambda st, p: st["tokens_prompt"] - st["tokens_prompt_cached"]),
+                (CounterMetricFamily, "vllm:generation_tokens_total",
+                 "Number of generation tokens processed.", lambda st, p: st["tokens_predicted"]),
+                (CounterMetricFamily, "vllm:spec_decode_num_drafts_total",
+                 "Number of spec decoding drafts.", lambda st, p: p("gen_drafts")),
+                (CounterMetricFamily, "vllm:spec_decode_num_draft_tokens_total",
+                 "Number of draft tokens.", lambda st, p: st["n_draft_tokens"]),
+                (CounterMetricFamily, "vllm:spec_decode_num_accepted_tokens_total",
+                 "Number of accepted tokens.", lambda st, p: st["n_acc_tokens"])]
+        for kind, name, doc, value in fams:
+            fam = kind(name, doc, labels=["model_name"])
+            for model_name, st in per.items():
+                props = st.get("proposers", {}).values()
+                fam.add_metric([model_name], value(
+                    st, lambda key, props=props: sum(q[key] for q in props)))
+            yield fam
 
-        # ngramspec: per proposer, slots, queue, requests
+    def _ngramspec(self, st):
+        """ngramspec's families: per proposer, slots, queue, requests."""
+        props = st.get("proposers", {})
+        counter = lambda *a: _family(CounterMetricFamily, *a)  # noqa: E731
+        gauge = lambda *a: _family(GaugeMetricFamily, *a)  # noqa: E731
         fams = {key: CounterMetricFamily(f"ngramspec:spec_{name}", doc, labels=["spec_type"])
                 for key, name, doc in (
                     ("gen_drafts", "drafts", "Non-empty drafts, per proposer."),
@@ -178,9 +217,9 @@ class ServerMetrics:
 
     Parameters
     ----------
-    scheduler : ngramspec.llama.Scheduler
-    model_name : str
-        The ``model`` label of the scheduler's metrics.
+    schedulers : dict of str to Scheduler
+        The served models by id (the ``model_name`` label of vLLM's families); the others
+        count every model's requests together.
 
     Notes
     -----
@@ -191,10 +230,10 @@ class ServerMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, scheduler, model_name: str):
+    def __init__(self, schedulers: dict):
         self.timing = _Timing()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_SchedulerCollector(scheduler, model_name, self.timing))
+        self.registry.register(_SchedulerCollector(schedulers, self.timing))
         self.http = Counter("ngramspec:http_requests", "HTTP requests by endpoint and status.",
                             ["endpoint", "status"], registry=self.registry)
 

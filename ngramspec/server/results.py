@@ -26,9 +26,10 @@ def completion_usage(done, n_prompt: int, predicted: bool = False) -> schemas.Us
                          completion_tokens_details=details)
 
 
-def completion_timings(done) -> schemas.Timings:
+def completion_timings(done, hide_cache_n: bool = False) -> schemas.Timings:
     """llama-server's timings: ``prompt_n`` counts the prompt tokens decoded, ``cache_n`` those
-    reused from the slot's KV cache."""
+    reused from the slot's KV cache. `hide_cache_n` leaves the prompt's fields out: each of
+    them (count, time, rate) tells how much of the prompt a slot held."""
     def per_second(n, ms):
         return n / ms * 1e3 if ms > 0 else 0.0
 
@@ -36,10 +37,12 @@ def completion_timings(done) -> schemas.Timings:
         return ms / n if n > 0 else 0.0
 
     prompt_n = done.prompt_n - done.prompt_cached_n
-    return schemas.Timings(
+    prompt = {} if hide_cache_n else dict(
         cache_n=done.prompt_cached_n, prompt_n=prompt_n, prompt_ms=done.prompt_ms,
         prompt_per_token_ms=per_token(prompt_n, done.prompt_ms),
-        prompt_per_second=per_second(prompt_n, done.prompt_ms),
+        prompt_per_second=per_second(prompt_n, done.prompt_ms))
+    return schemas.Timings(
+        **prompt,
         predicted_n=done.predicted_n, predicted_ms=done.predicted_ms,
         predicted_per_token_ms=per_token(done.predicted_n, done.predicted_ms),
         predicted_per_second=per_second(done.predicted_n, done.predicted_ms),

@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Sequence
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from ngramspec.llama.tokenizer import (render_chat_parts, tokenize_output, tokenize_parts,
@@ -26,16 +26,33 @@ from ngramspec.server.fields import request_errors, request_params
 from ngramspec.server.reasoning import split_reasoning
 from ngramspec.server.results import (cancelled_message, completion_timings,
                                       completion_usage)
-from ngramspec.server.state import require_key, server_state
+from ngramspec.server.state import server_state
 from ngramspec.server.streaming import chat_stream, text_stream
 from ngramspec.stop_rules import CANCELLED, openai_finish_reason
 
-router = APIRouter(dependencies=[Depends(require_key)])
+# The API key is checked before the body is read (`ngramspec.server.auth.KeyCheck`).
+router = APIRouter()
 
 
-@router.post("/v1/completions", response_model=schemas.CompletionResponse)
-async def completions(body: schemas.CompletionRequest, request: Request):
+def _body_doc(model) -> dict:
+    """The route's request body in the OpenAPI schema (the body is parsed by
+    `ngramspec.server.body`, not by a FastAPI parameter); its nested models go to the schema's
+    components (`ngramspec.server.app`)."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    BODY_DEFS.update(schema.pop("$defs", {}))
+    return {"requestBody": {"required": True,
+                            "content": {"application/json": {"schema": schema}}}}
+
+
+#: Models the request bodies' schemas refer to, for the OpenAPI components.
+BODY_DEFS: dict = {}
+
+
+@router.post("/v1/completions", response_model=schemas.CompletionResponse,
+             openapi_extra=_body_doc(schemas.CompletionRequest))
+async def completions(request: Request):
     state = server_state(request)
+    body = await state.bodies.parse(request, schemas.CompletionRequest)
     prompt = body.prompt
     if isinstance(prompt, str):
         state.text_bound.check(prompt, "prompt")
@@ -45,9 +62,11 @@ async def completions(body: schemas.CompletionRequest, request: Request):
     return await _generate(state, body, [int(t) for t in tokens], "prompt", request, chat=False)
 
 
-@router.post("/v1/chat/completions", response_model=schemas.ChatCompletionResponse)
-async def chat_completions(body: schemas.ChatCompletionRequest, request: Request):
+@router.post("/v1/chat/completions", response_model=schemas.ChatCompletionResponse,
+             openapi_extra=_body_doc(schemas.ChatCompletionRequest))
+async def chat_completions(request: Request):
     state = server_state(request)
+    body = await state.bodies.parse(request, schemas.ChatCompletionRequest)
     llm = state.scheduler.llm
     parts = await state.bridge.run(_chat_parts, llm, body.template_messages(),
                                    state.special_in_content)
@@ -67,7 +86,9 @@ async def _generate(state, body, tokens: Sequence[int], prompt_field: str, reque
         prediction = await state.bridge.run(tokenize_output, state.scheduler.llm, text)
     with request_errors(prompt_field):
         handle = await state.bridge.submit(tokens, sampling, speculation, prediction=prediction,
-                                           scheduler=scheduler)
+                                           scheduler=scheduler,
+                                           cache_owner=state.cache_owner(request),
+                                           cache_prompt=body.cache_prompt)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     predicted = prediction is not None
     if body.stream:
@@ -86,7 +107,8 @@ async def _generate(state, body, tokens: Sequence[int], prompt_field: str, reque
 def _response(state, done, rid: str, name: str, chat: bool, n_prompt: int, predicted: bool):
     """The whole (non-streamed) completion or chat completion of a finished request."""
     finish = openai_finish_reason(done.finish_reason)
-    usage, timings = completion_usage(done, n_prompt, predicted), completion_timings(done)
+    usage = completion_usage(done, n_prompt, predicted)
+    timings = completion_timings(done, state.hide_cache_n)
     if chat:
         reasoning, content = None, done.text
         if state.reasoning_format == "deepseek":

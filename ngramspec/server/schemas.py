@@ -89,6 +89,9 @@ class GenerationRequest(BaseModel):
     repeat_penalty: Optional[Number] = None
     repeat_last_n: Optional[StrictInt] = None
     ignore_eos: Optional[StrictBool] = None
+    # llama-server's: false decodes the whole prompt, reusing no slot's cache (greedy output
+    # then does not depend on what the slot held before)
+    cache_prompt: StrictBool = True
     n: StrictInt = 1
     # Refused unless neutral: no log-probabilities, no multiple choices.
     logprobs: Optional[Union[StrictBool, StrictInt]] = None
@@ -112,6 +115,11 @@ class GenerationRequest(BaseModel):
         if isinstance(v, list) and len(v) > 16:
             raise ValueError(f"at most 16 stop strings, got {len(v)}")
         return v
+
+    @classmethod
+    def precheck(cls, obj: dict, bounds) -> None:
+        """Bounds checked on the parsed JSON before validation copies it
+        (`ngramspec.server.body`); none for the common fields."""
 
     def token_bias(self, n_vocab: int) -> Dict[int, float]:
         """``logit_bias`` with its keys as token ids.
@@ -187,6 +195,11 @@ class CompletionRequest(GenerationRequest):
     _no_suffix = _only_neutral("suffix", neutral=(None, ""), why="suffix (insertion) is not "
                                                                  "supported")
 
+    @classmethod
+    def precheck(cls, obj: dict, bounds) -> None:
+        """A prompt of token ids longer than a slot's context is refused by its length."""
+        bounds.token_prompt(obj.get("prompt"), "prompt")
+
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, v):
@@ -245,6 +258,11 @@ class ChatCompletionRequest(GenerationRequest):
 
     _no_tools = _only_neutral("tools", neutral=(None, []), why="tools are not supported")
 
+    @classmethod
+    def precheck(cls, obj: dict, bounds) -> None:
+        """The message count and the summed contents against a slot's context."""
+        bounds.messages(obj.get("messages"))
+
     @field_validator("messages")
     @classmethod
     def _some_messages(cls, v):
@@ -290,20 +308,26 @@ class Timings(BaseModel):
 
     ``prompt_n`` counts the prompt tokens decoded for this request and ``cache_n`` those taken
     from the slot's prompt cache; ``draft_n`` / ``draft_n_accepted`` are the draft tokens
-    verified and accepted (0 with speculation off).
+    verified and accepted (0 with speculation off). With ``serve --hide-cache-n`` the prompt's
+    fields (``cache_n`` and those that give it away) are left out.
     """
 
-    cache_n: int
-    prompt_n: int
-    prompt_ms: float
-    prompt_per_token_ms: float
-    prompt_per_second: float
+    cache_n: Optional[int] = None
+    prompt_n: Optional[int] = None
+    prompt_ms: Optional[float] = None
+    prompt_per_token_ms: Optional[float] = None
+    prompt_per_second: Optional[float] = None
     predicted_n: int
     predicted_ms: float
     predicted_per_token_ms: float
     predicted_per_second: float
     draft_n: int
     draft_n_accepted: int
+
+    @model_serializer(mode="wrap")
+    def _leave_hidden_out(self, handler):
+        # a hidden field is absent, not null (a client reading it as a number gets no 0)
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class _Envelope(BaseModel):

@@ -1,5 +1,6 @@
 """What every route of the app shares: the served schedulers, the bridge to them, the metrics,
-the settings of `ngramspec.server.app.create_app`; and the API-key dependency.
+the settings of `ngramspec.server.app.create_app`, the body parser, whose prompt cache a
+request may reuse.
 
 One `ServerState` is built per app and kept on ``app.state.server``; a route reads it with
 ``server_state(request)``.
@@ -12,15 +13,16 @@ loop.
 """
 from __future__ import annotations
 
-import hmac
 import time
 from typing import Optional
 
 from fastapi import Request
 
+from ngramspec.server.auth import cache_owner, request_key
+
 from ngramspec.llama.tokenizer import max_token_bytes
+from ngramspec.server.body import BodyBounds, BodyParser
 from ngramspec.server.bridge import SchedulerBridge
-from ngramspec.server.errors import APIError
 from ngramspec.server.limits import PromptTextBound
 from ngramspec.server.metrics import ServerMetrics
 
@@ -46,9 +48,14 @@ class ServerState:
         The main scheduler's.
     special_in_content : bool
     reasoning_format : str
+    cache_isolation : "shared" or "per-key"
+        Whose cached prompts a request may reuse (`cache_owner`).
+    hide_cache_n : bool
+        Responses leave ``timings.cache_n`` and ``timings.prompt_n`` out.
     bridge : SchedulerBridge
     metrics : ServerMetrics
     text_bound : PromptTextBound
+    bodies : BodyParser
 
     Notes
     -----
@@ -59,7 +66,8 @@ class ServerState:
 
     def __init__(self, scheduler, *, model_name: str, api_keys, defaults: dict,
                  n_predict: int, others: dict, special_in_content: bool,
-                 reasoning_format: str):
+                 reasoning_format: str, cache_isolation: str = "shared",
+                 hide_cache_n: bool = False):
         self.scheduler, self.others = scheduler, dict(others)
         self.model_name = model_name
         self.api_keys = [k.encode("utf-8") for k in api_keys]
@@ -71,14 +79,32 @@ class ServerState:
         self.n_vocab = scheduler.n_vocab
         self.special_in_content = special_in_content
         self.reasoning_format = reasoning_format
+        self.cache_isolation, self.hide_cache_n = cache_isolation, hide_cache_n
         served = self.served()
         self.bridge = SchedulerBridge(scheduler, sum(s.n_slots + s.queue_size for s in served))
-        self.metrics = ServerMetrics(scheduler, model_name)
+        self.metrics = ServerMetrics(dict(self.named()))
         self.text_bound = PromptTextBound(max_token_bytes(scheduler.llm), self.n_ctx_slot)
+        self.bodies = BodyParser(BodyBounds(self.n_ctx_slot, self.text_bound.max_bytes))
 
     def served(self) -> list:
         """Every scheduler the app serves, the main one first."""
         return [self.scheduler] + list(self.others.values())
+
+    def named(self) -> list:
+        """``(model id, scheduler)`` of every served model, the main one first."""
+        return [(self.model_name, self.scheduler)] + list(self.others.items())
+
+    def cache_owner(self, request: Request) -> Optional[str]:
+        """The prompt-cache owner of a request (the scheduler's ``cache_owner``): None with
+        ``cache_isolation="shared"`` (every request may reuse every cached prompt); with
+        ``"per-key"``, the API key the request presented, or without ``--api-key`` the client's
+        address (behind a proxy: the proxy's, so all its clients share one owner)."""
+        if self.cache_isolation != "per-key":
+            return None
+        if self.api_keys:
+            return cache_owner(request_key(request.scope["headers"]))
+        client = request.client
+        return "client:" + (client.host if client is not None else "")
 
     def scheduler_for(self, model: Optional[str]):
         """``(model id, scheduler)`` a request's ``model`` field picks: one of `others` by id,
@@ -91,29 +117,3 @@ class ServerState:
 def server_state(request: Request) -> ServerState:
     """The `ServerState` of the app serving `request`."""
     return request.app.state.server
-
-
-async def require_key(request: Request) -> None:
-    """FastAPI dependency: ``Authorization: Bearer KEY`` (or ``X-Api-Key: KEY``) when the app
-    has keys; compared with every key in constant time.
-
-    Raises
-    ------
-    APIError
-        401, ``invalid_api_key``.
-    """
-    keys = server_state(request).api_keys
-    if not keys:
-        return
-    given = request.headers.get("authorization", "")
-    scheme, _, token = given.partition(" ")
-    if scheme.lower() != "bearer":
-        token = request.headers.get("x-api-key", "")
-    token_b = token.strip().encode("utf-8")
-    # Compare against every key (no early exit) so timing tells nothing about the keys.
-    ok = False
-    for key in keys:
-        ok |= hmac.compare_digest(token_b, key)
-    if not ok:
-        raise APIError(401, "invalid or missing API key (Authorization: Bearer KEY)",
-                       code="invalid_api_key")

@@ -61,7 +61,7 @@ async def _events(state, handle, n_prompt, include_usage, envelope, choices, ope
     *held, last = choices(None, openai_finish_reason(done.finish_reason))
     for c in held:
         yield sse(envelope([c]))
-    yield sse(envelope([last], timings=completion_timings(done)))
+    yield sse(envelope([last], timings=completion_timings(done, state.hide_cache_n)))
     if include_usage:
         yield sse(envelope([], usage=completion_usage(done, n_prompt, predicted)))
     yield "data: [DONE]\n\n"
