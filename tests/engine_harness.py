@@ -246,17 +246,23 @@ class VllmNgram:
         self.proposer = NgramProposer(vllm_config)
         self.k = vllm_config.speculative_config.num_speculative_tokens
 
+    def set_request_ids(self, ids, finished=()):
+        """Nothing: vLLM's ngram proposer keeps no per-request state."""
+
     def propose(self, sampled, num_tokens, token_ids, slot_mappings=None):
         return self.proposer.propose(self.k, sampled, num_tokens, token_ids)
 
 
-def sim_requests(trace, *, spread: int = 3, chunked_every: int = 3) -> List[SimRequest]:
+def sim_requests(trace, *, spread: int = 3, chunked_every: int = 3,
+                 turns_wait: bool = True) -> List[SimRequest]:
     """The trace's requests arriving every `spread` steps, a conversation's next turn only once
-    the previous one is answered (its prompt holds that answer); every `chunked_every`-th one
-    takes two prefill steps (a first call with nothing sampled)."""
+    the previous one is answered (its prompt holds that answer; `turns_wait` False: as soon as
+    it arrives, as if each turn were another user's, so a trace of few conversations can fill
+    many rows); every `chunked_every`-th one takes two prefill steps (a first call with nothing
+    sampled)."""
     out, last = [], {}
     for i, t in enumerate(trace):
-        conv = t.extra.get("conversation")
+        conv = t.extra.get("conversation") if turns_wait else None
         out.append(SimRequest(t.id, t.prompt, t.output, arrival=spread * i,
                               prefill_steps=2 if chunked_every and i % chunked_every == 1 else 1,
                               after=last.get(conv) if conv is not None else None))

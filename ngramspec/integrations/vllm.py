@@ -11,8 +11,9 @@ vLLM's V1 GPU model runner builds the class as ``NgramspecProposer(vllm_config)`
 step, after it has written the sampled tokens into ``token_ids_cpu``. It passes rows, not
 requests: no request id, no signal that a request ended, and rows move (the last rows fill the
 holes of finished requests). So the proposer follows requests by their tokens: a row whose tokens
-continue what a request held (its known tokens, then the accepted prefix of its pending draft and
-one token of the target's) is that request, wherever it sits; a row that continues none is a new
+continue what a request held (its known tokens, compared at their first and last 32, then the
+accepted prefix of its pending draft and one token of the target's) is that request, wherever it
+sits; a row that continues none is a new
 request; a request no row continues has ended. Requests are drafted for in arrival order, so the
 rows they sit in change nothing.
 
@@ -20,6 +21,10 @@ With the ``vllm.general_plugins`` entry point (`register`, installed with ngrams
 tested vLLM version, the runner also hands the proposer each step's request ids and finished
 requests, and a request is its id: a new request whose tokens happen to continue an ended one's
 is never taken for it. On any other vLLM version the entry point changes nothing and says so.
+
+Cost per step: per row its new tokens and one draft (`RequestLoops.advance`), no compare of a
+row's whole context; at a request's first sight ``SpecEngine.begin`` on its prompt (linear in
+it, once).
 
 The runner calls the proposer on every tensor-parallel rank of the last pipeline stage and uses
 one rank's drafts: the proposer is deterministic, so all ranks agree.
@@ -31,8 +36,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ngramspec.integrations.requests import RequestLoops, engine_from_env
-from ngramspec.integrations.requests import MAX_DRAFT
+from ngramspec.integrations.requests import MAX_DRAFT, RequestLoops, engine_from_env
 from ngramspec.validation import OutOfRange, check_int
 
 __all__ = ["TESTED_VLLM", "NgramspecProposer", "register"]
