@@ -38,7 +38,7 @@ COMMANDS = {
                                  "speculative vs plain"),
     "engines": ("engines_report", "inside vLLM and SGLang: their built-in n-gram drafters next to "
                                   "ngramspec's, tokens per step and modeled GPU speed-up"),
-    "engines-overhead": ("engines_overhead", "inside vLLM and SGLang at 1-256 requests x 4k-32k "
+    "engines-overhead": ("engines_overhead_report", "inside vLLM and SGLang at 1-256 requests x 4k-32k "
                                              "tokens: CPU ms per decode step of each drafter"),
     "build-llama-server": (None, "build llama.cpp's llama-server from llama-cpp-python's "
                                  "vendored sources (build_llama_server.sh)"),

@@ -1,15 +1,16 @@
 """Inside vLLM and SGLang: their built-in n-gram drafters against ngramspec's (issue 29).
 
     python bench engines [--limit 12] [--families code-edit,agentic] [--k 16] [--d 16]
-                         [--in-flight 4,64]
+                         [--in-flight 4,64] [--mix-conversations] [--engines vllm,sglang]
 
 Each engine's half runs in its own virtual environment (``.venv-vllm``, ``.venv-sglang``, made
 by ``.ci/engines``), in the contract tests' harnesses (tests/engine_harness.py) on the same
 requests of ../shared/traces:
 
 - vLLM: the V1 runner's call sequence (--in-flight rows: at 4 requests arriving every 3
-  steps, a conversation's next turn once the previous one is answered; above 4 all at once,
-  waiting for a row, turns not waiting for each other; chunked prefills, rows condensed, request ids
+  steps, above 4 all at once, waiting for a row; a conversation's next turn once the previous
+  one is answered, so a trace of few conversations fills few rows: --mix-conversations takes
+  the requests turn by turn across all of them; chunked prefills, rows condensed, request ids
   handed as the plug-in's hook does), greedy verification, every proposer sized for
   max_num_seqs 256 (vLLM's default). vLLM's own ``ngram`` proposer (its numba
   ``NgramProposer``: default lookup 5..5, and 2..5) and ``suffix`` (ArcticInference 0.3.0,
@@ -63,9 +64,29 @@ def _traces(args):
     from ngramspec.traces import read_requests
     out = {}
     for fam in args.families.split(","):
-        reqs = read_requests(str(benchlib.TRACES / f"{fam}.jsonl.gz"), limit=args.limit)
+        path = str(benchlib.TRACES / f"{fam}.jsonl.gz")
+        if args.mix_conversations:
+            reqs = _first_turns(read_requests(path), args.limit)
+        else:
+            reqs = read_requests(path, limit=args.limit)
         out[fam] = [r for r in reqs if len(r.prompt) + len(r.output) < MAX_LEN - 1]
     return out
+
+
+def _first_turns(reqs, limit: int):
+    """`limit` requests taken turn by turn across the trace's conversations (every
+    conversation's first turn, then every second turn, ...), in that order: as many
+    conversations as possible run at once, each turn still after the one before."""
+    by_conv = {}
+    for r in reqs:
+        by_conv.setdefault(r.extra.get("conversation", r.id), []).append(r)
+    picked, turn = [], 0
+    while len(picked) < limit and any(turn < len(v) for v in by_conv.values()):
+        for turns in by_conv.values():
+            if turn < len(turns) and len(picked) < limit:
+                picked.append(turns[turn])
+        turn += 1
+    return picked       # turn by turn: a waiting next turn blocks no other conversation's
 
 
 def _row(reqs, harness, cost_model):
@@ -87,10 +108,9 @@ def part_vllm(args):
             for rows in args.in_flight:
                 for name, how in VLLM_ROWS:
                     prop = _vllm_proposer(h, tmp, args, how, trace, NgramspecProposer)
-                    # above 4 rows every request arrives at once and a conversation's
-                    # turns do not wait for each other (else 4 conversations fill 4 rows)
-                    sims = (h.sim_requests(trace) if rows <= 4 else
-                            h.sim_requests(trace, spread=0, turns_wait=False))
+                    # above 4 rows every request arrives at once (a conversation's turns
+                    # still one after another: a later prompt holds the earlier answer)
+                    sims = h.sim_requests(trace, spread=3 if rows <= 4 else 0)
                     h.RunnerSim(sims, rows, MAX_LEN, with_ids=True).run(prop)
                     key = f"{fam}|{rows}|{name}"
                     table[key] = _row(sims, h, gpu)
@@ -179,16 +199,19 @@ def main(argv=None):
     ap.add_argument("--in-flight", type=lambda t: [int(x) for x in t.split(",")],
                     default=[4, 64], help="vLLM's requests in flight (rows; default 4,64)")
     ap.add_argument("--engines", default="vllm,sglang", help="default vllm,sglang")
+    ap.add_argument("--mix-conversations", action="store_true",
+                    help="take the --limit requests turn by turn across all conversations")
     args = parse_with_parts(ap, argv, PARTS, "engines")
     if args.part:
         return 0
     result = {"command": benchlib.command_line("engines", argv), "revision": _revision(),
               "args": {k: getattr(args, k) for k in ("limit", "families", "k", "d",
-                                                     "in_flight")},
+                                                     "in_flight", "mix_conversations")},
               "versions": {}, "skipped": {}}
     run_parts(__file__, args.engines.split(","),
               ["--limit", str(args.limit), "--families", args.families, "--k", str(args.k),
-               "--d", str(args.d), "--in-flight", ",".join(map(str, args.in_flight))], result)
+               "--d", str(args.d), "--in-flight", ",".join(map(str, args.in_flight))]
+              + ["--mix-conversations"] * args.mix_conversations, result)
     write_report(result, args, render)
     return 0
 

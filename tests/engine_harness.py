@@ -253,16 +253,13 @@ class VllmNgram:
         return self.proposer.propose(self.k, sampled, num_tokens, token_ids)
 
 
-def sim_requests(trace, *, spread: int = 3, chunked_every: int = 3,
-                 turns_wait: bool = True) -> List[SimRequest]:
+def sim_requests(trace, *, spread: int = 3, chunked_every: int = 3) -> List[SimRequest]:
     """The trace's requests arriving every `spread` steps, a conversation's next turn only once
-    the previous one is answered (its prompt holds that answer; `turns_wait` False: as soon as
-    it arrives, as if each turn were another user's, so a trace of few conversations can fill
-    many rows); every `chunked_every`-th one takes two prefill steps (a first call with nothing
-    sampled)."""
+    the previous one is answered (its prompt holds that answer); every `chunked_every`-th one
+    takes two prefill steps (a first call with nothing sampled)."""
     out, last = [], {}
     for i, t in enumerate(trace):
-        conv = t.extra.get("conversation") if turns_wait else None
+        conv = t.extra.get("conversation")
         out.append(SimRequest(t.id, t.prompt, t.output, arrival=spread * i,
                               prefill_steps=2 if chunked_every and i % chunked_every == 1 else 1,
                               after=last.get(conv) if conv is not None else None))
@@ -670,7 +667,8 @@ class SteadyBatch:
         from types import SimpleNamespace
         rng = np.random.default_rng(seed)
         self.streams = [synthetic_tokens(rng, L + steps + 2) for _ in range(B)]
-        self.reqs = [SimpleNamespace(rid=f"r{i}", origin_input_ids_unpadded=s[:L].tolist(),
+        self.reqs = [SimpleNamespace(rid=f"r{i}",
+                                     origin_input_ids_unpadded=array("i", s[:L].tobytes()),
                                      output_ids=array("q", [int(s[L])]))
                      for i, s in enumerate(self.streams)]
         self.batch = _Batch(self.reqs)
