@@ -469,8 +469,8 @@ def run_ngram_worker(worker_cls, corpus, trace, draft_token_num: int, max_trie_d
     `overlap`: SGLang's overlap scheduling, where a round's tokens reach ``req.output_ids``
     one round late and the next step reads them from ``batch.spec_info`` (a new request's
     first token too). `admit(n_live)`: how many waiting requests may join this step (default:
-    up to `batch_size`). `times`: gets each step's seconds in the two corpus-calling calls and
-    its batch size."""
+    up to `batch_size`). `times`: gets each step's seconds in the two corpus-calling calls, its
+    batch size and how many requests joined the batch in it."""
     import time
     worker = ngram_worker(worker_cls, corpus, draft_token_num, max_trie_depth, overlap)
     queue = [_Req(t) for t in trace]
@@ -484,10 +484,12 @@ def run_ngram_worker(worker_cls, corpus, trace, draft_token_num: int, max_trie_d
         room = batch_size - len(live) if admit is None else min(admit(len(live)),
                                                                  batch_size - len(live))
         room = room if live else max(room, 1)    # an empty batch waits for no one
+        joined = 0
         while queue and room > 0 and (
                 before[queue[0].rid] is None or before[queue[0].rid] in {r.rid for r in done}):
             live.append(queue.pop(0))
             room -= 1
+            joined += 1
         if not live:
             continue
         batch = _Batch(live)
@@ -513,7 +515,7 @@ def run_ngram_worker(worker_cls, corpus, trace, draft_token_num: int, max_trie_d
         worker._update_ngram_corpus(batch)
         spent += time.perf_counter() - t0
         if times is not None:
-            times.append((spent, len(live)))
+            times.append((spent, len(live), joined))
         cur = {r.rid for r in live}
         departed = prev_rids - cur
         if departed:
