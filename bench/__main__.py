@@ -44,6 +44,9 @@ COMMANDS = {
                                   "ngramspec's, tokens per step and modeled GPU speed-up"),
     "fleet": ("fleet_report", "ngram-suffix over 1, 4, 16 data-parallel replicas, without and "
                               "with the shared store log, against one store"),
+    "engines-overhead": ("engines_overhead_report", "inside vLLM and SGLang at 1-256 requests x "
+                                                    "4k-32k tokens: CPU ms per decode step of "
+                                                    "each drafter"),
     "build-llama-server": (None, "build llama.cpp's llama-server from llama-cpp-python's "
                                  "vendored sources (build_llama_server.sh)"),
     "gpu-prepare": ("gpu.prepare", "the GPU device kit: trimmed llama-cpp-python source, "

@@ -1,15 +1,21 @@
 """Inside vLLM and SGLang: their built-in n-gram drafters against ngramspec's (issue 29).
 
     python bench engines [--limit 12] [--families code-edit,agentic] [--k 16] [--d 16]
+                         [--in-flight 4,64] [--mix-conversations] [--engines vllm,sglang]
 
 Each engine's half runs in its own virtual environment (``.venv-vllm``, ``.venv-sglang``, made
 by ``.ci/engines``), in the contract tests' harnesses (tests/engine_harness.py) on the same
 requests of ../shared/traces:
 
-- vLLM: the V1 runner's call sequence (4 rows, requests arriving every 3 steps, chunked
-  prefills, rows condensed), greedy verification. vLLM's own ``ngram`` proposer (its numba
-  ``NgramProposer``: default lookup 5..5, and 2..5) next to ``NgramspecProposer`` with
-  ngram-mod (serve's defaults), the llama.cpp chain and ngram-suffix; K = --k tokens.
+- vLLM: the V1 runner's call sequence (--in-flight rows: at 4 requests arriving every 3
+  steps, above 4 all at once, waiting for a row; a conversation's next turn once the previous
+  one is answered, so a trace of few conversations fills few rows: --mix-conversations takes
+  the requests turn by turn across all of them; chunked prefills, rows condensed, request ids
+  handed as the plug-in's hook does), greedy verification, every proposer sized for
+  max_num_seqs 256 (vLLM's default). vLLM's own ``ngram`` proposer (its numba
+  ``NgramProposer``: default lookup 5..5, and 2..5) and ``suffix`` (ArcticInference 0.3.0,
+  vLLM's defaults) next to ``NgramspecProposer`` with ngram-mod (serve's defaults), the
+  llama.cpp chain and ngram-suffix; K = --k tokens.
 - SGLang: the NGRAM worker's own ``_prepare_draft_tokens`` / ``_update_ngram_corpus`` (2
   requests at a time), greedy tree verification. SGLang's ``NgramCorpus`` (its defaults, a tree
   of --d tokens) next to ``NgramspecCorpus`` in the same --d budget: a chain for every type but
@@ -34,6 +40,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHAIN = "ngram-mod,ngram-map-k4v,ngram-simple"
 VLLM_ROWS = [("vLLM ngram (built-in, lookup 5..5)", ("ngram", 5, 5)),
              ("vLLM ngram (built-in, lookup 2..5)", ("ngram", 2, 5)),
+             ("vLLM suffix (built-in, ArcticInference 0.3.0, vLLM's defaults)", ("suffix",)),
              ("ngramspec ngram-mod (serve's defaults)", ""),
              (f"ngramspec {CHAIN}", f"--spec-type {CHAIN}"),
              ("ngramspec ngram-suffix", "--spec-type ngram-suffix")]
@@ -44,6 +51,7 @@ SGLANG_ROWS = [("SGLang NgramCorpus (built-in, its defaults)", (None, False)),
                ("ngramspec ngram-suffix, chain (tree=False)", ("--spec-type ngram-suffix", False)),
                ("ngramspec ngram-suffix, tree (the default)", ("--spec-type ngram-suffix", True))]
 MAX_LEN = 1 << 15
+MAX_NUM_SEQS = 256      # vLLM's default max_num_seqs: the proposers are sized by it
 
 
 def _harness():
@@ -56,9 +64,29 @@ def _traces(args):
     from ngramspec.traces import read_requests
     out = {}
     for fam in args.families.split(","):
-        reqs = read_requests(str(benchlib.TRACES / f"{fam}.jsonl.gz"), limit=args.limit)
+        path = str(benchlib.TRACES / f"{fam}.jsonl.gz")
+        if args.mix_conversations:
+            reqs = _first_turns(read_requests(path), args.limit)
+        else:
+            reqs = read_requests(path, limit=args.limit)
         out[fam] = [r for r in reqs if len(r.prompt) + len(r.output) < MAX_LEN - 1]
     return out
+
+
+def _first_turns(reqs, limit: int):
+    """`limit` requests taken turn by turn across the trace's conversations (every
+    conversation's first turn, then every second turn, ...), in that order: as many
+    conversations as possible run at once, each turn still after the one before."""
+    by_conv = {}
+    for r in reqs:
+        by_conv.setdefault(r.extra.get("conversation", r.id), []).append(r)
+    picked, turn = [], 0
+    while len(picked) < limit and any(turn < len(v) for v in by_conv.values()):
+        for turns in by_conv.values():
+            if turn < len(turns) and len(picked) < limit:
+                picked.append(turns[turn])
+        turn += 1
+    return picked       # turn by turn: a waiting next turn blocks no other conversation's
 
 
 def _row(reqs, harness, cost_model):
@@ -77,19 +105,32 @@ def part_vllm(args):
     table = {}
     with tempfile.TemporaryDirectory() as tmp:
         for fam, trace in _traces(args).items():
-            for name, how in VLLM_ROWS:
-                if isinstance(how, tuple):
-                    prop = h.VllmNgram(h.tiny_vllm_config(tmp, MAX_LEN, 4, method="ngram",
-                                                          num_speculative_tokens=args.k,
-                                                          prompt_lookup_min=how[1],
-                                                          prompt_lookup_max=how[2]))
-                else:
-                    prop = NgramspecProposer.from_limits(args.k, MAX_LEN, 4, spec=how)
-                sims = h.sim_requests(trace)
-                h.RunnerSim(sims, 4, MAX_LEN).run(prop)
-                table[f"{fam}|{name}"] = _row(sims, h, gpu)
-                print(f"  vllm {fam} {name}: {table[f'{fam}|{name}']}", file=sys.stderr)
+            for rows in args.in_flight:
+                for name, how in VLLM_ROWS:
+                    prop = _vllm_proposer(h, tmp, args, how, trace, NgramspecProposer)
+                    # above 4 rows every request arrives at once (a conversation's turns
+                    # still one after another: a later prompt holds the earlier answer)
+                    sims = h.sim_requests(trace, spread=3 if rows <= 4 else 0)
+                    h.RunnerSim(sims, rows, MAX_LEN, with_ids=True).run(prop)
+                    key = f"{fam}|{rows}|{name}"
+                    table[key] = _row(sims, h, gpu)
+                    print(f"  vllm {fam} {rows} in flight, {name}: {table[key]}",
+                          file=sys.stderr)
     return table
+
+
+def _vllm_proposer(h, tmp, args, how, trace, ours):
+    """A row's proposer, built for vLLM's default max_num_seqs (256) whatever runs at once."""
+    if how == ("suffix",):
+        return h.VllmSuffix(h.tiny_vllm_config(tmp, MAX_LEN, MAX_NUM_SEQS, method="suffix",
+                                               num_speculative_tokens=args.k),
+                            {t.id: len(t.prompt) for t in trace})
+    if isinstance(how, tuple):
+        return h.VllmNgram(h.tiny_vllm_config(tmp, MAX_LEN, MAX_NUM_SEQS, method="ngram",
+                                              num_speculative_tokens=args.k,
+                                              prompt_lookup_min=how[1],
+                                              prompt_lookup_max=how[2]))
+    return ours.from_limits(args.k, MAX_LEN, MAX_NUM_SEQS, spec=how)
 
 
 def part_sglang(args):
@@ -98,16 +139,17 @@ def part_sglang(args):
     h = _harness()
     h.stub_cuda_only_kernels()
     from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
+    from sglang.srt.speculative.ngram_worker import NGRAMWorker
     gpu = load_cost_model("gpu")
     table = {}
     for fam, trace in _traces(args).items():
         for name, (how, tree) in SGLANG_ROWS:
-            if how is None:
-                corpus, depth = NgramCorpus(draft_token_num=args.d), 18
+            if how is None:      # SGLang's own worker and corpus
+                worker, corpus, depth = NGRAMWorker, NgramCorpus(draft_token_num=args.d), 18
             else:
-                corpus, depth = NgramspecCorpus(draft_token_num=args.d, spec=how,
-                                                tree=tree), MAX_LEN
-            done = h.run_ngram_worker(worker_class(), corpus, trace, args.d, depth)
+                worker, corpus, depth = worker_class(), NgramspecCorpus(
+                    draft_token_num=args.d, spec=how, tree=tree), MAX_LEN
+            done = h.run_ngram_worker(worker, corpus, trace, args.d, depth)
             table[f"{fam}|{name}"] = _row(done, h, gpu)
             print(f"  sglang {fam} {name}: {table[f'{fam}|{name}']}", file=sys.stderr)
     return table
@@ -124,7 +166,7 @@ def render(result, p=print):
       f"{result['versions'].get('sglang')}. Modeled GPU speed-up: the `gpu` cost profile "
       "(8B bf16) over the verification steps; deterministic (no timing).\n")
     for engine, rows, budget in (("vllm", VLLM_ROWS, f"K = {a['k']} speculative tokens, "
-                                  "a step verifies its draft"),
+                                  "a step verifies its draft, max_num_seqs 256"),
                                  ("sglang", SGLANG_ROWS, f"a tree of d = {a['d']} tokens, "
                                   "every step verifies all of it")):
         table = result.get(engine)
@@ -132,15 +174,18 @@ def render(result, p=print):
             p(f"## {engine}: not run ({result['skipped'].get(engine, '')})\n")
             continue
         fams = a["families"].split(",")
+        cols = ([(f, n) for f in fams for n in a["in_flight"]] if engine == "vllm"
+                else [(f, None) for f in fams])
         p(f"## Inside {'vLLM' if engine == 'vllm' else 'SGLang'} ({budget})\n")
-        p("| drafter | " + " | ".join(f"{f}: tokens/step | {f}: GPU speed-up" for f in fams)
-          + " |")
-        p("|---|" + "---:|---:|" * len(fams))
+        p("| drafter | " + " | ".join(
+            f"{f}{'' if n is None else f', {n} in flight'}: tokens/step, GPU speed-up"
+            for f, n in cols) + " |")
+        p("|---|" + "---:|" * len(cols))
         for name, _ in rows:
             cells = []
-            for f in fams:
-                r = table[f"{f}|{name}"]
-                cells += [f"{r['tokens_per_step']:.2f}", f"{r['gpu_speedup']:.2f}x"]
+            for f, n in cols:
+                r = table[f"{f}|{name}" if n is None else f"{f}|{n}|{name}"]
+                cells.append(f"{r['tokens_per_step']:.2f}, {r['gpu_speedup']:.2f}x")
             p(f"| {name} | " + " | ".join(cells) + " |")
         p("")
 
@@ -151,24 +196,59 @@ def main(argv=None):
     ap.add_argument("--families", default="code-edit,agentic")
     ap.add_argument("--k", type=int, default=16, help="vLLM's num_speculative_tokens")
     ap.add_argument("--d", type=int, default=16, help="SGLang's speculative_num_draft_tokens")
-    ap.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
-    ap.add_argument("--json", default=benchlib.result_path("engines.json"))
-    ap.add_argument("--md", default=benchlib.result_path("engines.md"))
-    args = ap.parse_args(argv)
-    if args.part:                       # inside the engine's venv: its table as JSON on stdout
-        json.dump(PARTS[args.part](args), sys.stdout)
+    ap.add_argument("--in-flight", type=lambda t: [int(x) for x in t.split(",")],
+                    default=[4, 64], help="vLLM's requests in flight (rows; default 4,64)")
+    ap.add_argument("--engines", default="vllm,sglang", help="default vllm,sglang")
+    ap.add_argument("--mix-conversations", action="store_true",
+                    help="take the --limit requests turn by turn across all conversations")
+    args = parse_with_parts(ap, argv, PARTS, "engines")
+    if args.part:
         return 0
     result = {"command": benchlib.command_line("engines", argv), "revision": _revision(),
-              "args": {k: getattr(args, k) for k in ("limit", "families", "k", "d")},
+              "args": {k: getattr(args, k) for k in ("limit", "families", "k", "d",
+                                                     "in_flight", "mix_conversations")},
               "versions": {}, "skipped": {}}
-    for engine in PARTS:
+    run_parts(__file__, args.engines.split(","),
+              ["--limit", str(args.limit), "--families", args.families, "--k", str(args.k),
+               "--d", str(args.d), "--in-flight", ",".join(map(str, args.in_flight))]
+              + ["--mix-conversations"] * args.mix_conversations, result)
+    write_report(result, args, render)
+    return 0
+
+
+def parse_with_parts(ap, argv, parts, name):
+    """Parse with ``--json`` / ``--md`` (``bench/results/NAME.*``) and the hidden ``--part``;
+    with ``--part`` (inside an engine's venv) the part's table is dumped as JSON on stdout."""
+    ap.add_argument("--part", choices=parts, help=argparse.SUPPRESS)
+    ap.add_argument("--json", default=benchlib.result_path(f"{name}.json"))
+    ap.add_argument("--md", default=benchlib.result_path(f"{name}.md"))
+    args = ap.parse_args(argv)
+    if args.part:
+        json.dump(parts[args.part](args), sys.stdout)
+    return args
+
+
+def write_report(result, args, render) -> None:
+    """The result as JSON (``--json``) and Markdown (``--md``), and on stdout."""
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
+    with open(args.md, "w") as f:
+        render(result, p=lambda s="": f.write(s + "\n"))
+    render(result)
+
+
+def run_parts(script, engines, argv, result, env=None) -> None:
+    """Run ``script --part ENGINE ARGV...`` in each engine's virtual environment
+    (``.venv-ENGINE``); its JSON table goes to ``result[ENGINE]``, its version to
+    ``result["versions"]``, a missing environment to ``result["skipped"]``. The parts' progress
+    lines (stderr lines starting with two spaces) are passed on."""
+    for engine in engines:
         python = ROOT / f".venv-{engine}" / "bin" / "python"
         if not python.exists():
             result["skipped"][engine] = f"no {python.parent.parent.name}: run .ci/engines"
             continue
-        cmd = [str(python), __file__, "--part", engine, "--limit", str(args.limit),
-               "--families", args.families, "--k", str(args.k), "--d", str(args.d)]
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        out = subprocess.run([str(python), str(script), "--part", engine, *argv],
+                             capture_output=True, text=True, cwd=ROOT, env=env)
         sys.stderr.write("".join(l + "\n" for l in out.stderr.splitlines()
                                  if l.startswith("  ")))
         if out.returncode:
@@ -177,12 +257,6 @@ def main(argv=None):
         result["versions"][engine] = subprocess.run(
             [str(python), "-c", f"import importlib.metadata as m; print(m.version('{engine}'))"],
             capture_output=True, text=True).stdout.strip()
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=1)
-    with open(args.md, "w") as f:
-        render(result, p=lambda s="": f.write(s + "\n"))
-    render(result)
-    return 0
 
 
 def _revision() -> str:

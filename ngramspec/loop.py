@@ -51,6 +51,8 @@ def common_prefix(draft, target) -> int:
     int
     """
     k = min(len(draft), len(target))
+    if k == 0:
+        return 0
     diff = np.flatnonzero(draft[:k] != target[:k])
     return int(diff[0]) if len(diff) else k
 

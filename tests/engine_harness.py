@@ -83,6 +83,8 @@ class RunnerSim:
         self.step = 0
         self.finished: List[str] = []
         self.done_ids: set = set()
+        self.starts: List[int] = []     # per step, the requests that got their first token
+        self.peak = 0                   # the most rows in use at once
 
     def _move(self, src: int, dst: int) -> None:
         n = int(self.num_tokens_no_spec[src])
@@ -171,6 +173,8 @@ class RunnerSim:
                     self.done_ids.add(r.rid)
             self._admit_and_condense()
             sampled = []
+            self.starts.append(sum(1 for r in self.rows if r.steps_left_in_prefill == 1))
+            self.peak = max(self.peak, len(self.rows))
             for i, r in enumerate(self.rows):
                 new = self._sample(r)
                 n = int(self.num_tokens_no_spec[i])
@@ -241,6 +245,9 @@ class VllmNgram:
         from vllm.v1.spec_decode.ngram_proposer import NgramProposer
         self.proposer = NgramProposer(vllm_config)
         self.k = vllm_config.speculative_config.num_speculative_tokens
+
+    def set_request_ids(self, ids, finished=()):
+        """Nothing: vLLM's ngram proposer keeps no per-request state."""
 
     def propose(self, sampled, num_tokens, token_ids, slot_mappings=None):
         return self.proposer.propose(self.k, sampled, num_tokens, token_ids)
@@ -410,9 +417,11 @@ def accepted_path(paths: set, rest) -> list:
 
 class _Req:
     def __init__(self, trace_req):
+        from array import array
         self.rid = trace_req.id
         self.origin_input_ids_unpadded = list(trace_req.prompt)
-        self.output_ids = [int(trace_req.output[0])]
+        self.out = [int(trace_req.output[0])]   # every token produced so far
+        self.output_ids = array("q", self.out)  # SGLang's: under overlap, a round behind
         self.trace = trace_req
         self.steps = []          # [n_draft verified, n_accepted, 1] per step (golden format)
         self.paths = []
@@ -433,47 +442,259 @@ def greedy_tree_verify(req, row, mask, rest) -> list:
     return accepted_path(tree_paths(row, mask), rest)
 
 
+def _overlap_spec_info(live, d: int):
+    """What SGLang's overlap scheduler hands the next step in ``batch.spec_info``: per request
+    the tokens the last round produced (not yet in ``output_ids``), ``d`` slots each."""
+    import torch
+    from types import SimpleNamespace
+    flat = torch.zeros(len(live) * d, dtype=torch.int64)
+    lens = torch.zeros(len(live), dtype=torch.int32)
+    for i, r in enumerate(live):
+        lag = r.out[len(r.output_ids):]
+        flat[i * d:i * d + len(lag)] = torch.tensor(lag, dtype=torch.int64)
+        lens[i] = len(lag)
+    return SimpleNamespace(accept_tokens=flat, accept_lens=lens)
+
+
 def run_ngram_worker(worker_cls, corpus, trace, draft_token_num: int, max_trie_depth: int,
-                     batch_size: int = 2, verify: Callable = greedy_tree_verify):
+                     batch_size: int = 2, verify: Callable = greedy_tree_verify,
+                     overlap: bool = False, admit=None, times: Optional[list] = None):
     """Requests through SGLang's own ``_prepare_draft_tokens`` / ``_update_ngram_corpus`` with
-    `corpus`, sync scheduling, greedy tree verification against the recorded outputs; a request
-    leaving the batch is erased as ``forward_batch_generation`` erases it. Returns the requests
-    (``steps``, ``paths`` per step). A conversation's next turn joins once the previous one
-    is answered. ``verify(req, row, mask, rest)`` gives a step's accepted tokens (``row``: the
-    request's d tokens, ``mask``: its d x d mask, ``rest``: the recorded output still to come)."""
-    worker = worker_cls.__new__(worker_cls)
-    worker.draft_token_num = draft_token_num
-    worker.max_trie_depth = max_trie_depth
-    worker.enable_overlap = False
-    worker.ngram_corpus = corpus
+    `corpus`, greedy tree verification against the recorded outputs; a request leaving the
+    batch is erased as ``forward_batch_generation`` erases it. Returns the requests (``steps``,
+    ``paths`` per step). A conversation's next turn joins once the previous one is answered.
+    ``verify(req, row, mask, rest)`` gives a step's accepted tokens (``row``: the request's d
+    tokens, ``mask``: its d x d mask, ``rest``: the recorded output still to come).
+
+    `overlap`: SGLang's overlap scheduling, where a round's tokens reach ``req.output_ids``
+    one round late and the next step reads them from ``batch.spec_info`` (a new request's
+    first token too). `admit(n_live)`: how many waiting requests may join this step (default:
+    up to `batch_size`). `times`: gets each step's seconds in the two corpus-calling calls, its
+    batch size and how many requests joined the batch in it."""
+    import time
+    worker = ngram_worker(worker_cls, corpus, draft_token_num, max_trie_depth, overlap)
     queue = [_Req(t) for t in trace]
+    if overlap:
+        for r in queue:
+            del r.output_ids[:]
     before = {s.rid: s.after for s in sim_requests(trace)}
     done, live, prev_rids = [], [], set()
+    d = draft_token_num
     while queue or live:
-        while queue and len(live) < batch_size and (
+        room = batch_size - len(live) if admit is None else min(admit(len(live)),
+                                                                 batch_size - len(live))
+        room = room if live else max(room, 1)    # an empty batch waits for no one
+        joined = 0
+        while queue and room > 0 and (
                 before[queue[0].rid] is None or before[queue[0].rid] in {r.rid for r in done}):
             live.append(queue.pop(0))
+            room -= 1
+            joined += 1
+        if not live:
+            continue
         batch = _Batch(live)
+        if overlap:
+            batch.spec_info = _overlap_spec_info(live, d)
+        t0 = time.perf_counter()
         drafts, mask = worker._prepare_draft_tokens(batch)
-        d = draft_token_num
+        spent = time.perf_counter() - t0
         mask = np.asarray(mask).reshape(len(live), d, d)
         for i, r in enumerate(live):
             row = np.asarray(drafts)[i * d:(i + 1) * d]
-            assert row[0] == r.output_ids[-1]
-            rest = r.trace.output[len(r.output_ids):].tolist()
+            assert row[0] == r.out[-1]
+            rest = r.trace.output[len(r.out):].tolist()
             acc = verify(r, row, mask[i], rest)
             r.paths.append(tree_paths(row, mask[i]))
             r.steps.append([d - 1, len(acc), 1])     # SGLang verifies the whole tree
-            r.output_ids.extend(rest[:len(acc) + 1])
+            if overlap:      # the last round's tokens are processed now, this round's later
+                r.output_ids.extend(r.out[len(r.output_ids):])
+            r.out.extend(rest[:len(acc) + 1])
+            if not overlap:
+                r.output_ids.extend(rest[:len(acc) + 1])
+        t0 = time.perf_counter()
         worker._update_ngram_corpus(batch)
+        spent += time.perf_counter() - t0
+        if times is not None:
+            times.append((spent, len(live), joined))
         cur = {r.rid for r in live}
         departed = prev_rids - cur
         if departed:
             corpus.erase_match_state(list(departed))
         prev_rids = cur
-        for r in [r for r in live if len(r.output_ids) >= len(r.trace.output)]:
+        for r in [r for r in live if len(r.out) >= len(r.trace.output)]:
             live.remove(r)
             done.append(r)
     if prev_rids:
         corpus.erase_match_state(list(prev_rids))
     return done
+
+
+# -- at the engines' scale: long synthetic requests, many in flight ----------------------------
+
+def synthetic_tokens(rng, n: int, vocab: int = 32000) -> np.ndarray:
+    """`n` repetitive token ids (what n-gram drafters live on): a random start, then segments
+    of 8 .. 128 tokens copied from earlier in the stream, one in four followed by a fresh
+    random token."""
+    out = np.empty(n, dtype=np.int32)
+    start = min(n, 256)
+    out[:start] = rng.integers(0, vocab, start)
+    i = start
+    while i < n:
+        m = min(int(rng.integers(8, 129)), n - i)
+        src = int(rng.integers(0, i - m + 1)) if i >= m else 0
+        out[i:i + m] = out[src:src + m]
+        i += m
+        if i < n and rng.random() < 0.25:
+            out[i] = rng.integers(0, vocab)
+            i += 1
+    return out
+
+
+def synthetic_trace(n_requests: int, prompt_len: int, out_len=(24, 96), seed: int = 0):
+    """`n_requests` trace requests of `prompt_len`-token prompts (± 1/8) and outputs of
+    ``out_len`` tokens (uniform), each output continuing its prompt's repetitive stream."""
+    from ngramspec.traces import Request as TraceRequest
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n_requests):
+        p = int(prompt_len * rng.uniform(1.0, 1.125))
+        o = int(rng.integers(out_len[0], out_len[1] + 1))
+        toks = synthetic_tokens(rng, p + o)
+        out.append(TraceRequest(f"syn-{seed}-{i}", toks[:p], toks[p:], {}))
+    return out
+
+
+def random_arrivals(trace, rng, mean_gap=1.0, chunked: bool = False
+                    ) -> List[SimRequest]:
+    """`SimRequest`s arriving at random (exponential gaps of `mean_gap` steps, one value or
+    one per request); `chunked`:
+    one in three prefilled in two steps (two requests may then start in one step in another
+    order than they arrived, and shared-state drafts follow the order they start in)."""
+    step, out = 0.0, []
+    gaps = np.broadcast_to(np.asarray(mean_gap, dtype=float), (len(trace),))
+    for i, t in enumerate(trace):
+        step += rng.exponential(gaps[i])
+        out.append(SimRequest(t.id, t.prompt, t.output, arrival=int(step),
+                              prefill_steps=2 if chunked and i % 3 == 1 else 1))
+    return out
+
+
+class TimedProposer:
+    """A proposer's ``propose`` (and ``set_request_ids``) with the wall time of each step."""
+
+    def __init__(self, proposer):
+        self.proposer = proposer
+        self.times: List[float] = []
+        self._ids_s = 0.0
+
+    def set_request_ids(self, ids, finished=()):
+        import time
+        if not hasattr(self.proposer, "set_request_ids"):
+            return      # vLLM's own proposers read the input batch instead
+        t0 = time.perf_counter()
+        self.proposer.set_request_ids(ids, finished)
+        self._ids_s = time.perf_counter() - t0
+
+    def propose(self, sampled, num_tokens, token_ids, slot_mappings=None):
+        import time
+        t0 = time.perf_counter()
+        out = self.proposer.propose(sampled, num_tokens, token_ids)
+        self.times.append(time.perf_counter() - t0 + self._ids_s)
+        self._ids_s = 0.0
+        return out
+
+
+class VllmSuffix:
+    """vLLM's own ``suffix`` proposer (``SuffixDecodingProposer``, ArcticInference) behind the
+    ``custom_class`` call, with the input batch it reads (request ids, prompt lengths) kept from
+    the rows' request ids (`set_request_ids`, as the runner hook hands them)."""
+
+    def __init__(self, vllm_config, prompt_lens: Dict[str, int]):
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+        self.proposer = SuffixDecodingProposer(vllm_config)
+        self.k = vllm_config.speculative_config.num_speculative_tokens
+        self.prompt_lens = prompt_lens
+        self.ids: List[str] = []
+
+    def set_request_ids(self, ids, finished=()):
+        self.ids = list(ids)
+
+    def propose(self, sampled, num_tokens, token_ids, slot_mappings=None):
+        from types import SimpleNamespace
+        ids = self.ids
+        batch = SimpleNamespace(
+            req_ids=ids, num_tokens_no_spec=num_tokens, token_ids_cpu=token_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            num_prompt_tokens=np.array([self.prompt_lens[r] for r in ids], dtype=np.int32))
+        return self.proposer.propose(self.k, batch, sampled)
+
+
+class SteadyRows:
+    """vLLM's runner at steady state: `B` rows of `L`-token requests (synthetic streams), one
+    new token per row per step (the target's; every draft rejected), the rows' request ids
+    handed before each step. `step(proposer)` returns the seconds of that step's calls; the
+    first step is every request's first sight."""
+
+    def __init__(self, B: int, L: int, steps: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.tokens = np.zeros((B, L + steps + 2), dtype=np.int32)
+        for i in range(B):
+            self.tokens[i] = synthetic_tokens(rng, L + steps + 2)
+        self.ids = [f"r{i}" for i in range(B)]
+        self.prompt_lens = {rid: L for rid in self.ids}
+        self.L = L
+        self.n = 0
+
+    def step(self, proposer) -> float:
+        import time
+        B = len(self.ids)
+        num = np.full(B, self.L + 1 + self.n, dtype=np.int32)
+        sampled = [[int(t)] for t in self.tokens[:, self.L + self.n]]
+        t0 = time.perf_counter()
+        if hasattr(proposer, "set_request_ids"):
+            proposer.set_request_ids(self.ids, ())
+        proposer.propose(sampled, num, self.tokens)
+        self.n += 1
+        return time.perf_counter() - t0
+
+
+class SteadyBatch:
+    """SGLang's NGRAM worker at steady state: `B` requests of `L` tokens in one decode batch
+    (``origin_input_ids_unpadded`` and ``output_ids`` as SGLang keeps them), one new token per
+    request per step. `step(worker)` times ``_prepare_draft_tokens`` + ``_update_ngram_corpus``
+    (sync scheduling); the first step is every request's first sight."""
+
+    def __init__(self, B: int, L: int, steps: int, seed: int = 0):
+        from array import array
+        from types import SimpleNamespace
+        rng = np.random.default_rng(seed)
+        self.streams = [synthetic_tokens(rng, L + steps + 2) for _ in range(B)]
+        self.reqs = [SimpleNamespace(rid=f"r{i}",
+                                     origin_input_ids_unpadded=array("i", s[:L].tobytes()),
+                                     output_ids=array("q", [int(s[L])]))
+                     for i, s in enumerate(self.streams)]
+        self.batch = _Batch(self.reqs)
+        self.L = L
+
+    def step(self, worker) -> float:
+        import time
+        t0 = time.perf_counter()
+        worker._prepare_draft_tokens(self.batch)
+        t1 = time.perf_counter()
+        for r, s in zip(self.reqs, self.streams):
+            r.output_ids.append(int(s[self.L + len(r.output_ids)]))
+        t2 = time.perf_counter()
+        worker._update_ngram_corpus(self.batch)
+        return time.perf_counter() - t2 + t1 - t0
+
+
+def ngram_worker(worker_cls, corpus, draft_token_num: int, max_trie_depth: int,
+                 overlap: bool = False):
+    """An SGLang NGRAM worker (`worker_cls`) holding only what its corpus-calling methods
+    read."""
+    worker = worker_cls.__new__(worker_cls)
+    worker.draft_token_num = draft_token_num
+    worker.max_trie_depth = max_trie_depth
+    worker.enable_overlap = overlap
+    worker.ngram_corpus = corpus
+    return worker

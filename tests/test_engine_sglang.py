@@ -17,7 +17,8 @@ pytest.importorskip("sglang")
 
 from conftest import TRACES  # noqa: E402
 from engine_harness import (PER_REQUEST, greedy_tree_verify, run_ngram_worker,  # noqa: E402
-                            stub_cuda_only_kernels, tokens_per_step, tree_paths)
+                            stub_cuda_only_kernels, synthetic_trace, tokens_per_step,
+                            tree_paths)
 
 from ngramspec.integrations import sglang as ours  # noqa: E402
 from ngramspec.integrations.requests import engine_from_env  # noqa: E402
@@ -86,7 +87,8 @@ def test_next_to_sglangs_own_corpus(registered, trace):
     """SGLang's NgramCorpus through the same harness (its trees: sets of paths) drafts and is
     verified too: the side-by-side bench's SGLang row."""
     from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
-    done = run_ngram_worker(ours.worker_class(), NgramCorpus(**WORKER_KWARGS), trace, D, 18)
+    from sglang.srt.speculative.ngram_worker import NGRAMWorker
+    done = run_ngram_worker(NGRAMWorker, NgramCorpus(**WORKER_KWARGS), trace, D, 18)
     assert sum(s[1] for r in done for s in r.steps) > 0
     assert any(len(p) > 1 for r in done for p in r.paths)     # real trees, several branches
 
@@ -156,6 +158,7 @@ def test_suffix_trees_accept_at_least_the_chains(registered, trace):
     many tokens per step as its chains (SGLang pays for D tokens either way); SGLang's own
     NgramCorpus for reference, all verified by SGLang's kernel."""
     from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
+    from sglang.srt.speculative.ngram_worker import NGRAMWorker
     rates = {}
     for name, corpus, depth in (
             ("tree", ours.NgramspecCorpus(**dict(WORKER_KWARGS, max_trie_depth=MAX_LEN),
@@ -163,8 +166,103 @@ def test_suffix_trees_accept_at_least_the_chains(registered, trace):
             ("chain", ours.NgramspecCorpus(**dict(WORKER_KWARGS, max_trie_depth=MAX_LEN),
                                            spec=SUFFIX, tree=False), MAX_LEN),
             ("sglang", NgramCorpus(**WORKER_KWARGS), 18)):
-        done = run_ngram_worker(ours.worker_class(), corpus, trace, D, depth,
-                                verify=sglang_verify)
+        worker = NGRAMWorker if name == "sglang" else ours.worker_class()
+        done = run_ngram_worker(worker, corpus, trace, D, depth, verify=sglang_verify)
         rates[name] = tokens_per_step(done)
     assert rates["tree"] >= rates["chain"] > 1.0, rates
     assert rates["sglang"] > 1.0, rates
+
+
+# -- overlap scheduling and SGLang's scale -----------------------------------------------------
+
+def _check_paths_are_spec_engines(done, n_max):
+    for r in done:
+        ref = run_recorded(engine_from_env(1, PER_REQUEST)[0], 0, r.trace.prompt,
+                           r.trace.output, record_drafts=True, n_max=n_max)
+        want = [{tuple(dr)} if dr and dr != [0] else set() for dr in ref.drafts]
+        assert r.paths[:len(want)] == want, r.rid
+
+
+def test_overlap_scheduling_drafts_what_sync_drafts(registered, trace):
+    """Under overlap scheduling the last round's tokens come from ``spec_info`` (not yet in
+    ``output_ids``, a new request's first token too): the same drafts as sync scheduling,
+    SpecEngine's for each request alone."""
+    runs = []
+    for overlap in (False, True):
+        corpus = ours.NgramspecCorpus(**WORKER_KWARGS, spec=PER_REQUEST)
+        done = run_ngram_worker(ours.worker_class(), corpus, trace, D, 18, batch_size=3,
+                                overlap=overlap)
+        _check_paths_are_spec_engines(done, D - 1)
+        runs.append({r.rid: r.paths for r in done})
+        assert not corpus.requests.requests
+    assert runs[0] == runs[1]
+
+
+def test_worker_copies_only_new_tokens(registered, trace):
+    """After a request's first sight the worker hands the corpus only its new tokens (the
+    accepted ones and the root), never its whole sequence: O(new tokens) per step."""
+    corpus = ours.NgramspecCorpus(**WORKER_KWARGS, spec=PER_REQUEST)
+    seen = []
+    real = corpus.batch_get
+
+    def batch_get(req_ids, batch_tokens, total_lens, full_tokens=None):
+        seen.append([(len(t), n) for t, n in zip(batch_tokens, total_lens)])
+        return real(req_ids, batch_tokens, total_lens, full_tokens)
+    corpus.batch_get = batch_get
+    run_ngram_worker(ours.worker_class(), corpus, trace, D, 18, batch_size=3, overlap=True)
+    firsts = sum(1 for step in seen for g, n in step if g == n)
+    assert firsts == len(trace)                     # the whole sequence once per request
+    assert all(g <= D for step in seen for g, n in step if g != n)
+
+
+def test_a_request_that_lost_track_gets_its_whole_sequence(registered):
+    """A request whose tokens stop continuing what the corpus knows (SGLang re-ran it) begins
+    anew on its whole sequence (`full_tokens`), not on the short tail."""
+    from array import array
+    from types import SimpleNamespace
+
+    from engine_harness import _Batch, ngram_worker
+    corpus = ours.NgramspecCorpus(**WORKER_KWARGS, spec=PER_REQUEST)
+    worker = ngram_worker(ours.worker_class(), corpus, D, 18)
+    prompt = [5, 6, 7, 8] * 50
+    req = SimpleNamespace(rid="r", origin_input_ids_unpadded=prompt, output_ids=array("q", [5]))
+    worker._prepare_draft_tokens(_Batch([req]))
+    req.output_ids.extend([99, 98])              # continues no draft of the request's
+    worker._prepare_draft_tokens(_Batch([req]))
+    loop = corpus.requests.get("r").loop
+    assert loop.context.tolist() + [loop.sampled] == prompt + [5, 99, 98]
+
+
+def test_at_scale_drafts_are_spec_engines_and_cost_less_than_sglangs_own(registered):
+    """96 requests of 16-18k-token prompts, up to 64 in flight, joining at random (0-15 a step)
+    and finishing at random (24-96 output tokens), overlap scheduling: every draft is
+    SpecEngine's for its request alone, and the median step where no request joins, through the
+    worker's two corpus-calling methods, costs at most SGLang's own NgramCorpus's in the same
+    harness."""
+    import statistics
+
+    from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
+    long_trace = synthetic_trace(96, 16384, seed=36)
+    times = {}
+    for name, corpus, worker_cls in (
+            ("ours", ours.NgramspecCorpus(**WORKER_KWARGS, spec=PER_REQUEST),
+             ours.worker_class()),
+            ("sglang", NgramCorpus(**WORKER_KWARGS), None)):
+        from sglang.srt.speculative.ngram_worker import NGRAMWorker
+        rng = np.random.default_rng(36)
+        steps = []
+        done = run_ngram_worker(worker_cls or NGRAMWorker, corpus, long_trace, D, 18,
+                                batch_size=64, overlap=True,
+                                admit=lambda n: int(rng.integers(0, 16)), times=steps)
+        # steps where no request joined: ours indexes a new request's prompt once (first
+        # sight), SGLang's corpus never sees the prompt
+        steady = [t for t, _, joined in steps if not joined]
+        assert len(steady) >= 20 and max(bs for _, bs, _ in steps) == 64
+        times[name] = statistics.median(steady)
+        if name == "ours":
+            assert max(len(r.trace.prompt) for r in done) >= 16384
+            _check_paths_are_spec_engines(done, D - 1)
+            assert not corpus.requests.requests
+    print(f"median step: ngramspec {1e3 * times['ours']:.3f} ms, SGLang's NgramCorpus "
+          f"{1e3 * times['sglang']:.3f} ms")
+    assert times["ours"] <= 1.0 * times["sglang"], times

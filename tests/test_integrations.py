@@ -13,7 +13,7 @@ from ngramspec import SpecEngine
 from ngramspec.integrations.requests import SPEC_ENV, engine_from_env
 from ngramspec.integrations.sglang import NgramspecCorpus, chain_tree, tree_layout
 from ngramspec.integrations.vllm import NgramspecProposer
-from ngramspec.loop import run_recorded
+from ngramspec.loop import SlotLoop, run_recorded
 from ngramspec.traces import read_requests
 
 K = 8
@@ -285,12 +285,18 @@ def test_sglang_tree_branch_beside_the_chain_continues_the_request():
 
 @pytest.mark.parametrize("make, message", [
     (lambda: NgramspecProposer.from_limits(0, MAX_LEN, 2),
-     "num_speculative_tokens = 0 is out of range: allowed >= 1"),
+     "num_speculative_tokens = 0 is out of range: allowed 1 .. 1024"),
+    (lambda: NgramspecProposer.from_limits(2**40, MAX_LEN, 2),
+     r"num_speculative_tokens = 1099511627776 is out of range: allowed 1 \.\. 1024"),
     (lambda: NgramspecProposer.from_limits(K, MAX_LEN, 2, tensor_parallel_size=0),
      "tensor_parallel_size = 0 is out of range: allowed >= 1"),
     (lambda: NgramspecProposer.from_limits(K, 40.5, 2),
      "max_model_len must be an integer, got float"),
     (lambda: NgramspecCorpus(draft_token_num=0), "draft_token_num = 0 is out of range"),
+    (lambda: NgramspecCorpus(draft_token_num=2**40),
+     r"draft_token_num = 1099511627776 is out of range: allowed 1 \.\. 1025"),
+    (lambda: NgramspecCorpus(draft_token_num=4098),
+     r"draft_token_num = 4098 is out of range: allowed 1 \.\. 1025"),
     (lambda: NgramspecCorpus(draft_token_num=8, max_requests=2.5),
      "max_requests must be an integer, got float"),
 ])
@@ -298,3 +304,72 @@ def test_host_limits_are_checked_not_cut(make, message):
     """The host's limits go through the one validator: a float is refused, not truncated."""
     with pytest.raises((ValueError, TypeError), match=message):
         make()
+
+
+# -- issue 34: every plug-in argument checked where it comes in ----------------------------------
+
+@pytest.mark.parametrize("tokens, message", [
+    ([1, 2.5, 3], r"batch_tokens\[0\]"),
+    ([1, "7", 3], r"batch_tokens\[0\]"),
+    ([1, 2**31, 3], r"batch_tokens\[0\]\[1\] = 2147483648 is not a token id"),
+    ([1, -1, 3], r"batch_tokens\[0\]\[1\] = -1 is not a token id"),
+    ([], r"batch_tokens\[0\] must hold at least one token id"),
+])
+def test_sglang_corpus_refuses_bad_tokens(tokens, message):
+    """A float, a string, an id outside 0 .. 2**31-1: refused naming the list and position,
+    never converted (numpy would truncate 2.5 and overflow on 2**31)."""
+    corpus = NgramspecCorpus(draft_token_num=4, spec=PER_REQUEST)
+    with pytest.raises((ValueError, TypeError), match=message):
+        corpus.batch_get(["r"], [tokens], [max(len(tokens), 1)])
+    assert not corpus.requests.requests
+
+
+def test_sglang_corpus_refuses_lists_of_other_lengths():
+    corpus = NgramspecCorpus(draft_token_num=4, spec=PER_REQUEST)
+    with pytest.raises(ValueError, match=r"batch_tokens: 1 token lists and 1 total_lens for 2 "
+                                         r"req_ids: one each"):
+        corpus.batch_get(["a", "b"], [[1, 2, 3]], [3])
+    with pytest.raises(ValueError, match=r"total_lens\[0\] = 2 is out of range: allowed >= 3"):
+        corpus.batch_get(["a"], [[1, 2, 3]], [2])
+
+
+def test_vllm_proposer_refuses_more_rows_than_slots():
+    """More rows than max_num_seqs would hand one slot to several requests: refused at once,
+    naming the limit, with nothing changed."""
+    prop = NgramspecProposer.from_limits(K, MAX_LEN, 2, spec=PER_REQUEST)
+    tokens = np.tile(np.arange(1, 9, dtype=np.int32), (3, 4))
+    with pytest.raises(ValueError, match=r"len\(sampled_token_ids\) = 3 is out of range: "
+                                         r"allowed 0 \.\. 2 \(max_num_seqs"):
+        prop.propose([[1], [1], [1]], np.array([20, 20, 20]), tokens)
+    assert not prop.requests.requests
+    assert len(prop.propose([[1], [1]], np.array([20, 20]), tokens[:2])) == 2
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(slot=-1), "slot = -1 is out of range: allowed >= 0"),
+    (dict(slot=1.5), "slot must be an integer, got float"),
+    (dict(n_ctx=-5), "n_ctx = -5 is out of range: allowed >= 0"),
+])
+def test_llama_cpp_draft_model_checks_its_arguments(kwargs, message):
+    pytest.importorskip("llama_cpp")
+    from ngramspec.integrations.llama_cpp import NgramspecDraftModel
+    with pytest.raises((ValueError, TypeError), match=message):
+        NgramspecDraftModel("ngram-simple", **kwargs)
+
+
+def test_llama_cpp_draft_model_refuses_wide_ids():
+    """int64 ids are checked as given: 2**32 + 1 is refused, not wrapped to 1."""
+    pytest.importorskip("llama_cpp")
+    from ngramspec.integrations.llama_cpp import NgramspecDraftModel
+    import warnings
+    model = NgramspecDraftModel("ngram-simple", engine=SpecEngine("ngram-simple", 2), slot=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)     # the AMX note: CPU-dependent
+        with pytest.raises(ValueError, match=r"input_ids\[2\] = 4294967297 is not a token id"):
+            model(np.array([1, 2, 2**32 + 1, 4], dtype=np.int64))
+        ids = np.array(list(range(1, 40)) * 4 + [1, 2], dtype=np.int64)
+        draft = model(ids)
+    want = SlotLoop(SpecEngine("ngram-simple", 1), 0, ids[:-1], int(ids[-1])).propose()
+    assert draft.tolist() == want.tolist() and len(want) and model.n_requests == 1
+    with pytest.raises(ValueError, match=r"slot = 2 is out of range: allowed 0 \.\. 1"):
+        NgramspecDraftModel(engine=SpecEngine("ngram-simple", 2), slot=2)

@@ -239,10 +239,12 @@ def test_one_policy_one_writer():
 def test_integrations_know_only_the_engine_the_loop_and_the_policy():
     """ngramspec inside another engine is the engine, one loop per request and the policy,
     built from serve's flags, its store shared with the other replicas through the store log;
-    llama-cpp-python's plug-in also warns about AMX repacking. Their own parameters are
-    checked by the package's one validator, under every layer."""
+    llama-cpp-python's plug-in also warns about AMX repacking. Their own parameters and the token
+    ids the host hands them are checked by the package's one validator and token checker, under
+    every layer."""
     allowed = {"ngramspec.engine", "ngramspec.loop", "ngramspec.policy", "ngramspec.cli.serve",
-               "ngramspec.llama.repack", "ngramspec.validation", "ngramspec.store_log"}
+               "ngramspec.llama.repack", "ngramspec.validation", "ngramspec.store_log",
+               "ngramspec.tokens"}
     bad = []
     for name, path in MODULES.items():
         if _layer(name) != "integrations":

@@ -41,6 +41,8 @@ from llama_cpp.llama_speculative import LlamaDraftModel
 from ngramspec.engine import SpecEngine
 from ngramspec.llama.repack import warn_if_amx_repack
 from ngramspec.loop import SlotLoop
+from ngramspec.tokens import token_array
+from ngramspec.validation import check_int
 
 __all__ = ["NgramspecDraftModel"]
 
@@ -56,11 +58,17 @@ class NgramspecDraftModel(LlamaDraftModel):
     engine : ngramspec.SpecEngine, optional
         An existing engine to drive (its slot ``slot`` is used).
     slot : int
-        Engine slot used for every request.
+        Engine slot used for every request (``0 .. engine.n_slots - 1`` with `engine`).
     n_ctx : int, optional
         The ``Llama``'s context size. When given (> 0), drafts are bounded as llama-server
         bounds them, ``n_ctx - L - 2`` (llama-cpp-python itself only cuts them to the free
         context); None or 0: no bound.
+
+    Raises
+    ------
+    ValueError, TypeError
+        A `slot` or `n_ctx` out of range or not an integer (`ngramspec.validation`); on a call,
+        an id outside ``0 .. 2**31-1`` (``input_ids[pos] = ...``).
     **params
         Proposer parameters forwarded to ``SpecEngine`` (``ngram_mod_n_match=24``, ...).
 
@@ -86,11 +94,12 @@ class NgramspecDraftModel(LlamaDraftModel):
 
     def __init__(self, spec_type: str = "ngram-mod", *, engine=None, slot: int = 0,
                  n_ctx: Optional[int] = None, **params: Any):
+        slot = check_int("slot", slot, 0, None if engine is None else engine.n_slots - 1)
+        self.n_ctx = None if n_ctx is None else check_int("n_ctx", n_ctx, 0)
         if engine is None:
-            engine = SpecEngine(spec_type, n_slots=max(1, int(slot) + 1), pool=None, **params)
+            engine = SpecEngine(spec_type, n_slots=slot + 1, pool=None, **params)
         self.engine = engine
-        self.slot = int(slot)
-        self.n_ctx = None if n_ctx is None else int(n_ctx)
+        self.slot = slot
         self.n_calls = 0
         self.n_requests = 0
         self._prev: Optional[np.ndarray] = None      # last input_ids seen (inp + [sampled])
@@ -125,7 +134,9 @@ class NgramspecDraftModel(LlamaDraftModel):
         return k
 
     def __call__(self, input_ids, /, **kwargs: Any) -> np.ndarray:
-        ids = np.array(input_ids, dtype=np.int32)  # a copy: Llama reuses its input_ids buffer
+        # checked as given (a cast would wrap an int64 id to 32 bits), then copied: Llama
+        # reuses its input_ids buffer
+        ids = np.array(token_array(input_ids, "input_ids"))
         if self.n_calls == 0:
             # stacklevel 3: Llama.generate, the caller
             warn_if_amx_repack(self._llm() if self._llm is not None else None, stacklevel=3)

@@ -12,6 +12,16 @@ NGRAM worker's. The worker hands the corpus each request's id, its last tokens (
 last verified token, the draft's root) and its full length; a request's id leaving the batch
 ends it (``erase_match_state``).
 
+Cost per step is O(new tokens) per request, whatever the context: the worker
+(`worker_class`) asks the corpus how many of a request's last tokens it lacks
+(`NgramspecCorpus.tokens_needed`: the accepted tokens and the root, or everything for a request
+it has not seen) and copies only those, from ``req.output_ids`` and, under overlap scheduling,
+from the previous round's accepted tokens in ``spec_info`` (not yet in ``output_ids``). The
+whole sequence is copied once per request, at first sight (or when its tokens stop continuing
+what the corpus knows: SGLang retracted and re-ran it), and its engine slot begins on it then
+(``SpecEngine.begin``: linear in the prompt). SGLang's own worker copies a tail of
+``max_trie_depth`` tokens twice per step instead, which with a whole-context depth is O(context).
+
 SGLang verifies a tree of ``--speculative-num-draft-tokens`` tokens (the root included), paying
 for all of them whatever they hold. Under the root goes the request's draft of up to
 ``draft_token_num - 1`` tokens; with ngram-suffix alone (``--spec-type ngram-suffix``) the rest of
@@ -24,15 +34,16 @@ verification tries the chain first too.
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
-from ngramspec.integrations.requests import RequestLoops, engine_from_env
-from ngramspec.validation import check_int
+from ngramspec.integrations.requests import MAX_DRAFT, RequestLoops, engine_from_env
+from ngramspec.tokens import token_array
+from ngramspec.validation import Refused, check_int
 
-__all__ = ["ALGORITHM", "TESTED_SGLANG", "NgramspecCorpus", "chain_tree", "register",
-           "tree_layout", "worker_class"]
+__all__ = ["ALGORITHM", "TESTED_SGLANG", "NgramspecCorpus", "TreeBatch", "chain_tree",
+           "register", "tree_layout", "worker_class"]
 
 #: The SGLang version the contract tests run against.
 TESTED_SGLANG = "0.5.23"
@@ -69,24 +80,57 @@ def tree_layout(root: int, tokens, parents, d: int) -> Tuple[np.ndarray, np.ndar
     mask : numpy.ndarray
         bool, ``(d, d)``.
     """
-    n = len(tokens)
-    flat = np.zeros(d, dtype=np.int64)
-    flat[0] = root
-    flat[1:n + 1] = tokens
-    mask = np.zeros((d, d), dtype=bool)
-    mask[:, 0] = True
-    mask[np.arange(d), np.arange(d)] = True
-    for i in range(n):
-        p = int(parents[i])
-        if p >= 0:
-            mask[i + 1, 1:] |= mask[p + 1, 1:]
-    return flat, mask
+    layout = TreeBatch(1, d)
+    layout.set(0, root, tokens, parents)
+    flat, mask = layout.finish()
+    return flat, mask.reshape(d, d)
 
 
 def chain_tree(root: int, draft, d: int) -> Tuple[np.ndarray, np.ndarray]:
     """`tree_layout` of a chain: ``root, draft...`` (at most ``d - 1`` tokens), each token
     under the one before."""
     return tree_layout(root, draft, np.arange(-1, len(draft) - 1), d)
+
+
+class TreeBatch:
+    """A step's draft trees, laid out for SGLang at once (`tree_layout` for every request):
+    the rows' tokens and parents are set one by one, the ``bs x d x d`` ancestor masks are
+    built in ``d`` vectorized passes over the whole batch (a node's row is its parent's plus
+    itself; parents come before children), not node by node per request.
+
+    Thread-safety: not thread-safe; one step's scratch.
+    """
+
+    def __init__(self, bs: int, d: int):
+        self.d = d
+        self.tokens = np.zeros((bs, d), dtype=np.int64)
+        # parent slot of each slot; padding and chain heads hang off the root (slot 0)
+        self.parents = np.zeros((bs, d), dtype=np.intp)
+        self._chain = np.arange(d, dtype=np.intp) - 1
+
+    def set(self, i: int, root: int, tokens, parents=None) -> None:
+        """Row i: `root`, then `tokens` under `parents` (indices into `tokens`, -1 the root);
+        None: a chain, each token under the one before."""
+        n = len(tokens)
+        row = self.tokens[i]
+        row[0] = root
+        row[1:n + 1] = tokens
+        if parents is None:
+            self.parents[i, 1:n + 1] = self._chain[1:n + 1]
+        else:
+            self.parents[i, 1:n + 1] = np.asarray(parents) + 1
+
+    def finish(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The flat ``bs * d`` tokens and ``bs * d * d`` mask entries."""
+        bs, d = self.tokens.shape
+        mask = np.zeros((bs, d, d), dtype=bool)
+        mask[:, :, 0] = True
+        idx = np.arange(d)
+        mask[:, idx, idx] = True
+        rows = np.arange(bs)
+        for j in range(2, d):         # rows 0 and 1 hold only the root and themselves
+            mask[:, j, 1:j] |= mask[rows, self.parents[:, j], 1:j]
+        return self.tokens.reshape(-1), mask.reshape(-1)
 
 
 class NgramspecCorpus:
@@ -97,8 +141,9 @@ class NgramspecCorpus:
     draft_token_num : int
         SGLang's ``--speculative-num-draft-tokens``: the tree's size, root included.
     max_trie_depth : int
-        How many of a request's last tokens the worker passes (all of them with `register`'s
-        worker); a request first seen with fewer than its full length begins on what it got.
+        SGLang's ``--speculative-ngram-max-trie-depth`` (unused: `register`'s worker passes
+        what `tokens_needed` asks for; under SGLang's own worker a request first seen with
+        fewer tokens than its full length begins on what it got).
     max_requests : int
         Requests followed at once (the engine's slots); past it, the one seen least recently
         is dropped.
@@ -114,7 +159,10 @@ class NgramspecCorpus:
     Notes
     -----
     Memory: the engine's, plus a copy of each live request's tokens and its pending tree
-    (at most ``draft_token_num`` tokens).
+    (at most ``draft_token_num`` tokens); `batch_get` returns ``bs * d * (d + 8)`` bytes.
+
+    Cost per step: per request its new tokens and one draft (`RequestLoops.advance`), plus the
+    ``d x d`` tree layout; at first sight ``SpecEngine.begin`` on its whole sequence.
 
     Thread-safety: not thread-safe; SGLang calls it from its scheduler thread.
     """
@@ -122,7 +170,8 @@ class NgramspecCorpus:
     def __init__(self, draft_token_num: int = 8, max_trie_depth: int = 18,
                  max_requests: int = DEFAULT_MAX_REQUESTS, spec: Optional[str] = None,
                  tree: bool = True, **ignored):
-        self.draft_token_num = check_int("draft_token_num", draft_token_num, 1)
+        # a step's trees are max_requests * d * d mask bytes: bound d before anything is built
+        self.draft_token_num = check_int("draft_token_num", draft_token_num, 1, MAX_DRAFT + 1)
         self.max_trie_depth = check_int("max_trie_depth", max_trie_depth, 1)
         self.max_requests = check_int("max_requests", max_requests, 1)
         self._spec = spec
@@ -139,29 +188,54 @@ class NgramspecCorpus:
         self.tree_proposer = (props[0] if self._tree and len(props) == 1
                               and hasattr(props[0], "draft_tree") else None)
 
+    def tokens_needed(self, req_id, total_len: int) -> int:
+        """How many of request `req_id`'s last tokens the next `batch_get` needs, when its full
+        length is `total_len`: the tokens it has not seen (at least the root), or `total_len`
+        for a request it does not follow (first sight)."""
+        req = self.requests.get(req_id)
+        if req is None:
+            return total_len
+        g = total_len - req.n
+        return max(g, 1) if 0 <= g <= self.draft_token_num else total_len
+
     def batch_get(self, req_ids: List[str], batch_tokens: List[List[int]],
-                  total_lens: List[int]) -> Tuple[np.ndarray, np.ndarray]:
+                  total_lens: List[int], full_tokens: Optional[Callable] = None
+                  ) -> Tuple[np.ndarray, np.ndarray]:
         """Each request's draft tree, flat: ``bs * d`` tokens and ``bs * d * d`` mask entries.
 
         Parameters
         ----------
         req_ids : list of str
         batch_tokens : list of list of int
-            Per request, its last tokens, ending with the last verified one (the root).
+            Per request, its last tokens, ending with the last verified one (the root): at
+            least `tokens_needed` of them.
         total_lens : list of int
             Per request, its full length (prompt + output).
+        full_tokens : callable, optional
+            ``full_tokens(i)``: request i's whole sequence, asked for when its tail does not
+            continue what the corpus knows of it and is shorter than its full length (the
+            request lost track: SGLang re-ran it). Without it (SGLang's own call) the request
+            begins on the tail it got.
+
+        Raises
+        ------
+        ValueError
+            The three lists of different lengths, an empty token list, an id outside 0 ..
+            2**31-1 (naming ``batch_tokens[i][pos]``), a full length below the tail's.
+        TypeError
+            A token that is not an integer.
         """
         d = self.draft_token_num
         rl = self.requests
-        rl.step += 1
         bs = len(req_ids)
-        tokens = np.zeros((bs, d), dtype=np.int64)
-        masks = np.zeros((bs, d, d), dtype=bool)
+        if len(batch_tokens) != bs or len(total_lens) != bs:
+            raise Refused("batch_tokens", f"{len(batch_tokens)} token lists and "
+                          f"{len(total_lens)} total_lens for {bs} req_ids: one each")
+        rl.step += 1
+        layout = TreeBatch(bs, d)
         for i, rid in enumerate(req_ids):
-            tail = np.asarray(batch_tokens[i], dtype=np.int32)
-            if len(tail) == 0:
-                raise ValueError(f"batch_tokens[{i}] is empty: the root token is missing")
-            total = int(total_lens[i])
+            tail = token_array(batch_tokens[i], f"batch_tokens[{i}]", non_empty=True)
+            total = check_int(f"total_lens[{i}]", total_lens[i], len(tail))
             req = rl.get(rid)
             new = None
             if req is not None:
@@ -171,6 +245,8 @@ class NgramspecCorpus:
                     if not req.continues(new):
                         new = None
             if new is None:
+                if len(tail) < total and full_tokens is not None:
+                    tail = token_array(full_tokens(i), f"batch_tokens[{i}]", non_empty=True)
                 req = rl.begin(rid, tail[:-1], int(tail[-1]))
                 new = tail[:0]
             calls = req.loop.n_draft_calls
@@ -178,10 +254,10 @@ class NgramspecCorpus:
             if self.tree_proposer is not None and req.loop.n_draft_calls != calls:
                 req.tree = self.tree_proposer.draft_tree(req.loop.slot, len(draft), d - 1)
             if req.tree is not None:
-                tokens[i], masks[i] = tree_layout(int(tail[-1]), *req.tree, d)
+                layout.set(i, int(tail[-1]), *req.tree)
             else:
-                tokens[i], masks[i] = chain_tree(int(tail[-1]), draft, d)
-        return tokens.reshape(-1), masks.reshape(-1)
+                layout.set(i, int(tail[-1]), draft)
+        return layout.finish()
 
     def batch_put(self, batch_tokens) -> None:
         """Nothing: the requests' loops learn from `batch_get`'s growing tokens."""
@@ -202,10 +278,39 @@ class NgramspecCorpus:
 
 # -- the plug-in -------------------------------------------------------------------------------
 
-def _context_len(target_worker) -> int:
-    runner = getattr(target_worker, "model_runner", None)
-    config = getattr(runner, "model_config", None)
-    return int(getattr(config, "context_len", 0) or 1 << 30)
+def stage_accepted_tokens(worker, batch):
+    """The previous round's accepted tokens and counts under overlap scheduling (not yet in
+    ``req.output_ids``), staged on the worker as SGLang's NGRAM worker stages them
+    (``prev_token_ids``, ``prev_accept_lens``); ``([], [0] * bs)`` otherwise. As SGLang's
+    ``_prepare_draft_tokens``: sync mode and grammar batches have every token in ``output_ids``
+    already."""
+    bs = len(batch.reqs)
+    if worker.enable_overlap and not batch.grammar_needs_sync():
+        ids, lens = batch.spec_info.accept_tokens, batch.spec_info.accept_lens
+        if not ids.is_cpu:
+            ids, lens = ids.cpu(), lens.cpu()
+        worker.prev_token_ids, worker.prev_accept_lens = ids.tolist(), lens.tolist()
+        if len(worker.prev_accept_lens) != bs:
+            raise RuntimeError(f"spec_info holds {len(worker.prev_accept_lens)} requests' "
+                               f"accepted tokens for a batch of {bs}")
+    else:
+        worker.prev_token_ids, worker.prev_accept_lens = [], [0] * bs
+    return worker.prev_token_ids, worker.prev_accept_lens
+
+
+def last_tokens(req, extra, m: int) -> List[int]:
+    """The last `m` tokens of an SGLang request's ``origin_input_ids_unpadded + output_ids +
+    extra``, copying only those `m` (O(m), whatever the request's length)."""
+    out = list(extra[len(extra) - m:]) if m < len(extra) else list(extra)
+    m -= len(out)
+    if m > 0:
+        ids = req.output_ids
+        out[:0] = ids[max(len(ids) - m, 0):]
+        m -= min(m, len(ids))
+    if m > 0:
+        ids = req.origin_input_ids_unpadded
+        out[:0] = ids[max(len(ids) - m, 0):]
+    return out
 
 
 def worker_class():
@@ -217,7 +322,8 @@ def worker_class():
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
     class NgramspecWorker(NGRAMWorker):
-        """SGLang's NGRAM worker drafting with `NgramspecCorpus`."""
+        """SGLang's NGRAM worker drafting with `NgramspecCorpus`, O(new tokens) per step (the
+        module docstring)."""
 
         def __init__(self, server_args, gpu_id, nccl_port, target_worker):
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -228,8 +334,33 @@ def worker_class():
                 max_requests=max(1, int(getattr(target_worker.model_runner,
                                                 "max_running_requests", 0) or
                                         DEFAULT_MAX_REQUESTS)))
-            # the corpus sees a request's every token (its proposers look back over all of them)
-            self.max_trie_depth = _context_len(target_worker)
+
+        def _prepare_draft_tokens(self, batch):
+            """SGLang's: each request's draft tree from the corpus, given only its new tokens."""
+            prev, prev_lens = stage_accepted_tokens(self, batch)
+            corpus = self.ngram_corpus
+            corpus.synchronize()
+            stride = self.draft_token_num
+            reqs = batch.reqs
+            req_ids, tails, totals = [], [], []
+            for i, req in enumerate(reqs):
+                extra = prev[i * stride:i * stride + prev_lens[i]] if prev else ()
+                total = len(req.origin_input_ids_unpadded) + len(req.output_ids) + len(extra)
+                req_ids.append(req.rid)
+                tails.append(last_tokens(req, extra, corpus.tokens_needed(req.rid, total)))
+                totals.append(total)
+
+            def full_tokens(i):
+                extra = prev[i * stride:i * stride + prev_lens[i]] if prev else ()
+                return last_tokens(reqs[i], extra, totals[i])
+            drafts, mask = corpus.batch_get(req_ids, tails, totals, full_tokens)
+            assert len(drafts) == len(reqs) * stride, (len(drafts), len(reqs), stride)
+            return drafts, mask
+
+        def _update_ngram_corpus(self, batch):
+            """Nothing: the corpus learns a request's accepted tokens from the next
+            `_prepare_draft_tokens` (they are its new tokens there); SGLang's would copy each
+            request's last ``max_trie_depth`` tokens."""
 
     _WORKER = NgramspecWorker
     return _WORKER

@@ -11,8 +11,9 @@ vLLM's V1 GPU model runner builds the class as ``NgramspecProposer(vllm_config)`
 step, after it has written the sampled tokens into ``token_ids_cpu``. It passes rows, not
 requests: no request id, no signal that a request ended, and rows move (the last rows fill the
 holes of finished requests). So the proposer follows requests by their tokens: a row whose tokens
-continue what a request held (its known tokens, then the accepted prefix of its pending draft and
-one token of the target's) is that request, wherever it sits; a row that continues none is a new
+continue what a request held (its known tokens, compared at their first and last 32, then the
+accepted prefix of its pending draft and one token of the target's) is that request, wherever it
+sits; a row that continues none is a new
 request; a request no row continues has ended. Requests are drafted for in arrival order, so the
 rows they sit in change nothing.
 
@@ -20,6 +21,10 @@ With the ``vllm.general_plugins`` entry point (`register`, installed with ngrams
 tested vLLM version, the runner also hands the proposer each step's request ids and finished
 requests, and a request is its id: a new request whose tokens happen to continue an ended one's
 is never taken for it. On any other vLLM version the entry point changes nothing and says so.
+
+Cost per step: per row its new tokens and one draft (`RequestLoops.advance`), no compare of a
+row's whole context; at a request's first sight ``SpecEngine.begin`` on its prompt (linear in
+it, once).
 
 The runner calls the proposer on every tensor-parallel rank of the last pipeline stage and uses
 one rank's drafts: the proposer is deterministic, so all ranks agree.
@@ -31,8 +36,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ngramspec.integrations.requests import RequestLoops, engine_from_env
-from ngramspec.validation import check_int
+from ngramspec.integrations.requests import MAX_DRAFT, RequestLoops, engine_from_env
+from ngramspec.validation import OutOfRange, check_int
 
 __all__ = ["TESTED_VLLM", "NgramspecProposer", "register"]
 
@@ -83,7 +88,7 @@ class NgramspecProposer:
         return self
 
     def _setup(self, k, max_model_len, max_num_seqs, tp_size, spec) -> None:
-        self.k = check_int("num_speculative_tokens", k, 1)
+        self.k = check_int("num_speculative_tokens", k, 1, MAX_DRAFT)
         self.max_model_len = check_int("max_model_len", max_model_len, 1)
         self.n_slots = check_int("max_num_seqs", max_num_seqs, 1)
         self.tp_size = check_int("tensor_parallel_size", tp_size, 1)
@@ -128,29 +133,36 @@ class NgramspecProposer:
         list of list of int
         """
         rl = self.requests
-        rl.step += 1
         n_rows = len(sampled_token_ids)
+        if n_rows > self.n_slots:
+            # more rows than slots would hand one slot to several requests
+            raise OutOfRange("len(sampled_token_ids)", n_rows, f"0 .. {self.n_slots} "
+                             "(max_num_seqs, the proposer's slots)")
+        rl.step += 1
         ids, self._ids = self._ids, None
-        if ids is not None and len(ids) >= n_rows:
-            rows = self._match_ids(ids, n_rows, num_tokens_no_spec, token_ids_cpu)
+        nums = num_tokens_no_spec[:n_rows].tolist()
+        by_id = ids is not None and len(ids) >= n_rows
+        if by_id:
+            rows = self._match_ids(ids, n_rows, nums, token_ids_cpu)
         else:
-            rows = self._match_tokens(n_rows, num_tokens_no_spec, token_ids_cpu)
+            rows = self._match_tokens(n_rows, nums, token_ids_cpu)
         drafts: List[List[int]] = [[] for _ in range(n_rows)]
         todo = []
         # new requests begin first (in row order: vLLM gives them rows in arrival order), then
         # every request drafts in arrival order: where rows moved changes nothing
         for i in range(n_rows):
-            n = int(num_tokens_no_spec[i])
+            n = nums[i]
             if not sampled_token_ids[i] or n < 2:
                 continue
             req = rows[i]
             if req is None:
-                req = rows[i] = self._begin(ids[i] if ids is not None and len(ids) >= n_rows
-                                            else None, token_ids_cpu[i], n)
+                req = rows[i] = self._begin(ids[i] if by_id else None, token_ids_cpu[i], n)
             todo.append((req.seq, i, n))
-        for _, i, n in sorted(todo):
+        todo.sort()
+        advance = rl.advance
+        for _, i, n in todo:
             req = rows[i]
-            drafts[i] = rl.advance(req, token_ids_cpu[i, req.n:n]).tolist()
+            drafts[i] = advance(req, token_ids_cpu[i, req.n:n]).tolist()
         self._rows = rows
         return drafts
 
@@ -168,7 +180,7 @@ class NgramspecProposer:
         for i in range(n_rows):
             key = ids[i]
             req = rl.get(key) if key is not None else None
-            if req is not None and req.holds(tokens[i], int(num_tokens[i])):
+            if req is not None and req.holds(tokens[i], num_tokens[i], same_request=True):
                 rows[i] = req
             elif req is not None:
                 rl.end(key)       # the same id with other tokens (a resumed request): anew
@@ -183,7 +195,7 @@ class NgramspecProposer:
         for i in range(min(n_rows, len(prev))):
             req = prev[i]
             if req is not None and rl.get(req.key) is req \
-                    and req.holds(tokens[i], int(num_tokens[i])):
+                    and req.holds(tokens[i], num_tokens[i]):
                 rows[i] = req
                 claimed.add(req.key)
         open_reqs = sorted((r for k, r in rl.requests.items() if k not in claimed),
@@ -191,7 +203,7 @@ class NgramspecProposer:
         for i in range(n_rows):
             if rows[i] is not None or not open_reqs:
                 continue
-            n = int(num_tokens[i])
+            n = num_tokens[i]
             for j, req in enumerate(open_reqs):
                 if req.holds(tokens[i], n):
                     rows[i] = req
