@@ -315,7 +315,9 @@ cdef void cal_merge(uint32_t* acc, uint32_t* tried, int cell, uint32_t dt, uint3
     one by one: the tried count follows exactly the path cal_count gives it (+1 each, halved
     at CAL_WINDOW), and the hits are spread evenly over the dt outcomes (the one thing a count
     delta does not say). Past MERGE_CYCLES halvings the older outcomes have been shifted out
-    of the counts, so only the last MERGE_CYCLES windows' worth is replayed (O(1) per cell)."""
+    of the counts, so only the last MERGE_CYCLES windows' worth is replayed, from half a
+    window at the delta's hit rate (O(1) per cell; when the outcomes all agree, exact, or within
+    one hit past MERGE_CYCLES windows, where the old counts leave a rounding trace)."""
     cdef uint32_t t = tried[cell], a = acc[cell], step, share, drop
     cdef uint64_t cycles
     if a > t:
@@ -325,12 +327,14 @@ cdef void cal_merge(uint32_t* acc, uint32_t* tried, int cell, uint32_t dt, uint3
             t >>= 1
             a >>= 1
         if t == CAL_WINDOW // 2 and dt > MERGE_CYCLES * (CAL_WINDOW // 2):
+            # what the cell held is shifted out by the MERGE_CYCLES halvings still to come:
+            # start them from half a window at the delta's hit rate
+            a = <uint32_t>((<uint64_t>da * (CAL_WINDOW // 2)) // dt)
             cycles = dt // (CAL_WINDOW // 2) - MERGE_CYCLES
             drop = <uint32_t>(cycles * (CAL_WINDOW // 2))
             share = <uint32_t>((<uint64_t>da * drop) // dt)
             dt -= drop
             da -= share
-            a = 0                   # shifted out by the MERGE_CYCLES halvings still to come
         step = CAL_WINDOW - t
         if step > dt:
             step = dt
