@@ -61,7 +61,8 @@ table too: the fold also counts, per cell, the outcomes it added since the last
 table's size, whatever the traffic); another replica's `fold_calibration` adds them as if its
 own slots had observed them, the tried count following exactly the path the forgetting rule
 gives it, so a cell's horizon stays ~1000 outcomes of the fleet's traffic (see its docstring
-for what the merge approximates). Deltas merged in are not handed out again. Both calls take
+for what the merge approximates); the tokens-per-step average G likewise takes the other
+replicas' steps (their count and tokens). Deltas merged in are not handed out again. Both calls take
 the calibration's lock, which drafts only try: the log never makes a draft wait.
 
 *Draft trees.* For an engine that verifies a tree of a fixed number of tokens whatever it holds
@@ -272,6 +273,8 @@ cdef struct Calib:
     # (fine and coarse): what the store log hands to other replicas (saturating)
     uint32_t out_acc[N_CAL]
     uint32_t out_tried[N_CAL]
+    int64_t out_steps       # steps folded into the rate since then, and their tokens
+    int64_t out_tokens
     int64_t n_merged        # outcomes merged in from other replicas (fold_calibration)
 
 
@@ -295,6 +298,8 @@ cdef void cal_fold(Calib* C, const uint32_t* pend, int32_t n) noexcept nogil:
         if e & RATE_TAG:
             r = C.rate
             st64(&C.rate, r + (((<int64_t>(e & 0x7FFFFFFF) << 16) - r) >> RATE_SHIFT))
+            C.out_steps += 1
+            C.out_tokens += e & 0x7FFFFFFF
         else:
             cal_observe(C.acc, C.tried, <int>(e >> 1), e & 1)
             cal_export(C, <int>(e >> 1), e & 1)
@@ -308,6 +313,26 @@ cdef inline void cal_export(Calib* C, int cell, bint hit) noexcept nogil:
     if C.out_tried[cell] < DELTA_MAX:
         C.out_tried[cell] += 1
         C.out_acc[cell] += 1 if hit else 0
+
+
+cdef void rate_merge(Calib* C, int64_t steps, int64_t tokens) noexcept nogil:
+    """Fold another replica's `steps` steps of `tokens` tokens in all into the tokens-per-step
+    average, as if they had come one by one, each of the mean: r -> m + (r - m) * w**steps,
+    w = 1 - 2**-RATE_SHIFT the weight a step leaves the past (in Q32 fixed point, by
+    squaring: the same bits on every CPU). Approximates the order of the steps' sizes."""
+    cdef uint64_t w = (<uint64_t>1 << 32) - (<uint64_t>1 << (32 - RATE_SHIFT))
+    cdef uint64_t keep = <uint64_t>1 << 32
+    cdef int64_t k = steps, m, r
+    if steps <= 0:
+        return
+    while k > 0 and keep > 0:
+        if k & 1:
+            keep = (keep * w) >> 32
+        w = (w * w) >> 32
+        k >>= 1
+    m = (tokens << 16) // steps
+    r = C.rate
+    st64(&C.rate, m + (((r - m) * <int64_t>keep) >> 32))
 
 
 cdef void cal_merge(uint32_t* acc, uint32_t* tried, int cell, uint32_t dt, uint32_t da) noexcept nogil:
@@ -1428,6 +1453,8 @@ cdef class SuffixProposer(Proposer):
             (uint32) and how many came true (uint32, <= tried). Exactly what `cal_fold` added,
             before forgetting; outcomes merged from other replicas are not in it (a replica
             never echoes what it was sent). A cell counts at most 2**31 - 1 outcomes.
+        steps, tokens : int
+            The steps folded into the tokens-per-step average, and their tokens in all.
 
         Notes
         -----
@@ -1442,6 +1469,7 @@ cdef class SuffixProposer(Proposer):
         cdef int32_t[::1] c = cells
         cdef uint32_t[::1] t = tried, a = acc
         cdef int32_t i, m = 0
+        cdef int64_t steps, tokens
         if self.cal_lock == NULL:
             raise RuntimeError("SuffixProposer is not initialised")
         with nogil:
@@ -1454,10 +1482,12 @@ cdef class SuffixProposer(Proposer):
                     m += 1
             memset(self.cal.out_tried, 0, sizeof(self.cal.out_tried))
             memset(self.cal.out_acc, 0, sizeof(self.cal.out_acc))
+            steps, tokens = self.cal.out_steps, self.cal.out_tokens
+            self.cal.out_steps = self.cal.out_tokens = 0
             PyThread_release_lock(self.cal_lock)
-        return cells[:m].copy(), tried[:m].copy(), acc[:m].copy()
+        return cells[:m].copy(), tried[:m].copy(), acc[:m].copy(), steps, tokens
 
-    def fold_calibration(self, cells, tried, accepted):
+    def fold_calibration(self, cells, tried, accepted, steps=0, tokens=0):
         """Fold another replica's calibration deltas (its `take_calibration`) into this one's
         shared table, so that the replicas of a fleet learn as one server.
 
@@ -1470,8 +1500,9 @@ cdef class SuffixProposer(Proposer):
         What it approximates: where in the sequence the hits fell (spread evenly over the
         delta, which matters only when the delta crosses a halving) and the interleaving with
         this replica's outcomes of the same period (the delta arrives as a block, a log
-        interval late). The tokens-per-step average is not shared: it is a mean that every
-        replica estimates well from its own steps.
+        interval late). The tokens-per-step average (G, the draft threshold's gain term)
+        takes the other replica's steps as if they had come one by one, each of their mean
+        (`steps`, `tokens`): its horizon (~1000 steps) is the fleet's too.
 
         Parameters
         ----------
@@ -1481,6 +1512,10 @@ cdef class SuffixProposer(Proposer):
             Outcomes per cell, 0 .. 2**31 - 1.
         accepted : 1-D int array-like
             Hits per cell, 0 .. its `tried`.
+        steps : int, 0 .. 2**40
+            Steps behind the tokens-per-step delta (0: none).
+        tokens : int, 0 .. 4097 * steps
+            Their tokens in all (a step yields at most max_draft + 1 <= 4097).
 
         Raises
         ------
@@ -1504,13 +1539,15 @@ cdef class SuffixProposer(Proposer):
                                    f"got {len(c)}, {len(t)} and {len(a)}")
         if len(c) > N_CAL:
             raise OutOfRange("len(cells)", len(c), f"0 .. {N_CAL}")
+        n_steps = check_int("steps", steps, 0, 1 << 40)
+        n_tokens = check_int("tokens", tokens, 0, 4097 * n_steps)
         bad = np.flatnonzero(a > t)
         if len(bad):
             raise OutOfRange(f"accepted[{bad[0]}]", int(a[bad[0]]), f"0 .. tried[{bad[0]}] "
                              f"= {int(t[bad[0]])}")
         cdef int64_t[::1] cv = c, tv = t, av = a
         cdef Py_ssize_t i, n = len(c)
-        cdef int64_t total = 0
+        cdef int64_t total = 0, st = n_steps, tk = n_tokens
         if self.cal_lock == NULL:
             raise RuntimeError("SuffixProposer is not initialised")
         with nogil:
@@ -1521,6 +1558,7 @@ cdef class SuffixProposer(Proposer):
                 if cv[i] < N_CELLS:
                     total += tv[i]
             self.cal.n_merged += total
+            rate_merge(self.cal, st, tk)
             PyThread_release_lock(self.cal_lock)
 
     # -- The store log (`ngramspec.store_log`): the global store's sequences in and out ------

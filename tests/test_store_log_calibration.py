@@ -33,6 +33,11 @@ def _sequential(outcomes, t=0, a=0):
     return t, a
 
 
+def _empty(deltas):
+    cells, tried, accepted, steps, tokens = deltas
+    return len(cells) == len(tried) == len(accepted) == steps == tokens == 0
+
+
 def _cell0(prop):
     acc, tried = prop.calibration()
     return int(tried.reshape(-1)[0]), int(acc.reshape(-1)[0])
@@ -45,7 +50,9 @@ def test_the_deltas_out_are_what_the_slots_folded_and_restart_from_zero():
     for k in range(4):
         _serve(eng, k, slot=k % 2)
     prop = eng.proposers[0]
-    cells, tried, accepted = prop.take_calibration()
+    cells, tried, accepted, steps, tokens = prop.take_calibration()
+    # the tokens-per-step average's steps: one per draft call scored, at least a token each
+    assert steps > 10 and steps <= tokens <= steps * 257
     assert cells.dtype == np.int32 and tried.dtype == accepted.dtype == np.uint32
     assert np.all(np.diff(cells) > 0) and cells.max() < N_CAL and np.all(accepted <= tried)
     fine = cells < 1680
@@ -62,11 +69,12 @@ def test_the_deltas_out_are_what_the_slots_folded_and_restart_from_zero():
     dense_a[cells[fine]] = accepted[fine]
     np.testing.assert_array_equal(tried_t.reshape(-1), dense_t)
     np.testing.assert_array_equal(acc_t.reshape(-1), dense_a)
-    assert all(len(x) == 0 for x in prop.take_calibration())
+    assert _empty(prop.take_calibration())
     _serve(eng, 5)
     later = prop.calibration_stats()["outcomes"] - outcomes
-    cells, tried, _ = prop.take_calibration()
+    cells, tried, _, steps2, _ = prop.take_calibration()
     assert later > 0 and tried[cells < 1680].sum() == later      # only what came since
+    assert 0 < steps2 < steps
 
 
 def test_folding_another_replicas_deltas_gives_its_table_and_is_not_echoed():
@@ -78,10 +86,23 @@ def test_folding_another_replicas_deltas_gives_its_table_and_is_not_echoed():
     b.fold_calibration(*deltas)
     for mine, theirs in zip(b.calibration(), a.proposers[0].calibration()):
         np.testing.assert_array_equal(mine, theirs)
-    stats = b.calibration_stats()
-    assert stats["merged"] == a.proposers[0].calibration_stats()["outcomes"]
-    assert stats["outcomes"] == 0
-    assert all(len(x) == 0 for x in b.take_calibration())    # a replica never echoes
+    stats, theirs = b.calibration_stats(), a.proposers[0].calibration_stats()
+    assert stats["merged"] == theirs["outcomes"] and stats["outcomes"] == 0
+    # the tokens-per-step average: the same steps, as a block of their mean
+    assert theirs["tokens_per_step"] > 1.2
+    assert stats["tokens_per_step"] == pytest.approx(theirs["tokens_per_step"], rel=0.05)
+    assert _empty(b.take_calibration())                       # a replica never echoes
+
+
+def test_the_rate_merge_moves_towards_the_steps_mean_by_their_weight():
+    prop = SuffixProposer()
+    assert prop.calibration_stats()["tokens_per_step"] == 1.0
+    prop.fold_calibration([], [], [], steps=710, tokens=710 * 5)   # 1 - (1 - 2**-10)**710 = 1/2
+    assert prop.calibration_stats()["tokens_per_step"] == pytest.approx(3.0, abs=0.01)
+    prop.fold_calibration([], [], [], steps=1 << 40, tokens=3 << 40)   # the past is gone
+    assert prop.calibration_stats()["tokens_per_step"] == pytest.approx(3.0, abs=1e-4)
+    prop.fold_calibration([], [], [], steps=0, tokens=0)
+    assert prop.calibration_stats()["tokens_per_step"] == pytest.approx(3.0, abs=1e-4)
 
 
 @pytest.mark.parametrize("start", [(0, 0), (700, 350), (1000, 999)])
@@ -130,6 +151,10 @@ def test_a_mixed_merge_spreads_the_hits_evenly_and_keeps_the_horizon():
     (([[0]], [1], [0]), WrongType, "cells"),
     (([0], [True], [0]), WrongType, "tried"),
     ((list(range(1800)) + [0], [1] * 1801, [0] * 1801), OutOfRange, "len(cells)"),
+    (([0], [1], [0], -1, 0), OutOfRange, "steps"),
+    (([0], [1], [0], 2, 8195), OutOfRange, "tokens"),
+    (([0], [1], [0], 0, 1), OutOfRange, "tokens"),
+    (([0], [1], [0], 1.5, 1), WrongType, "steps"),
 ])
 def test_bad_deltas_name_the_argument_and_fold_nothing(args, error, field):
     prop = SuffixProposer()
@@ -166,7 +191,7 @@ def test_folds_run_beside_drafts_in_other_threads():
     assert folds[0] > 0
     stats = prop.calibration_stats()
     assert stats["merged"] == folds[0] * 240 * 3
-    cells, tried, _ = prop.take_calibration()
+    cells, tried, *_ = prop.take_calibration()
     assert tried[cells < 1680].sum() == stats["outcomes"] > 0
 
 
@@ -176,9 +201,10 @@ def test_a_calibration_entry_round_trips_and_a_bad_one_is_refused():
     cells = np.array([0, 17, 1799], np.int32)
     tried = np.array([5, 2**31 - 1, 1], np.uint32)
     acc = np.array([5, 12, 0], np.uint32)
-    blob = encode_calibration("m", "r1", 12.5, cells, tried, acc)
+    blob = encode_calibration("m", "r1", 12.5, cells, tried, acc, 1 << 33, 5 << 33)
     e = decode(blob, "m")
     assert isinstance(e, CalibrationEntry) and (e.origin, e.time) == ("r1", 12.5)
+    assert (e.steps, e.tokens) == (1 << 33, 5 << 33)
     for got, want in zip((e.cells, e.tried, e.accepted), (cells, tried, acc)):
         np.testing.assert_array_equal(got, want)
     with pytest.raises(BadEntry) as info:
@@ -195,7 +221,8 @@ def test_a_calibration_entry_round_trips_and_a_bad_one_is_refused():
         assert not info.value.foreign
     # well framed (CRC right) but out of range: corrupt
     for bad in (encode_calibration("m", "x", 0.0, [1800], [1], [0]),
-                encode_calibration("m", "x", 0.0, [3], [1], [2])):
+                encode_calibration("m", "x", 0.0, [3], [1], [2]),
+                encode_calibration("m", "x", 0.0, [3], [1], [1], 2, 9000)):
         with pytest.raises(BadEntry, match="out of range"):
             decode(bad, "m")
     with pytest.raises(ValueError, match="1800 cells"):
@@ -235,6 +262,7 @@ def calibrations_meet(log_a, log_b):
     assert pa.calibration_stats()["merged"] == pb.calibration_stats()["outcomes"] > 0
     assert pb.calibration_stats()["merged"] == own_a
     assert ra.stats()["calibration_ingested"] == 1       # its own entry is not folded back
+    assert pb.calibration_stats()["tokens_per_step"] != 1.0    # the rate travelled too
     return ra, rb
 
 

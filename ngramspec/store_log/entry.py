@@ -6,7 +6,8 @@
 * ngram-suffix's calibration deltas (`CalibrationEntry`, what a replica's slots learned since
   its last one: `SuffixProposer.take_calibration`): ``b"NGSC"``, its own format version
   (u16), the same names and time, the number of cells (u32, at most the table's 1800); the
-  names; the cells (u16), the outcomes per cell (u32), the hits per cell (u32).
+  names; the steps behind the tokens-per-step delta and their tokens (u64 each); the cells
+  (u16), the outcomes per cell (u32), the hits per cell (u32).
 
 Each ends with a CRC-32 of all before it (u32). The CRC catches a torn or foreign write; the
 version and the identity refuse an entry of another format or another vocabulary, whose token
@@ -67,6 +68,8 @@ class CalibrationEntry:
     cells: np.ndarray       # int32, 0 .. CAL_CELLS - 1
     tried: np.ndarray       # uint32
     accepted: np.ndarray    # uint32, <= tried
+    steps: int = 0          # the tokens-per-step delta: steps,
+    tokens: int = 0         # and their tokens in all
 
 
 def _frame(magic: bytes, version: int, model: str, origin: str, time: float, count: int,
@@ -84,20 +87,22 @@ def encode(model: str, origin: str, time: float, tokens: np.ndarray) -> bytes:
                   np.ascontiguousarray(tokens, dtype="<i4").tobytes())
 
 
-def encode_calibration(model: str, origin: str, time: float, cells, tried, accepted) -> bytes:
-    """The bytes of one calibration entry (`take_calibration`'s three arrays)."""
+def encode_calibration(model: str, origin: str, time: float, cells, tried, accepted,
+                       steps: int = 0, tokens: int = 0) -> bytes:
+    """The bytes of one calibration entry (`take_calibration`'s five values)."""
     n = len(cells)
     if n > CAL_CELLS or len(tried) != n or len(accepted) != n:
         raise ValueError(f"a calibration entry holds at most {CAL_CELLS} cells, with as many "
                          f"counts")
-    payload = (np.ascontiguousarray(cells, dtype="<u2").tobytes()
+    payload = (_STEPS.pack(steps, tokens) + np.ascontiguousarray(cells, dtype="<u2").tobytes()
                + np.ascontiguousarray(tried, dtype="<u4").tobytes()
                + np.ascontiguousarray(accepted, dtype="<u4").tobytes())
     return _frame(CAL_MAGIC, CAL_FORMAT_VERSION, model, origin, time, n, payload)
 
 
-#: Per kind: its format version and the payload bytes per counted item.
-_KINDS = {MAGIC: (FORMAT_VERSION, 4), CAL_MAGIC: (CAL_FORMAT_VERSION, 10)}
+_STEPS = struct.Struct("<QQ")
+#: Per kind: its format version, the payload's fixed bytes and its bytes per counted item.
+_KINDS = {MAGIC: (FORMAT_VERSION, 0, 4), CAL_MAGIC: (CAL_FORMAT_VERSION, _STEPS.size, 10)}
 
 
 def decode(blob, model: str, n_vocab: int | None = None):
@@ -110,11 +115,11 @@ def decode(blob, model: str, n_vocab: int | None = None):
     if len(blob) < _HEAD.size + _CRC.size or blob[:4] not in _KINDS:
         raise BadEntry("not a store-log entry (no NGSL or NGSC header)")
     magic, version, n_m, n_o, time, count = _HEAD.unpack_from(blob)
-    want, item = _KINDS[magic]
+    want, fixed, item = _KINDS[magic]
     if version != want:
         raise BadEntry(f"{magic.decode()} format version {version}, this replica reads "
                        f"{want}", foreign=True)
-    end = _HEAD.size + n_m + n_o + item * count
+    end = _HEAD.size + n_m + n_o + fixed + item * count
     if len(blob) != end + _CRC.size:
         raise BadEntry(f"{len(blob)} bytes, the header says {end + _CRC.size}")
     if _CRC.unpack_from(blob, end)[0] != zlib.crc32(memoryview(blob)[:end]):
@@ -138,9 +143,12 @@ def decode(blob, model: str, n_vocab: int | None = None):
 def _calibration(blob: bytes, at: int, n: int, who: str, origin: str, time: float):
     if n > CAL_CELLS:
         raise BadEntry(f"{n} calibration cells, at most {CAL_CELLS}")
+    steps, tokens = _STEPS.unpack_from(blob, at)
+    at += _STEPS.size
     cells = np.frombuffer(blob, dtype="<u2", count=n, offset=at).astype(np.int32)
     tried = np.frombuffer(blob, dtype="<u4", count=n, offset=at + 2 * n).astype(np.uint32)
     acc = np.frombuffer(blob, dtype="<u4", count=n, offset=at + 6 * n).astype(np.uint32)
-    if n and (cells.max() >= CAL_CELLS or tried.max() > 0x7FFFFFFF or (acc > tried).any()):
+    if n and (cells.max() >= CAL_CELLS or tried.max() > 0x7FFFFFFF or (acc > tried).any()) \
+            or steps > 1 << 40 or tokens > 4097 * steps:
         raise BadEntry("a calibration cell or count out of range")
-    return CalibrationEntry(who, origin, time, cells, tried, acc)
+    return CalibrationEntry(who, origin, time, cells, tried, acc, steps, tokens)

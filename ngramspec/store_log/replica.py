@@ -122,6 +122,7 @@ class Replica:
         # calibration deltas taken but not published yet (per cell; `_calibration_delta`)
         self._cal_tried = np.zeros(CAL_CELLS, dtype=np.int64)
         self._cal_accepted = np.zeros(CAL_CELLS, dtype=np.int64)
+        self._cal_steps = self._cal_tokens = 0
         self.budget = proposer.global_stats()["budget"]
         proposer.publish_finished(self.max_backlog)
         self._backlog: deque = deque()
@@ -196,6 +197,7 @@ class Replica:
         if calibration is not None:
             self._cal_tried[:] = 0
             self._cal_accepted[:] = 0
+            self._cal_steps = self._cal_tokens = 0
             self.counts["calibration_published"] += 1
 
     def _calibration_delta(self, now: float):
@@ -204,15 +206,17 @@ class Replica:
         however long the outage), so none is lost and the backlog holds sequences only."""
         if not self.share_calibration:
             return None
-        cells, tried, accepted = self.proposer.take_calibration()
+        cells, tried, accepted, steps, tokens = self.proposer.take_calibration()
+        self._cal_steps += steps
+        self._cal_tokens += tokens
         self._cal_tried[cells] = np.minimum(self._cal_tried[cells] + tried, _DELTA_MAX)
         self._cal_accepted[cells] = np.minimum(self._cal_accepted[cells] + accepted,
                                                self._cal_tried[cells])
         cells = np.flatnonzero(self._cal_tried)
-        if not len(cells):
+        if not len(cells) and not self._cal_steps:
             return None
         return encode_calibration(self.model, self.origin, now, cells, self._cal_tried[cells],
-                                  self._cal_accepted[cells])
+                                  self._cal_accepted[cells], self._cal_steps, self._cal_tokens)
 
     def _ingest(self) -> int:
         blobs, position, gap = self.log.read(self._position, self.batch)
@@ -226,7 +230,8 @@ class Replica:
                 continue
             if isinstance(entry, CalibrationEntry):
                 if self.share_calibration and entry.origin != self.origin:
-                    self.proposer.fold_calibration(entry.cells, entry.tried, entry.accepted)
+                    self.proposer.fold_calibration(entry.cells, entry.tried, entry.accepted,
+                                                   entry.steps, entry.tokens)
                     self.counts["calibration_ingested"] += 1
                 continue
             if entry.origin == self.origin:
