@@ -159,8 +159,9 @@ def render(rows, slots, p=print, store_only=False):
         p(f"\nThe log carries the store's sequences and the calibration's deltas (per cell, "
           f"and the tokens-per-step average's). N replicas round-robin with it against one "
           f"store with the same N × {slots} slots: largest difference in tokens per step "
-          f"{max(gaps):.4f} -- the calibration arrives a request late and as a block (the "
-          f"bench syncs after each request), one store updates it within the request.")
+          f"{max(gaps):.4f}: another replica's outcomes arrive as a block when its request "
+          f"ends (the bench syncs after each request), where one store folds them step by "
+          f"step.")
     return worst
 
 
