@@ -343,17 +343,20 @@ r = attach(e, spec, model="m", interval=0.01)
 _request(e, 0, np.array([1], np.int32), DOC[:300] if me == 0 else DOC[300:])
 _finish(e)
 deadline = time.time() + 60
-while r.stats()["ingested"] < 1 and time.time() < deadline:
+while (r.stats()["ingested"] < 1 or r.stats()["calibration_ingested"] < 1) \
+        and time.time() < deadline:
     time.sleep(0.02)
+merged = e.proposers[0].calibration_stats()["merged"]
 print(_request(e, 0, np.array([1], np.int32), DOC[300:] if me == 0 else DOC[:300]),
-      r.stats()["ingested"], r.stats()["published"])
+      r.stats()["ingested"], r.stats()["published"], merged)
 r.stop()
 """
 
 
 def two_processes_learn(spec: str) -> None:
     """Two processes, each one engine on the log `spec`, serve one half of DOC each, then the
-    other half: each drafts far more of the half it never served than an engine alone."""
+    other half: each drafts far more of the half it never served than an engine alone, and
+    its calibration has folded in the other's outcomes."""
     env = _child_env()
     procs = [subprocess.Popen([sys.executable, "-c", _TWO_PROCESSES, str(i), spec,
                                str(ROOT / "tests")], stdout=subprocess.PIPE, text=True, env=env)
@@ -362,8 +365,8 @@ def two_processes_learn(spec: str) -> None:
     assert all(p.returncode == 0 for p in procs), outs
     alone = [_request(_engine(), 0, np.array([1], np.int32), half)
              for half in (DOC[300:], DOC[:300])]
-    for (got, ingested, published), base in zip(outs, alone):
-        assert (int(ingested), int(published)) == (1, 1)
+    for (got, ingested, published, merged), base in zip(outs, alone):
+        assert (int(ingested), int(published)) == (1, 1) and int(merged) > 0
         assert int(got) > base + 150, (got, base)
 
 

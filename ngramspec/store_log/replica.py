@@ -93,7 +93,8 @@ class Replica:
 
     Notes
     -----
-    Memory: the backlog (up to `max_backlog` sequences) and one read batch.
+    Memory: the backlog (up to `max_backlog` sequences), one read batch, and the calibration
+    deltas not published yet (2 x 1800 int64).
 
     Thread-safety: `sync` runs in the background thread once `start` ran, or in the caller's
     (tests, benchmarks) when it did not; a lock makes concurrent `sync` calls run one after
