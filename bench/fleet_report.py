@@ -3,7 +3,8 @@ requests of a server are spread over N data-parallel replicas, each one engine o
 without and with the store log (issue 35).
 
     python bench fleet [--families agentic,code-edit,...] [--limit FAMILY=N ...]
-                       [--replicas 1,4,16] [--slots 64] [--json FILE] [--md FILE]
+                       [--replicas 1,4,16] [--slots 64] [--store-only]
+                       [--json FILE] [--md FILE]
 
 Requests are replayed one after another in the trace file's order (the arrival order, kept),
 through `ngramspec.replay.replay_request` (greedy verification against the recording). Request
@@ -13,9 +14,12 @@ without a conversation is one of its own) -- and to that replica's next slot (of
 round-robin). When it ends, its slot finishes it (``begin`` of an empty prompt: what a server's
 slot does when the request ends), so the request reaches its replica's store at once, in every
 configuration alike. With the log (the in-process backend, `ngramspec.store_log.MemoryLog`),
-the replica publishes it and every replica ingests it (`Replica.sync`, in arrival order)
-before the next request starts: the log's lag is zero here; a real deployment lags by its
-`interval` (50 ms) and a network round trip.
+the replica publishes it and what its calibration learned from it, and every replica ingests
+both (`Replica.sync`, in arrival order) before the next request starts: the log's lag is zero
+here; a real deployment lags by its `interval` (50 ms) and a network round trip.
+``--store-only``: the log carries the store's sequences only (``share_calibration=False``),
+each replica calibrating from its own share of the traffic (the log before issue 35's
+calibration entries).
 
 The baseline, "one store", is one engine with the same ``--slots`` seeing every request (N = 1).
 """
@@ -54,12 +58,13 @@ def route(requests, n: int, routing: str) -> list:
     return out
 
 
-def run_fleet(requests, n: int, routing: str, shared_log: bool, n_slots: int) -> dict:
+def run_fleet(requests, n: int, routing: str, shared_log: bool, n_slots: int,
+              share_calibration: bool = True) -> dict:
     """Replay `requests` over `n` replicas; totals and tokens per step."""
     engines = [SpecEngine("ngram-suffix", n_slots=n_slots) for _ in range(n)]
     log = MemoryLog()
-    replicas = [Replica(e.proposers[0], log, model="bench") for e in engines] \
-        if shared_log else []
+    replicas = [Replica(e.proposers[0], log, model="bench", share_calibration=share_calibration)
+                for e in engines] if shared_log else []
     used = [0] * n
     timers = Timers()
     n_out = n_steps = n_acc = n_draft = 0
@@ -83,6 +88,8 @@ def run_fleet(requests, n: int, routing: str, shared_log: bool, n_slots: int) ->
                 tokens_per_step=n_out / n_steps if n_steps else 0.0,
                 published=sum(s["published"] for s in logged),
                 ingested=sum(s["ingested"] for s in logged),
+                calibration_published=sum(s["calibration_published"] for s in logged),
+                calibration_ingested=sum(s["calibration_ingested"] for s in logged),
                 skipped=sum(s["skipped"] for s in logged))
 
 
@@ -107,14 +114,15 @@ def run(args):
                              log=False, ratio=s["tokens_per_step"] / base["tokens_per_step"]))
             for routing in ROUTINGS:
                 for shared in (False, True):
-                    s = run_fleet(requests, n, routing, shared, args.slots)
+                    s = run_fleet(requests, n, routing, shared, args.slots,
+                                  not args.store_only)
                     rows.append(dict(s, family=fam, replicas=n, routing=routing, log=shared,
                                      ratio=s["tokens_per_step"] / base["tokens_per_step"]))
         print(f"  {fam}: {len(requests)} requests done", file=sys.stderr)
     return limits, rows
 
 
-def render(rows, slots, p=print):
+def render(rows, slots, p=print, store_only=False):
     fams = list(dict.fromkeys(r["family"] for r in rows))
     cols = [(r["replicas"], r["routing"], r["log"], r.get("slots", slots)) for r in rows
             if r["family"] == fams[0]]
@@ -142,14 +150,18 @@ def render(rows, slots, p=print):
         p(f"\nWith the log, the lowest ratio to one store is **{worst['ratio']:.3f}×** "
           f"({worst['family']}, {worst['replicas']} replicas, {worst['routing']}); goal >= "
           f"0.97×.")
-    if gaps:
-        p(f"\nN replicas round-robin with the log against one store with the same N × {slots} "
-          f"slots (each of its slots sees the requests a replica's slot sees): largest "
-          f"difference in tokens per step {max(gaps):.4f}. The log gives every replica the "
-          f"store one server would have; what remains between N replicas and one store of "
-          f"{slots} slots is what each slot (one replica) learns apart from the store: "
-          f"ngram-suffix's calibration (issue 35 point 1 shares it within an engine; across "
-          f"replicas it stays each replica's own).")
+    if gaps and store_only:
+        p(f"\nThe log carried the store only (--store-only). N replicas round-robin with it "
+          f"against one store with the same N × {slots} slots: largest difference in tokens "
+          f"per step {max(gaps):.4f}. What remains between N replicas and one store of "
+          f"{slots} slots is ngram-suffix's calibration, each replica's own here.")
+    elif gaps:
+        p(f"\nThe log carries the store's sequences and the calibration's deltas (per cell, "
+          f"and the tokens-per-step average's). N replicas round-robin with it against one "
+          f"store with the same N × {slots} slots: largest difference in tokens per step "
+          f"{max(gaps):.4f}: another replica's outcomes arrive as a block when its request "
+          f"ends (the bench syncs after each request), where one store folds them step by "
+          f"step.")
     return worst
 
 
@@ -160,6 +172,8 @@ def main(argv=None):
                     help=f"replay the first N requests of FAMILY (N=all); defaults: {LIMITS}")
     ap.add_argument("--replicas", default="1,4,16", help="replica counts (default: %(default)s)")
     ap.add_argument("--slots", type=int, default=64, help="slots per replica (default: 64)")
+    ap.add_argument("--store-only", action="store_true",
+                    help="the log carries the store only, not the calibration")
     ap.add_argument("--json", metavar="FILE", default=benchlib.result_path("fleet.json"))
     ap.add_argument("--md", metavar="FILE", default=benchlib.result_path("fleet.md"))
     args = ap.parse_args(argv)
@@ -173,7 +187,7 @@ def main(argv=None):
 
     p("Command: `" + benchlib.command_line("fleet", argv) + "`\n")
     p("Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items()) + "\n")
-    render(rows, args.slots, p)
+    render(rows, args.slots, p, args.store_only)
     if args.md:
         with open(args.md, "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -55,6 +55,16 @@ by a call or two, and a slot whose list is full drops new outcomes, counted in
 touches two counters at once and would need a compare-and-swap loop per cell, for no gain
 over a lock that is only ever tried.
 
+*Learned as a fleet.* Data-parallel replicas of an engine (`ngramspec.store_log`) share the
+table too: the fold also counts, per cell, the outcomes it added since the last
+`take_calibration`, which hands them out as count deltas (at most one per cell: bounded by the
+table's size, whatever the traffic); another replica's `fold_calibration` adds them as if its
+own slots had observed them, the tried count following exactly the path the forgetting rule
+gives it, so a cell's horizon stays ~1000 outcomes of the fleet's traffic (see its docstring
+for what the merge approximates); the tokens-per-step average G likewise takes the other
+replicas' steps (their count and tokens). Deltas merged in are not handed out again. Both calls take
+the calibration's lock, which drafts only try: the log never makes a draft wait.
+
 *Draft trees.* For an engine that verifies a tree of a fixed number of tokens whatever it holds
 (SGLang), `SuffixProposer.draft_tree` builds the tree of at most that many tokens with the
 largest expected accepted length: nodes best first by estimated path probability from the
@@ -106,7 +116,7 @@ from ngramspec._sam cimport (COUNT_DEPTH, MAX_GLOBAL_MATCH, Sam, child_after, sa
 from ngramspec._types cimport NOGIL_MIN_TOKENS, token_t
 
 from ngramspec._proposer import check_int
-from ngramspec.validation import check_real
+from ngramspec.validation import OutOfRange, Refused, WrongType, check_real
 
 cnp.import_array()
 
@@ -150,6 +160,11 @@ DEF ONE = 65536
 DEF CAL_PRIOR = 16
 # A cell's counts are halved once it has seen this many outcomes (forgetting).
 DEF CAL_WINDOW = 1024
+# A per-cell delta handed to other replicas counts at most this many outcomes.
+DEF DELTA_MAX = 0x7FFFFFFF
+# cal_merge replays at most this many forgetting windows of a delta: older outcomes are gone
+# from the counts (a count < CAL_WINDOW halved this often is 0).
+DEF MERGE_CYCLES = 32
 # The slot's tokens-per-step average forgets with weight 2**-10 per step (~ the last 1000
 # steps: a property of the workload, not of the current sentence).
 DEF RATE_SHIFT = 10
@@ -254,6 +269,13 @@ cdef struct Calib:
     int64_t rate            # tokens per step, slow moving average, Q16
     int64_t n_folded        # outcomes folded in
     int64_t n_dropped       # outcomes a slot could not keep while the lock was busy
+    # outcomes this proposer's slots folded in since the last take_calibration, per cell
+    # (fine and coarse): what the store log hands to other replicas (saturating)
+    uint32_t out_acc[N_CAL]
+    uint32_t out_tried[N_CAL]
+    int64_t out_steps       # steps folded into the rate since then, and their tokens
+    int64_t out_tokens
+    int64_t n_merged        # outcomes merged in from other replicas (fold_calibration)
 
 
 # A slot's pending outcome: (cell << 1) | hit, or RATE_TAG | tokens of one step.
@@ -276,9 +298,81 @@ cdef void cal_fold(Calib* C, const uint32_t* pend, int32_t n) noexcept nogil:
         if e & RATE_TAG:
             r = C.rate
             st64(&C.rate, r + (((<int64_t>(e & 0x7FFFFFFF) << 16) - r) >> RATE_SHIFT))
+            C.out_steps += 1
+            C.out_tokens += e & 0x7FFFFFFF
         else:
             cal_observe(C.acc, C.tried, <int>(e >> 1), e & 1)
+            cal_export(C, <int>(e >> 1), e & 1)
+            cal_export(C, coarse_index(<int>(e >> 1)), e & 1)
             C.n_folded += 1
+
+
+cdef inline void cal_export(Calib* C, int cell, bint hit) noexcept nogil:
+    # counted for take_calibration (caller holds the lock); saturates at DELTA_MAX, where the
+    # cell's record is many forgetting horizons long anyway
+    if C.out_tried[cell] < DELTA_MAX:
+        C.out_tried[cell] += 1
+        C.out_acc[cell] += 1 if hit else 0
+
+
+cdef void rate_merge(Calib* C, int64_t steps, int64_t tokens) noexcept nogil:
+    """Fold another replica's `steps` steps of `tokens` tokens in all into the tokens-per-step
+    average, as if they had come one by one, each of the mean: r -> m + (r - m) * w**steps,
+    w = 1 - 2**-RATE_SHIFT the weight a step leaves the past (in Q32 fixed point, by
+    squaring: the same bits on every CPU). Approximates the order of the steps' sizes."""
+    cdef uint64_t w = (<uint64_t>1 << 32) - (<uint64_t>1 << (32 - RATE_SHIFT))
+    cdef uint64_t keep = <uint64_t>1 << 32
+    cdef int64_t k = steps, m, r
+    if steps <= 0:
+        return
+    while k > 0 and keep > 0:
+        if k & 1:
+            keep = (keep * w) >> 32
+        w = (w * w) >> 32
+        k >>= 1
+    m = (tokens << 16) // steps
+    r = C.rate
+    st64(&C.rate, m + (((r - m) * <int64_t>keep) >> 32))
+
+
+cdef void cal_merge(uint32_t* acc, uint32_t* tried, int cell, uint32_t dt, uint32_t da) noexcept nogil:
+    """Fold another replica's dt outcomes of one cell, da of them hits, as if they had come
+    one by one: the tried count follows exactly the path cal_count gives it (+1 each, halved
+    at CAL_WINDOW), and the hits are spread evenly over the dt outcomes (the one thing a count
+    delta does not say). Past MERGE_CYCLES halvings the older outcomes have been shifted out
+    of the counts, so only the last MERGE_CYCLES windows' worth is replayed, from half a
+    window at the delta's hit rate (O(1) per cell; when the outcomes all agree, exact, or within
+    one hit past MERGE_CYCLES windows, where the old counts leave a rounding trace)."""
+    cdef uint32_t t = tried[cell], a = acc[cell], step, share, drop
+    cdef uint64_t cycles
+    if a > t:
+        a = t
+    while dt > 0:
+        if t >= CAL_WINDOW:
+            t >>= 1
+            a >>= 1
+        if t == CAL_WINDOW // 2 and dt > MERGE_CYCLES * (CAL_WINDOW // 2):
+            # what the cell held is shifted out by the MERGE_CYCLES halvings still to come:
+            # start them from half a window at the delta's hit rate
+            a = <uint32_t>((<uint64_t>da * (CAL_WINDOW // 2)) // dt)
+            cycles = dt // (CAL_WINDOW // 2) - MERGE_CYCLES
+            drop = <uint32_t>(cycles * (CAL_WINDOW // 2))
+            share = <uint32_t>((<uint64_t>da * drop) // dt)
+            dt -= drop
+            da -= share
+        step = CAL_WINDOW - t
+        if step > dt:
+            step = dt
+        share = da if step == dt else <uint32_t>((<uint64_t>da * step) // dt)
+        t += step
+        a += share
+        dt -= step
+        da -= share
+    if t >= CAL_WINDOW:
+        t >>= 1
+        a >>= 1
+    st32(&acc[cell], a)
+    st32(&tried[cell], t)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1301,9 +1395,10 @@ cdef class SuffixProposer(Proposer):
 
     def calibration_stats(self):
         """The shared calibration: {'outcomes' folded in, 'dropped' (observed while the lock was
-        busy for longer than a slot's pending list lasts), 'tokens_per_step'}."""
+        busy for longer than a slot's pending list lasts), 'merged' (fine-cell outcomes folded
+        in from other replicas, `fold_calibration`), 'tokens_per_step'}."""
         return dict(outcomes=self.cal.n_folded, dropped=self.cal.n_dropped,
-                    tokens_per_step=ld64(&self.cal.rate) / <double>ONE)
+                    merged=self.cal.n_merged, tokens_per_step=ld64(&self.cal.rate) / <double>ONE)
 
     def draft_probs(self, Py_ssize_t slot):
         """Per-token probabilities of the slot's last draft and the evidence behind them.
@@ -1344,6 +1439,127 @@ cdef class SuffixProposer(Proposer):
         PyThread_release_lock(self.cal_lock)
         shape = (N_SRC, N_LB, N_FB, N_ST, N_AG)
         return acc.reshape(shape), tried.reshape(shape)
+
+    def take_calibration(self):
+        """What this proposer's slots taught the calibration since the last call, as per-cell
+        count deltas, for another replica's `fold_calibration` (the store log carries them);
+        the deltas restart from zero.
+
+        Returns
+        -------
+        cells, tried, accepted : numpy.ndarray
+            The cells that saw outcomes (int32, ascending, fine cells 0 .. 1679 then coarse
+            cells 1680 .. 1799; at most 1800 of them), and for each the outcomes folded in
+            (uint32) and how many came true (uint32, <= tried). Exactly what `cal_fold` added,
+            before forgetting; outcomes merged from other replicas are not in it (a replica
+            never echoes what it was sent). A cell counts at most 2**31 - 1 outcomes.
+        steps, tokens : int
+            The steps folded into the tokens-per-step average, and their tokens in all.
+
+        Notes
+        -----
+        Memory: two uint32 arrays of 1800 counts inside the proposer; the outputs.
+
+        Thread-safety: takes the calibration's lock, waiting without the GIL; a draft only
+        tries that lock, so a draft never waits for this call. Any thread.
+        """
+        cells = np.empty(N_CAL, dtype=np.int32)
+        tried = np.empty(N_CAL, dtype=np.uint32)
+        acc = np.empty(N_CAL, dtype=np.uint32)
+        cdef int32_t[::1] c = cells
+        cdef uint32_t[::1] t = tried, a = acc
+        cdef int32_t i, m = 0
+        cdef int64_t steps, tokens
+        if self.cal_lock == NULL:
+            raise RuntimeError("SuffixProposer is not initialised")
+        with nogil:
+            PyThread_acquire_lock(self.cal_lock, WAIT_LOCK)
+            for i in range(N_CAL):
+                if self.cal.out_tried[i]:
+                    c[m] = i
+                    t[m] = self.cal.out_tried[i]
+                    a[m] = self.cal.out_acc[i]
+                    m += 1
+            memset(self.cal.out_tried, 0, sizeof(self.cal.out_tried))
+            memset(self.cal.out_acc, 0, sizeof(self.cal.out_acc))
+            steps, tokens = self.cal.out_steps, self.cal.out_tokens
+            self.cal.out_steps = self.cal.out_tokens = 0
+            PyThread_release_lock(self.cal_lock)
+        return cells[:m].copy(), tried[:m].copy(), acc[:m].copy(), steps, tokens
+
+    def fold_calibration(self, cells, tried, accepted, steps=0, tokens=0):
+        """Fold another replica's calibration deltas (its `take_calibration`) into this one's
+        shared table, so that the replicas of a fleet learn as one server.
+
+        Each cell's `tried` outcomes are added as if they had come one at a time after this
+        proposer's own: the cell's tried count takes exactly the path of the forgetting rule
+        (+1 per outcome, both counts halved at 1024), so a cell's horizon (~1000 outcomes)
+        means the same whichever replica observed them. Sound because a cell's counts are
+        sufficient statistics of its outcomes, the same for every replica (the cells describe
+        the workload, not the replica), and the forgetting rule depends on the count only.
+        What it approximates: where in the sequence the hits fell (spread evenly over the
+        delta, which matters only when the delta crosses a halving) and the interleaving with
+        this replica's outcomes of the same period (the delta arrives as a block, a log
+        interval late). The tokens-per-step average (G, the draft threshold's gain term)
+        takes the other replica's steps as if they had come one by one, each of their mean
+        (`steps`, `tokens`): its horizon (~1000 steps) is the fleet's too.
+
+        Parameters
+        ----------
+        cells : 1-D int array-like
+            Cell numbers, 0 .. 1799; at most 1800 of them (repeats are folded in turn).
+        tried : 1-D int array-like
+            Outcomes per cell, 0 .. 2**31 - 1.
+        accepted : 1-D int array-like
+            Hits per cell, 0 .. its `tried`.
+        steps : int, 0 .. 2**40
+            Steps behind the tokens-per-step delta (0: none).
+        tokens : int, 0 .. 4097 * steps
+            Their tokens in all (a step yields at most max_draft + 1 <= 4097).
+
+        Raises
+        ------
+        OutOfRange, WrongType, Refused
+            A value out of range, not integers, or arrays of different lengths (the message
+            names the argument); nothing is folded then.
+
+        Notes
+        -----
+        Memory: none kept. Cost: O(len(cells)) (at most 34 forgetting windows per cell).
+
+        Thread-safety: takes the calibration's lock, waiting without the GIL; drafts only try
+        it (a slot whose draft finds it busy folds its own outcomes at its next call), so a
+        draft never waits. Any thread.
+        """
+        c = _cal_counts("cells", cells, N_CAL - 1)
+        t = _cal_counts("tried", tried, DELTA_MAX)
+        a = _cal_counts("accepted", accepted, DELTA_MAX)
+        if not (len(c) == len(t) == len(a)):
+            raise Refused("cells", f"cells, tried and accepted must be as long as each other, "
+                                   f"got {len(c)}, {len(t)} and {len(a)}")
+        if len(c) > N_CAL:
+            raise OutOfRange("len(cells)", len(c), f"0 .. {N_CAL}")
+        n_steps = check_int("steps", steps, 0, 1 << 40)
+        n_tokens = check_int("tokens", tokens, 0, 4097 * n_steps)
+        bad = np.flatnonzero(a > t)
+        if len(bad):
+            raise OutOfRange(f"accepted[{bad[0]}]", int(a[bad[0]]), f"0 .. tried[{bad[0]}] "
+                             f"= {int(t[bad[0]])}")
+        cdef int64_t[::1] cv = c, tv = t, av = a
+        cdef Py_ssize_t i, n = len(c)
+        cdef int64_t total = 0, st = n_steps, tk = n_tokens
+        if self.cal_lock == NULL:
+            raise RuntimeError("SuffixProposer is not initialised")
+        with nogil:
+            PyThread_acquire_lock(self.cal_lock, WAIT_LOCK)
+            for i in range(n):
+                cal_merge(self.cal.acc, self.cal.tried, <int>cv[i], <uint32_t>tv[i],
+                          <uint32_t>av[i])
+                if cv[i] < N_CELLS:
+                    total += tv[i]
+            self.cal.n_merged += total
+            rate_merge(self.cal, st, tk)
+            PyThread_release_lock(self.cal_lock)
 
     # -- The store log (`ngramspec.store_log`): the global store's sequences in and out ------
 
@@ -1451,6 +1667,19 @@ cdef class SuffixProposer(Proposer):
             while box:
                 out.append(box.popleft())
         return out, self.n_outbox_dropped
+
+
+def _cal_counts(name, values, hi):
+    """`values` as a 1-D int64 array of integers in 0 .. hi, else the error naming `name`."""
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise WrongType(name, values, "a 1-D array of integers",
+                        got=f"{arr.ndim}-D {arr.dtype}")
+    arr = arr.astype(np.int64) if arr.size else np.empty(0, dtype=np.int64)
+    if arr.size and (arr.min() < 0 or arr.max() > hi):
+        i = int(np.flatnonzero((arr < 0) | (arr > hi))[0])
+        raise OutOfRange(f"{name}[{i}]", int(arr[i]), f"0 .. {hi}")
+    return np.ascontiguousarray(arr)
 
 
 def sam_bytes(n_tokens):

@@ -15,7 +15,7 @@ from ngramspec.engine import SpecEngine
 from ngramspec.store_log import (DirectoryLog, MemoryLog, Replica, attach, attach_from_env,
                                  check_spec, open_log)
 from ngramspec.store_log.backends import LogUnavailable
-from ngramspec.store_log.entry import BadEntry, decode, encode
+from ngramspec.store_log.entry import BadEntry, CalibrationEntry, Entry, decode, encode
 from ngramspec.validation import ParamError
 
 RNG = np.random.default_rng(7)
@@ -343,17 +343,20 @@ r = attach(e, spec, model="m", interval=0.01)
 _request(e, 0, np.array([1], np.int32), DOC[:300] if me == 0 else DOC[300:])
 _finish(e)
 deadline = time.time() + 60
-while r.stats()["ingested"] < 1 and time.time() < deadline:
+while (r.stats()["ingested"] < 1 or r.stats()["calibration_ingested"] < 1) \
+        and time.time() < deadline:
     time.sleep(0.02)
+merged = e.proposers[0].calibration_stats()["merged"]
 print(_request(e, 0, np.array([1], np.int32), DOC[300:] if me == 0 else DOC[:300]),
-      r.stats()["ingested"], r.stats()["published"])
+      r.stats()["ingested"], r.stats()["published"], merged)
 r.stop()
 """
 
 
 def two_processes_learn(spec: str) -> None:
     """Two processes, each one engine on the log `spec`, serve one half of DOC each, then the
-    other half: each drafts far more of the half it never served than an engine alone."""
+    other half: each drafts far more of the half it never served than an engine alone, and
+    its calibration has folded in the other's outcomes."""
     env = _child_env()
     procs = [subprocess.Popen([sys.executable, "-c", _TWO_PROCESSES, str(i), spec,
                                str(ROOT / "tests")], stdout=subprocess.PIPE, text=True, env=env)
@@ -362,8 +365,8 @@ def two_processes_learn(spec: str) -> None:
     assert all(p.returncode == 0 for p in procs), outs
     alone = [_request(_engine(), 0, np.array([1], np.int32), half)
              for half in (DOC[300:], DOC[:300])]
-    for (got, ingested, published), base in zip(outs, alone):
-        assert (int(ingested), int(published)) == (1, 1)
+    for (got, ingested, published, merged), base in zip(outs, alone):
+        assert (int(ingested), int(published)) == (1, 1) and int(merged) > 0
         assert int(got) > base + 150, (got, base)
 
 
@@ -403,10 +406,14 @@ def test_replay_store_flag_publishes_to_a_directory(tmp_path, shared_dir):
     res = replay(reqs[:3], "ngram-suffix", store=f"dir:{tmp_path}")
     assert res.summary["llama_stats"][0]["store_log"]["published"] == 3
     blobs, _, _ = DirectoryLog(tmp_path).read(None, 100)
-    assert len(blobs) == 3              # every request, the slot's last one too
+    # every request, the slot's last one too, and what the calibration learned from them
+    assert [bytes(b[:4]) for b in blobs].count(b"NGSL") == 3
+    assert [bytes(b[:4]) for b in blobs].count(b"NGSC") >= 1
     b = _engine()
     rb = Replica(b.proposers[0], DirectoryLog(tmp_path))
     assert rb.sync() and rb.stats()["ingested"] == 3
+    assert rb.stats()["calibration_ingested"] >= 1
+    assert b.proposers[0].calibration_stats()["merged"] > 0
     text = b.proposers[0].global_text()
     assert (text == -1).sum() == 3 and len(text) > sum(len(r.output) for r in reqs[:3])
     with pytest.raises(ValueError, match="--store"):
@@ -463,7 +470,10 @@ def test_run_batch_store_publishes_the_finished_requests(tmp_path, capsys):
     blobs, _, _ = DirectoryLog(tmp_path / "log").read(None, 100)
     model = os.path.basename(default_model_path())
     entries = [decode(b, model, 49152) for b in blobs]
-    assert len(entries) >= 3 and all(len(e.tokens) > 6 for e in entries)
+    requests = [e for e in entries if isinstance(e, Entry)]
+    assert len(requests) >= 3 and all(len(e.tokens) > 6 for e in requests)
+    # the rest: what its calibration learned, of the same identity
+    assert all(isinstance(e, CalibrationEntry) for e in entries if not isinstance(e, Entry))
     res = cli(capsys, "run-batch", "-i", inp, "-o", out, "--spec-type", "ngram-mod",
               "--store", f"dir:{tmp_path}/log")
     assert res.returncode != 0 and "--store" in res.stderr and "ngram-suffix" in res.stderr

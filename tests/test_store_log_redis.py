@@ -8,9 +8,10 @@ import pytest
 
 from redistools import RedisServer, require_redis
 from test_store_log import DOC, _engine, _finish, _request, two_processes_learn
+from test_store_log_calibration import calibrations_meet
 
 from ngramspec.store_log import Replica, attach, open_log
-from ngramspec.store_log.entry import encode
+from ngramspec.store_log.entry import decode, encode, encode_calibration
 
 redis = require_redis()
 
@@ -33,6 +34,18 @@ def _wait(cond, timeout=30.0):
 
 def test_two_engines_in_two_processes_learn_from_each_other(server):
     two_processes_learn(server.url + "?stream=two-procs")
+
+
+def test_a_calibration_entry_round_trips_and_replicas_learn_each_others_calibration(server):
+    log = open_log(server.url + "?stream=cal-entry")
+    blob = encode_calibration("m", "r1", 1.0, [4, 9], [7, 3], [6, 0])
+    log.append([blob], 10)
+    blobs, _, _ = log.read(None, 10)
+    assert [bytes(b) for b in blobs] == [blob]
+    e = decode(blobs[0], "m")
+    assert e.cells.tolist() == [4, 9] and e.accepted.tolist() == [6, 0]
+    url = server.url + "?stream=cal-replicas"
+    calibrations_meet(open_log(url), open_log(url))
 
 
 def test_a_killed_server_leaves_replicas_serving_then_they_catch_up(server, caplog):

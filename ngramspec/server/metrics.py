@@ -197,7 +197,9 @@ def _store_log_families():
     for key, doc in (("published", "Finished requests published to the store log."),
                      ("ingested", "Other replicas' requests ingested into the store."),
                      ("skipped", "Corrupt or foreign store-log entries skipped."),
-                     ("dropped", "Requests not published (backlog full while unreachable).")):
+                     ("dropped", "Requests not published (backlog full while unreachable)."),
+                     ("calibration_published", "Calibration deltas published to the store log."),
+                     ("calibration_ingested", "Other replicas' calibration deltas folded in.")):
         fam = CounterMetricFamily(f"ngramspec:store_log_{key}", doc, labels=["log"])
         for s in stats:
             fam.add_metric([s["log"]], s[key])

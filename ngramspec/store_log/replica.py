@@ -13,6 +13,13 @@ to `max_backoff`), sequences to publish wait in a bounded backlog (`max_backlog`
 dropped and counted past it), and reading resumes from the last position (stream id), so the
 replica catches up. An entry that is corrupt or foreign (another format version or model) is
 skipped and counted. The log is trimmed to about the store's budget.
+
+The calibration travels the same way (issue 35): each round also publishes, as a calibration
+entry, the per-cell outcomes the proposer's slots learned since the last round
+(`SuffixProposer.take_calibration`, at most the table's 1800 cells), and folds the other
+replicas' into its table (`SuffixProposer.fold_calibration`), so N replicas' calibration
+learns from the whole fleet's traffic as one server's does. Deltas that could not be published
+add up while the log is unreachable (one entry's worth at most) and go out when it is back.
 """
 from __future__ import annotations
 
@@ -25,10 +32,13 @@ import uuid
 import weakref
 from collections import deque
 
+import numpy as np
+
 from ngramspec._suffix import SuffixProposer
 from ngramspec.store_log.backends import LogUnavailable
-from ngramspec.store_log.entry import BadEntry, decode, encode
-from ngramspec.validation import check_int, check_real
+from ngramspec.store_log.entry import (CAL_CELLS, BadEntry, CalibrationEntry, decode, encode,
+                                       encode_calibration)
+from ngramspec.validation import WrongType, check_int, check_real
 
 __all__ = ["Replica", "replicas"]
 
@@ -38,6 +48,10 @@ _LIVE: "weakref.WeakSet[Replica]" = weakref.WeakSet()
 
 #: Bytes of an entry besides its tokens (header, names, CRC): for the log's byte bound.
 _ENTRY_OVERHEAD = 64
+#: Bytes of the largest calibration entry (1800 cells of 10 bytes, header, names, CRC).
+_CAL_ENTRY_BYTES = 1800 * 10 + 64
+#: The most outcomes a calibration entry counts per cell (`fold_calibration`'s bound).
+_DELTA_MAX = (1 << 31) - 1
 #: The mean entry length assumed before one was published (tokens).
 _FIRST_GUESS = 256
 
@@ -73,10 +87,14 @@ class Replica:
         Sequences kept for publishing while the log is unreachable.
     max_backoff : float, interval .. 600
         Longest wait between retries.
+    share_calibration : bool
+        Publish and fold in calibration deltas too (default True): False shares the store
+        only (each replica then calibrates from its own traffic).
 
     Notes
     -----
-    Memory: the backlog (up to `max_backlog` sequences) and one read batch.
+    Memory: the backlog (up to `max_backlog` sequences), one read batch, and the calibration
+    deltas not published yet (2 x 1800 int64).
 
     Thread-safety: `sync` runs in the background thread once `start` ran, or in the caller's
     (tests, benchmarks) when it did not; a lock makes concurrent `sync` calls run one after
@@ -85,7 +103,7 @@ class Replica:
 
     def __init__(self, proposer, log_backend, *, model: str = "", n_vocab=None, origin=None,
                  interval: float = 0.05, batch: int = 256, max_backlog: int = 4096,
-                 max_backoff: float = 5.0):
+                 max_backoff: float = 5.0, share_calibration: bool = True):
         if not isinstance(proposer, SuffixProposer):
             raise TypeError(f"proposer must be a SuffixProposer, got {type(proposer).__name__}")
         self.proposer = proposer
@@ -97,6 +115,15 @@ class Replica:
         self.batch = check_int("batch", batch, 1, 1 << 16)
         self.max_backlog = check_int("max_backlog", max_backlog, 1, 1 << 20)
         self.max_backoff = check_real("max_backoff", max_backoff, self.interval, 600.0)
+        if not isinstance(share_calibration, bool):
+            raise WrongType("share_calibration", share_calibration, "a bool")
+        self.share_calibration = share_calibration
+        if share_calibration:
+            proposer.take_calibration()     # what it learned before joining is its own
+        # calibration deltas taken but not published yet (per cell; `_calibration_delta`)
+        self._cal_tried = np.zeros(CAL_CELLS, dtype=np.int64)
+        self._cal_accepted = np.zeros(CAL_CELLS, dtype=np.int64)
+        self._cal_steps = self._cal_tokens = 0
         self.budget = proposer.global_stats()["budget"]
         proposer.publish_finished(self.max_backlog)
         self._backlog: deque = deque()
@@ -108,7 +135,8 @@ class Replica:
         self._down = False
         self._mean_tokens = float(_FIRST_GUESS)
         self.counts = dict(published=0, ingested=0, own=0, skipped_corrupt=0,
-                           skipped_foreign=0, dropped=0, gaps=0, errors=0)
+                           skipped_foreign=0, dropped=0, gaps=0, errors=0,
+                           calibration_published=0, calibration_ingested=0)
         self.lag_seconds = 0.0
         self.last_error = ""
         _LIVE.add(self)
@@ -151,15 +179,45 @@ class Replica:
             self._backlog.popleft()
         self._dropped_here += max(0, extra)
         self.counts["dropped"] = dropped_by_proposer + self._dropped_here
-        if not self._backlog:
-            return
         blobs = list(self._backlog)
-        # the log holds about the store's budget: as many entries of the mean length
+        calibration = self._calibration_delta(now)
+        if calibration is not None:
+            blobs.append(calibration)
+        if not blobs:
+            return
+        # the log holds about the store's budget: as many entries of the mean length, and a
+        # calibration entry (<= _CAL_ENTRY_BYTES) beside each, at most one per round
         max_entries = max(16, math.ceil(self.budget / max(1.0, self._mean_tokens)))
         max_bytes = max(1 << 16, 4 * self.budget + _ENTRY_OVERHEAD * max_entries)
+        if self.share_calibration:
+            max_entries *= 2
+            max_bytes += _CAL_ENTRY_BYTES * max_entries // 2
         self.log.append(blobs, max_entries, max_bytes)
         self._backlog.clear()
-        self.counts["published"] += len(blobs)
+        self.counts["published"] += len(blobs) - (calibration is not None)
+        if calibration is not None:
+            self._cal_tried[:] = 0
+            self._cal_accepted[:] = 0
+            self._cal_steps = self._cal_tokens = 0
+            self.counts["calibration_published"] += 1
+
+    def _calibration_delta(self, now: float):
+        """The calibration entry of what the proposer learned since the last one published,
+        or None. Deltas taken while the log is unreachable add up here (one entry's worth,
+        however long the outage), so none is lost and the backlog holds sequences only."""
+        if not self.share_calibration:
+            return None
+        cells, tried, accepted, steps, tokens = self.proposer.take_calibration()
+        self._cal_steps += steps
+        self._cal_tokens += tokens
+        self._cal_tried[cells] = np.minimum(self._cal_tried[cells] + tried, _DELTA_MAX)
+        self._cal_accepted[cells] = np.minimum(self._cal_accepted[cells] + accepted,
+                                               self._cal_tried[cells])
+        cells = np.flatnonzero(self._cal_tried)
+        if not len(cells) and not self._cal_steps:
+            return None
+        return encode_calibration(self.model, self.origin, now, cells, self._cal_tried[cells],
+                                  self._cal_accepted[cells], self._cal_steps, self._cal_tokens)
 
     def _ingest(self) -> int:
         blobs, position, gap = self.log.read(self._position, self.batch)
@@ -170,6 +228,12 @@ class Replica:
                 entry = decode(blob, self.model, self.n_vocab)
             except BadEntry as exc:
                 self.counts["skipped_foreign" if exc.foreign else "skipped_corrupt"] += 1
+                continue
+            if isinstance(entry, CalibrationEntry):
+                if self.share_calibration and entry.origin != self.origin:
+                    self.proposer.fold_calibration(entry.cells, entry.tried, entry.accepted,
+                                                   entry.steps, entry.tokens)
+                    self.counts["calibration_ingested"] += 1
                 continue
             if entry.origin == self.origin:
                 self.counts["own"] += 1
@@ -218,7 +282,8 @@ class Replica:
 
     def stats(self) -> dict:
         """Counters (``published``, ``ingested``, ``own``, ``skipped_corrupt``,
-        ``skipped_foreign``, ``dropped``, ``gaps``, ``errors``), ``lag_seconds`` (publication
+        ``skipped_foreign``, ``dropped``, ``gaps``, ``errors``; ``calibration_published`` and
+        ``calibration_ingested`` count calibration entries, the others sequences), ``lag_seconds`` (publication
         to ingestion of the last entry ingested), ``connected`` and the log's name."""
         return dict(self.counts, skipped=self.counts["skipped_corrupt"]
                     + self.counts["skipped_foreign"], lag_seconds=self.lag_seconds,
