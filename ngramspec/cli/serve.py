@@ -13,9 +13,9 @@ import signal
 import socket
 import sys
 
-from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
-                                  add_spec_flags, check_model_file, int_arg, load_cache_files,
-                                  number_arg, positive_int)
+from ngramspec.cli.common import (add_context_flags, add_deterministic_flag, add_model_flags,
+                                  add_policy_flags, add_spec_flags, check_model_file, int_arg,
+                                  load_cache_files, number_arg, positive_int)
 from ngramspec.cli.live_flags import (GENERATE_DEFAULTS, generate_params, spec_types,
                                       state_generate_defaults)
 from ngramspec.cost import load_cost_model
@@ -100,6 +100,7 @@ def add_serving_flags(p, temp: float = 0.8) -> None:
                                   "start with --spec-policy auto, cached per model, threads "
                                   "and batch size")
     state_generate_defaults(p)
+    add_deterministic_flag(p)
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -195,7 +196,8 @@ def build_scheduler(args):
     if draft is not None:
         draft = load_model(args.model_draft, n_ctx=64, n_batch=64,
                            n_threads=params.get("threads_draft") or args.threads,
-                           repack=params.get("repack_draft", "auto"))
+                           repack=params.get("repack_draft", "auto"),
+                           deterministic=args.deterministic)
         name = os.path.basename(args.model_draft)
         # the embedded model as its own draft (or two files of one name): the draft's id differs
         others[name if name != (args.alias or os.path.basename(model)) else name + "-draft"] \
@@ -203,13 +205,14 @@ def build_scheduler(args):
     target = Scheduler(model, n_slots=args.slots, n_ctx=args.ctx_size, n_batch=args.batch_size,
                        n_threads=args.threads, spec_type=chain, spec_params=params,
                        draft_model=draft, queue_size=args.queue_size, policy=args.spec_policy,
-                       cost_model=cost_model)
+                       cost_model=cost_model, deterministic=args.deterministic)
     for name, llm in others.items():
         # the small model alone, as if it were a separate one: plain decoding in its own
         # context (its n-gram caches would otherwise share the target's files)
         others[name] = Scheduler(llm, n_slots=args.slots, n_ctx=args.ctx_size,
                                  n_batch=args.batch_size, n_threads=args.threads,
-                                 spec_type="none", queue_size=args.queue_size)
+                                 spec_type="none", queue_size=args.queue_size,
+                                 deterministic=args.deterministic)
     return model, target, others
 
 

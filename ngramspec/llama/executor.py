@@ -46,6 +46,9 @@ class StepExecutor:
         Tokens of one decode.
     eog : frozenset of int
         The model's end-of-generation tokens.
+    min_run : int
+        Fewest tokens and rows of logits per decode (2 under the deterministic mode: a one-token
+        run is padded, `ngramspec.llama.batch.MultiSeqBatch`).
 
     Notes
     -----
@@ -54,12 +57,12 @@ class StepExecutor:
     Thread-safety: not thread-safe; the scheduler's decode thread owns it and the context.
     """
 
-    def __init__(self, ctx, n_batch: int, eog: FrozenSet[int]):
+    def __init__(self, ctx, n_batch: int, eog: FrozenSet[int], min_run: int = 1):
         import llama_cpp as lc
         self._lc = lc
         self._ctx = ctx
         self._mem = lc.llama_get_memory(ctx)
-        self._batch = MultiSeqBatch(n_batch)
+        self._batch = MultiSeqBatch(n_batch, min_run=min_run)
         self._eog = eog
 
     def decode(self, plan: StepPlan) -> StepOutput:

@@ -97,6 +97,12 @@ class StepPlan:
                   for c in self.chunks]
         return "\n".join(lines) or "nothing to decode"
 
+    def split(self) -> Tuple["StepPlan", ...]:
+        """The plan as one plan per run (generating slots first), without the ends: the
+        deterministic mode decodes each sequence alone (`ngramspec.llama.deterministic`)."""
+        return tuple([StepPlan((), (v,), ()) for v in self.verifies]
+                     + [StepPlan((), (), (c,)) for c in self.chunks])
+
     @property
     def n_tokens(self) -> int:
         """Tokens of the batch."""

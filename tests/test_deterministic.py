@@ -1,0 +1,138 @@
+"""The deterministic mode (issue 38): exact equality, not noise-aware.
+
+Under ``deterministic=True`` every greedy output of the batched scheduler must be byte-identical
+(token for token) to plain single-request decoding of the same prompt on a model loaded with
+``load_model(deterministic=True)``, whatever the slot count, the concurrency, the prompt
+chunking (n_batch), the prompt-cache reuse, speculation and prediction; a seeded sampled request
+gets the same tokens too. The real embedded model throughout (SmolLM2-135M Q4_1), small outputs.
+"""
+import numpy as np
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+from scheduler_common import COPY_TEXT, EXAMPLE  # noqa: E402
+
+from ngramspec.llama import Scheduler, generate_plain, generate_speculative  # noqa: E402
+from ngramspec.llama import load_model, tokenize_prompt  # noqa: E402
+from ngramspec.llama.deterministic import DeterminismRefused, slot_context  # noqa: E402
+from ngramspec.llama.params import SamplingParams, SpeculationParams  # noqa: E402
+from ngramspec.llama.repack import load_llama  # noqa: E402
+from ngramspec.llama.model import default_model_path  # noqa: E402
+from ngramspec import SpecEngine  # noqa: E402
+
+N_PREDICT = 24
+SPEC = dict(spec_type="ngram-simple,ngram-mod",
+            spec_params=dict(ngram_simple_size_n=3, ngram_simple_size_m=8, ngram_mod_n_match=8,
+                             ngram_mod_n_min=2, ngram_mod_n_max=16))
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return load_model(n_ctx=1024, n_batch=64, n_threads=1, deterministic=True)
+
+
+@pytest.fixture(scope="module")
+def prompts(llm):
+    texts = [(EXAMPLE.read_text(encoding="utf-8"), True),
+             ("Write a Python function that adds two numbers.", True),
+             ("List the planets of the solar system, one per line.", True),
+             ("def fib(n):\n    if n < 2:\n        return n\n", False),
+             ("Repeat after me: " + COPY_TEXT, True)]
+    return [np.asarray(tokenize_prompt(llm, t, chat=chat), np.int32) for t, chat in texts]
+
+
+@pytest.fixture(scope="module")
+def plain(llm, prompts):
+    """Each prompt's plain greedy output under the mode (the reference)."""
+    return [generate_plain(llm, p, n_predict=N_PREDICT).output_tokens for p in prompts]
+
+
+def _run(llm, prompts, n_slots, n_batch=64, speculation=None, sampling=None, predictions=None,
+         **kw):
+    """Every prompt submitted at once to a deterministic scheduler; the outputs in order."""
+    kw = {**SPEC, **kw}
+    sampling = sampling or SamplingParams(temperature=0.0, max_tokens=N_PREDICT)
+    with Scheduler(llm, n_slots=n_slots, n_ctx=n_slots * 1024, n_batch=n_batch, n_threads=1,
+                   queue_size=64, deterministic=True, **kw) as s:
+        handles = [s.submit(p, sampling, speculation,
+                            prediction=None if predictions is None else predictions[i])
+                   for i, p in enumerate(prompts)]
+        outs = [h.result(timeout=600).tokens for h in handles]
+        stats = s.stats()
+    return outs, stats
+
+
+@pytest.mark.parametrize("n_slots", [1, 4, 8])
+def test_concurrency_gives_plain_output(llm, prompts, plain, n_slots):
+    # the prompts twice: at 8 slots ten requests run together
+    outs, stats = _run(llm, prompts + prompts, n_slots)
+    assert outs == plain + plain
+    assert stats["n_draft_tokens"] > 0          # speculation took part
+
+
+@pytest.mark.parametrize("n_batch", [8, 13])
+def test_prompt_chunking_gives_plain_output(llm, prompts, plain, n_batch):
+    # prompts decoded in chunks of a few tokens over many steps, beside generating slots
+    outs, _ = _run(llm, prompts, 4, n_batch=n_batch)
+    assert outs == plain
+
+
+def test_speculation_off_and_live_speculation(llm, prompts, plain):
+    outs, stats = _run(llm, prompts, 4, speculation=SpeculationParams(enabled=False))
+    assert outs == plain and stats["n_draft_tokens"] == 0
+    engine = SpecEngine(["ngram-simple", "ngram-mod"], ngram_mod_n_match=8, ngram_mod_n_min=2)
+    for p, ref in zip(prompts, plain):
+        assert generate_speculative(llm, p, engine, n_predict=N_PREDICT).output_tokens == ref
+
+
+def test_prediction_gives_plain_output(llm, prompts, plain):
+    # the right answer as the prediction (what a pipeline re-applying an edit sends), and a
+    # wrong one: the output is the plain one either way
+    outs, stats = _run(llm, prompts, 4, predictions=plain)
+    assert outs == plain
+    assert stats["n_acc_tokens"] >= sum(len(o) for o in plain) // 2
+    wrong = [list(reversed(o)) for o in plain]
+    assert _run(llm, prompts, 4, predictions=wrong)[0] == plain
+
+
+def test_prompt_cache_reuse_gives_plain_output(llm, prompts, plain):
+    # one slot: every request after the first reuses what the slot holds; a prompt that
+    # extends an earlier prompt keeps its prefix, a repeated prompt re-decodes one token
+    longer = np.concatenate([prompts[1], prompts[3][1:]])
+    ref_longer = generate_plain(llm, longer, n_predict=N_PREDICT).output_tokens
+    with Scheduler(llm, n_slots=1, n_ctx=1024, n_batch=64, n_threads=1, deterministic=True,
+                   **SPEC) as s:
+        greedy = SamplingParams(temperature=0.0, max_tokens=N_PREDICT)
+        got = []
+        for p in [prompts[1], longer, prompts[1], prompts[1]]:
+            got.append(s.submit(p, greedy).result(timeout=600).tokens)
+        assert s.stats()["tokens_prompt_cached"] > 0
+    assert got == [plain[1], ref_longer, plain[1], plain[1]]
+
+
+def test_seeded_sampling_is_reproducible(llm, prompts):
+    sampling = SamplingParams(temperature=0.8, seed=1234, max_tokens=N_PREDICT)
+    one, _ = _run(llm, prompts, 1, sampling=sampling)
+    four, _ = _run(llm, prompts + prompts, 4, sampling=sampling)
+    off, _ = _run(llm, prompts, 4, sampling=sampling,
+                  speculation=SpeculationParams(enabled=False))
+    assert four == one + one
+    assert off == one
+
+
+def test_slot_context_is_aligned():
+    assert slot_context(4096, 4) == 4096
+    assert slot_context(4096, 3) == 3 * 1536
+    assert slot_context(100, 2) == 512
+
+
+def test_repacked_weights_are_refused():
+    with pytest.raises(DeterminismRefused, match="--deterministic.*repack"):
+        load_model(n_ctx=64, deterministic=True, repack="on")
+    # a Llama loaded with extra buffer types (its decodes would crash on AMX hosts: the
+    # refusal comes before any)
+    repacked = load_llama(default_model_path(), repack="on", n_ctx=64, n_batch=64,
+                          n_threads=1, verbose=False)
+    with pytest.raises(DeterminismRefused, match="--deterministic.*extra buffer types"):
+        Scheduler(repacked, n_slots=2, n_ctx=512, n_threads=1, deterministic=True)
