@@ -136,3 +136,18 @@ def test_repacked_weights_are_refused():
                           n_threads=1, verbose=False)
     with pytest.raises(DeterminismRefused, match="--deterministic.*extra buffer types"):
         Scheduler(repacked, n_slots=2, n_ctx=512, n_threads=1, deterministic=True)
+
+
+def test_cli_generate_deterministic(capsys):
+    import json
+    from clitools import cli
+    bad = cli(capsys, "generate", "--deterministic", "--repack", "on", "-p", "hi", "-n", "2")
+    assert bad.returncode != 0 and "--deterministic" in bad.stderr and "repack" in bad.stderr
+    # plain and speculative runs of the mode (--compare) agree token for token
+    r = cli(capsys, "generate", "--deterministic", "--chat", "-p",
+            "Write a Python function that adds two numbers.", "-n", "16", "-t", "1",
+            "--compare", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["outputs_match"] is True
+    assert out["plain_output_tokens"] == out["output_tokens"] and len(out["output_tokens"]) == 16
