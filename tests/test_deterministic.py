@@ -151,3 +151,40 @@ def test_cli_generate_deterministic(capsys):
     out = json.loads(r.stdout)
     assert out["outputs_match"] is True
     assert out["plain_output_tokens"] == out["output_tokens"] and len(out["output_tokens"]) == 16
+
+
+def test_run_batch_twice_and_without_speculation(capsys, tmp_path):
+    # the criterion: two runs of one batch at 4 slots, and a run with speculation off,
+    # give byte-identical text for every request
+    import json
+    from clitools import cli
+    asks = ["Write a Python function that adds two numbers.",
+            "List the planets of the solar system, one per line.",
+            "Repeat after me: " + COPY_TEXT]
+    reqs = [{"custom_id": f"ask{i}-{copy}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": a}], "temperature": 0,
+                      "max_tokens": N_PREDICT}}
+            for copy in range(2) for i, a in enumerate(asks)]   # 4 in flight, 2 waiting
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in reqs))
+
+    def run(name, *flags):
+        out = tmp_path / name
+        r = cli(capsys, "run-batch", "-i", src, "-o", out, "-np", 4, "-t", 1, "-c", 4096,
+                "--deterministic", *flags)
+        assert r.returncode == 0, r.stderr
+        texts = {}
+        for line in out.read_text().splitlines():
+            rec = json.loads(line)
+            body = rec["response"]["body"]
+            choice = body["choices"][0]
+            texts[rec["custom_id"]] = (choice.get("message") or {}).get("content") \
+                or choice.get("text")
+        return texts
+
+    first = run("a.jsonl")
+    assert len(first) == len(reqs) and all(first.values())
+    assert run("b.jsonl") == first
+    assert run("c.jsonl", "--spec-type", "none") == first
+    for i in range(len(asks)):      # a request and its copy: the same text
+        assert first[f"ask{i}-0"] == first[f"ask{i}-1"]

@@ -72,13 +72,14 @@ class MultiSeqBatch:
     def free(self) -> int:
         return self.capacity - self.n
 
-    def add(self, seq_id: int, tokens, pos0: int, logits: str) -> int:
+    def add(self, seq_id: int, tokens, pos0: int, logits: str, pad_to: int = 0) -> int:
         """Append ``tokens`` of sequence ``seq_id`` at positions ``pos0 ..``.
 
         ``logits``: ``"all"`` (verification), ``"last"`` (last prompt chunk) or ``"none"``.
         Returns the batch index of the first appended token.
 
-        With ``min_run`` > 1 a shorter run is padded to ``min_run`` tokens (its last token
+        With ``min_run`` > 1 a shorter run is padded to ``min_run`` tokens (or ``pad_to``: the
+        deterministic mode decodes several slots' runs together only at one length; its last token
         repeated at the next positions; their rows follow the run's, their cells are dropped
         after the decode) and ``"last"`` asks for the last ``min_run`` rows (a padded run's
         rows: its own, then its pads'): every matrix product of the decode has two or more
@@ -86,7 +87,7 @@ class MultiSeqBatch:
         """
         m = len(tokens)
         i = self.n
-        n = max(m, self.min_run)
+        n = max(m, self.min_run, int(pad_to))
         if m == 0 or i + n > self.capacity:
             raise ValueError(f"batch overflow: {i} + {n} > {self.capacity}")
         self.token[i:i + m] = tokens

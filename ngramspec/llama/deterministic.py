@@ -21,9 +21,9 @@ Within one kernel every output element is one sequential sum over the contractio
 exact zeros), so the recipe of the mode is:
 
 1. flash attention off, no extra buffer types (``repack="off"``);
-2. one KV stream per sequence (``kv_unified = false``) and one sequence per ``llama_decode``
-   (several streams in one decode are split by llama.cpp into equal ubatches, which can leave a
-   one-token ubatch);
+2. one KV stream per sequence (``kv_unified = false``); a ``llama_decode`` holds one sequence,
+   or several whose runs are padded to one length (llama.cpp splits several streams into
+   ubatches with equal tokens per stream: unequal runs could leave a one-token ubatch);
 3. at least `MIN_RUN` (2) tokens in every decode and at least 2 rows of logits where any are
    asked: a one-token step decodes ``[token, token]`` at ``p, p + 1`` and drops the second
    cell (its row of logits is causal-masked from the first: the first row is exact);
@@ -108,21 +108,30 @@ def _probe_paths(llm, n_threads: int) -> Optional[str]:
     n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(llm.model)))
     S = _probe_tokens(n_vocab)
     P = 33
-    cp = context_params(n_ctx=2 * KV_ALIGN, n_batch=64, n_seq_max=2, n_threads=n_threads,
+    cp = context_params(n_ctx=2 * KV_ALIGN, n_batch=128, n_seq_max=2, n_threads=n_threads,
                         unified=False, flash_attn=False)
     ctx = lc.llama_init_from_model(llm.model, cp)
     if not ctx:
         return "llama_init_from_model failed for the probe context"
     try:
-        batch = MultiSeqBatch(64, min_run=MIN_RUN)
+        batch = MultiSeqBatch(128, min_run=MIN_RUN)
 
-        def run(seq, chunks):
-            """Decode S[:P] and the continuation in the given (lo, hi) pieces, one per decode;
-            the rows at positions P-1 .. len(S)-2."""
+        mem = lc.llama_get_memory(ctx)
+        R = S[::-1].copy()
+
+        def run(seq, chunks, beside=False):
+            """Decode S[:P] and the continuation in the given (lo, hi) pieces, one per decode
+            (``beside``: the other sequence's R[lo:hi] in the same decodes, both padded to one
+            length, as the scheduler decodes its slots' runs); the rows at positions
+            P-1 .. len(S)-2."""
+            lc.llama_memory_clear(mem, True)
             rows = []
             for lo, hi in chunks:
                 batch.clear()
-                batch.add(seq, S[lo:hi], lo, "all" if hi > P - 1 else "none")
+                L = max(hi - lo, MIN_RUN)
+                batch.add(seq, S[lo:hi], lo, "all" if hi > P - 1 else "none", L)
+                if beside:
+                    batch.add(1 - seq, R[lo:hi], lo, "all", L)
                 out = batch.decode(ctx)
                 rows.extend(np.array(out[max(0, P - 1 - lo):hi - lo]))
             return np.stack(rows)
@@ -130,13 +139,14 @@ def _probe_paths(llm, n_threads: int) -> Optional[str]:
         n = S.size - 1
         plain = run(0, [(0, P)] + [(q, q + 1) for q in range(P, n)])
         others = {
-            "prompt chunks of 1..5 tokens, verification batches of 4":
+            "prompt chunks of 1..5 tokens, verification batches of 4": (
                 [(0, 1), (1, 6), (6, 13), (13, 20), (20, 21), (21, P)]
-                + [(q, min(n, q + 4)) for q in range(P, n, 4)],
+                + [(q, min(n, q + 4)) for q in range(P, n, 4)], False),
+            "beside another sequence in equal-length runs of 3": (
+                [(0, P)] + [(q, min(n, q + 3)) for q in range(P, n, 3)], True),
         }
-        for name, chunks in others.items():
-            lc.llama_memory_seq_rm(lc.llama_get_memory(ctx), 1, 0, -1)
-            got = run(1, chunks)
+        for name, (chunks, beside) in others.items():
+            got = run(1, chunks, beside)
             if not np.array_equal(got, plain):
                 diff = float(np.max(np.abs(got.astype(np.float64) - plain)))
                 return (f"this llama.cpp build's kernels compute a sequence's logits differently "

@@ -65,12 +65,12 @@ class StepExecutor:
         self._batch = MultiSeqBatch(n_batch, min_run=min_run)
         self._eog = eog
 
-    def decode(self, plan: StepPlan) -> StepOutput:
+    def decode(self, plan: StepPlan, pad_to: int = 0) -> StepOutput:
         """One ``llama_decode`` of the plan's runs, logits at every draft position and at each
-        prompt's last token."""
+        prompt's last token; ``pad_to``: each verification run padded to that many tokens."""
         batch = self._batch
         batch.clear()
-        starts = [batch.add(v.seq, v.tokens, v.pos0, "all") for v in plan.verifies]
+        starts = [batch.add(v.seq, v.tokens, v.pos0, "all", pad_to) for v in plan.verifies]
         lasts = [batch.add(c.seq, c.tokens, c.start, "last" if c.last else "none")
                  + c.stop - c.start - 1 for c in plan.chunks]
         t0 = time.perf_counter()

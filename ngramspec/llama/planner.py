@@ -97,11 +97,23 @@ class StepPlan:
                   for c in self.chunks]
         return "\n".join(lines) or "nothing to decode"
 
-    def split(self) -> Tuple["StepPlan", ...]:
-        """The plan as one plan per run (generating slots first), without the ends: the
-        deterministic mode decodes each sequence alone (`ngramspec.llama.deterministic`)."""
-        return tuple([StepPlan((), (v,), ()) for v in self.verifies]
-                     + [StepPlan((), (), (c,)) for c in self.chunks])
+    def split(self, n_batch: int, n_ctx_slot: int,
+              min_run: int) -> Tuple[Tuple["StepPlan", int], ...]:
+        """The plan as the deterministic mode decodes it (`ngramspec.llama.deterministic`),
+        without the ends: ``(part, pad_to)`` pairs, one decode each.
+
+        The generating slots' runs go into one decode when all of them, padded to the longest
+        (at least ``min_run``), fit the batch and their slots' contexts: llama.cpp then gives
+        every KV stream the same number of tokens in one ubatch. Otherwise, and for every
+        prompt chunk, each run is decoded alone.
+        """
+        v = self.verifies
+        L = max([min_run] + [len(r.tokens) for r in v])
+        together = len(v) > 1 and L * len(v) <= n_batch and all(r.pos0 + L <= n_ctx_slot
+                                                                for r in v)
+        parts = [(StepPlan((), v, ()), L)] if together else [(StepPlan((), (r,), ()), 0)
+                                                               for r in v]
+        return tuple(parts + [(StepPlan((), (), (c,)), 0) for c in self.chunks])
 
     @property
     def n_tokens(self) -> int:

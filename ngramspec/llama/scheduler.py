@@ -609,12 +609,14 @@ class Scheduler:
             log.debug("step plan:\n%s", plan)
         for r, reason in plan.finishes:
             self._finish(r, reason)
-        # the deterministic mode decodes each sequence's run alone (`StepPlan.split`)
-        for part in plan.split() if self.deterministic else (plan,):
+        # the deterministic mode's decodes: runs of one length or one sequence (`StepPlan.split`)
+        parts = plan.split(self.n_batch, self.n_ctx_slot, deterministic.MIN_RUN) \
+            if self.deterministic else ((plan, 0),)
+        for part, pad_to in parts:
             n = part.n_tokens
             if n == 0:
                 continue
-            out = self._executor.decode(part)
+            out = self._executor.decode(part, pad_to)
             with self._cond:
                 self._stats["decode_calls"] += 1
                 self._stats["decode_tokens"] += n
