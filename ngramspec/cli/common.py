@@ -171,7 +171,8 @@ def add_deterministic_flag(parser: argparse.ArgumentParser) -> None:
                              "single-request decoding under this flag, whatever the slots, the "
                              "other requests, the prompt cache, speculation or prediction (a "
                              "seeded sampled request too); flash attention and weight repacking "
-                             "off, each request decoded alone (slower with several slots); "
+                             "off, the slots' runs padded to one length (slower with several "
+                             "slots); "
                              "refused, naming the reason, where it cannot hold")
 
 
