@@ -102,17 +102,20 @@ class StepPlan:
         """The plan as the deterministic mode decodes it (`ngramspec.llama.deterministic`),
         without the ends: ``(part, pad_to)`` pairs, one decode each.
 
-        The generating slots' runs go into one decode when all of them, padded to the longest
-        (at least ``min_run``), fit the batch and their slots' contexts: llama.cpp then gives
-        every KV stream the same number of tokens in one ubatch. Otherwise, and for every
-        prompt chunk, each run is decoded alone.
+        Generating slots' runs share a decode only padded to one length (llama.cpp then gives
+        every KV stream the same tokens in one ubatch): the runs of at most ``min_run`` tokens
+        (plain steps, empty drafts) go together; the longer ones together where padding them to
+        the longest at most doubles their tokens, else each alone (measured: padding a step's
+        drafts to its longest cost more than separate decodes). Every prompt chunk alone.
         """
-        v = self.verifies
-        L = max([min_run] + [len(r.tokens) for r in v])
-        together = len(v) > 1 and L * len(v) <= n_batch and all(r.pos0 + L <= n_ctx_slot
-                                                                for r in v)
-        parts = [(StepPlan((), v, ()), L)] if together else [(StepPlan((), (r,), ()), 0)
-                                                               for r in v]
+        short = [r for r in self.verifies if len(r.tokens) <= min_run]
+        long_ = [r for r in self.verifies if len(r.tokens) > min_run]
+        parts = _together(short, min_run, n_batch, n_ctx_slot)
+        L = max([0] + [len(r.tokens) for r in long_])
+        if L * len(long_) <= 2 * sum(len(r.tokens) for r in long_):
+            parts += _together(long_, L, n_batch, n_ctx_slot)
+        else:
+            parts += [(StepPlan((), (r,), ()), 0) for r in long_]
         return tuple(parts + [(StepPlan((), (), (c,)), 0) for c in self.chunks])
 
     @property
@@ -120,6 +123,15 @@ class StepPlan:
         """Tokens of the batch."""
         return sum(len(v.tokens) for v in self.verifies) + sum(c.stop - c.start
                                                                for c in self.chunks)
+
+
+def _together(runs: Sequence[Verify], L: int, n_batch: int, n_ctx_slot: int) -> list:
+    """``runs`` padded to ``L`` tokens in one decode where they fit the batch and their slots'
+    contexts, else one decode each."""
+    if len(runs) > 1 and L * len(runs) <= n_batch and all(r.pos0 + L <= n_ctx_slot
+                                                         for r in runs):
+        return [(StepPlan((), tuple(runs), ()), L)]
+    return [(StepPlan((), (r,), ()), 0) for r in runs]
 
 
 def plan_step(active: Sequence, n_batch: int, n_ctx_slot: int, joint=None) -> StepPlan:
