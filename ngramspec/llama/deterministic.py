@@ -23,7 +23,8 @@ exact zeros), so the recipe of the mode is:
 1. flash attention off, no extra buffer types (``repack="off"``);
 2. one KV stream per sequence (``kv_unified = false``); a ``llama_decode`` holds one sequence,
    or several whose runs are padded to one length (llama.cpp splits several streams into
-   ubatches with equal tokens per stream: unequal runs could leave a one-token ubatch);
+   ubatches with equal tokens per stream: unequal runs could leave a one-token ubatch;
+   which runs share a decode: `ngramspec.llama.planner.StepPlan.split`);
 3. at least `MIN_RUN` (2) tokens in every decode and at least 2 rows of logits where any are
    asked: a one-token step decodes ``[token, token]`` at ``p, p + 1`` and drops the second
    cell (its row of logits is causal-masked from the first: the first row is exact);

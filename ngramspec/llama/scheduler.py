@@ -143,10 +143,10 @@ class Scheduler:
         with ``load_model(deterministic=True)``, whatever the slot count, the other requests,
         the prompt-cache reuse, the speculation, the draft model or the prediction; a seeded
         sampled request gets the same tokens too (`ngramspec.llama.deterministic`: flash
-        attention off, a KV stream per slot, the generating slots' runs padded to one length
-        in one ``llama_decode`` and each prompt chunk alone, no one-token decode, each slot's
-        context rounded up to a multiple of 256 cells). Costs the pads and the prompt
-        chunks' own decodes. Raises `DeterminismRefused` (naming the
+        attention off, a KV stream per slot, slots' runs in one ``llama_decode`` only padded
+        to one length (`StepPlan.split`), each prompt chunk alone, no one-token decode, each
+        slot's context rounded up to a multiple of 256 cells). Costs the pads and the
+        decodes no longer shared (bench/results/determinism.md). Raises `DeterminismRefused` (naming the
         reason) where it cannot hold: layers on a GPU, repacked weights, kernels that fail
         the run-time probe.
 
