@@ -189,3 +189,10 @@ def test_run_batch_twice_and_without_speculation(capsys, tmp_path):
     assert run("c.jsonl", "--spec-type", "none") == first
     for i in range(len(asks)):      # a request and its copy: the same text
         assert first[f"ask{i}-0"] == first[f"ask{i}-1"]
+
+
+def test_draft_model_gives_plain_output(llm, prompts, plain):
+    # the embedded model as its own draft model (draft-simple ends the chain)
+    outs, stats = _run(llm, prompts[:3], 4, draft_model=llm)
+    assert outs == plain[:3]
+    assert stats["proposers"]["draft-simple"]["gen_drafts"] > 0
