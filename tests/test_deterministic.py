@@ -196,3 +196,40 @@ def test_draft_model_gives_plain_output(llm, prompts, plain):
     outs, stats = _run(llm, prompts[:3], 4, draft_model=llm)
     assert outs == plain[:3]
     assert stats["proposers"]["draft-simple"]["gen_drafts"] > 0
+
+
+def test_split_groups_runs_of_one_length():
+    from ngramspec.llama.planner import PromptChunk, StepPlan, Verify
+
+    def v(n, seq, pos0=10):
+        return Verify(None, seq, np.zeros(n, np.int32), pos0)
+
+    def shape(plan, **kw):
+        return [([len(r.tokens) for r in p.verifies], len(p.chunks), pad)
+                for p, pad in plan.split(kw.get("n_batch", 512), kw.get("n_ctx_slot", 1024), 2)]
+
+    chunk = PromptChunk(None, 9, 0, 5, True)
+    # one-token steps together (padded to 2); a long draft alone: padding the others to 17
+    # would more than double their tokens; each prompt chunk alone
+    plan = StepPlan((), (v(1, 0), v(1, 1), v(17, 2), v(1, 3)), (chunk,))
+    assert shape(plan) == [([1, 1, 1], 0, 2), ([17], 0, 0), ([], 1, 0)]
+    assert shape(StepPlan((), (v(5, 0), v(4, 1), v(6, 2)), ())) == [([5, 4, 6], 0, 6)]
+    # no room in the batch, or a pad past a slot's context: each run alone
+    assert shape(StepPlan((), (v(1, 0), v(1, 1)), ()), n_batch=3) == [([1], 0, 0), ([1], 0, 0)]
+    assert shape(StepPlan((), (v(1, 0, 1023), v(1, 1)), ())) == [([1], 0, 0), ([1], 0, 0)]
+
+
+def test_full_slot_context_ends_cleanly(llm, prompts):
+    # a request that fills its slot's context: its last one-token step's pad still has a cell,
+    # the request ends with "context", and plain decoding under the mode stops alike
+    small = load_model(n_ctx=256, n_batch=64, n_threads=1, deterministic=True)
+    p = prompts[4]
+    ref = generate_plain(small, p, n_predict=-1)
+    with Scheduler(llm, n_slots=2, n_ctx=512, n_batch=64, n_threads=1, deterministic=True,
+                   **SPEC) as s:
+        c = s.submit(p, SamplingParams(temperature=0.0, max_tokens=-1, ignore_eos=True)
+                     ).result(timeout=600)
+        assert s.n_ctx_slot == 255          # a stream of 256 cells, one kept for a pad
+    assert c.finish_reason == "context"
+    assert len(p) + len(c.tokens) == 256    # 255 decoded, the last sampled token emitted
+    assert ref.finish_reason == "context" or ref.output_tokens == c.tokens[:len(ref.output_tokens)]

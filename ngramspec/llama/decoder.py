@@ -145,6 +145,10 @@ def target_decoder(llm) -> Decoder:
         asked = int(getattr(getattr(llm, "context_params", None), "n_ctx", 0) or 0)
         if 0 < asked < dec.n_ctx:
             dec.n_ctx = asked
+        # the deterministic mode pads a one-token decode: its pad needs the next cell
+        if dec.batch.min_run > 1:
+            dec.n_ctx = min(dec.n_ctx, int(dec._lc.llama_n_ctx_seq(llm.ctx)) - dec.batch.min_run
+                            + 1)
         llm._ngramspec_decoder = dec
     return dec
 

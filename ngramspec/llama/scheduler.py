@@ -238,6 +238,8 @@ class Scheduler:
         self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
         self.n_ctx = int(lc.llama_n_ctx(self._ctx))
         self.n_ctx_slot = self.n_ctx // self.n_slots
+        if det:   # the last cell of a stream is kept for the pad of a one-token step
+            self.n_ctx_slot -= deterministic.MIN_RUN - 1
         self._eog = [t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t)]
         self._eog_set = frozenset(self._eog)
         self._piece = token_piece_fn(self.vocab)
