@@ -28,7 +28,8 @@ exact zeros), so the recipe of the mode is:
 3. at least `MIN_RUN` (2) tokens in every decode and at least 2 rows of logits where any are
    asked: a one-token step decodes ``[token, token]`` at ``p, p + 1`` and drops the second
    cell (its row of logits is causal-masked from the first: the first row is exact);
-4. a slot's KV stream a multiple of 256 cells (``n_kv`` then stays a multiple of 16).
+4. a slot's KV stream a multiple of 256 cells (``n_kv`` then stays a multiple of 16), its last
+   cell kept for the pad of a one-token step (a request's context is one token shorter).
 
 Plain greedy decoding under the mode (``generate --deterministic``) follows the same rules, so
 the scheduler's output is byte-identical to it whatever the slot count, the concurrency, the
