@@ -34,6 +34,8 @@ COMMANDS = {
     "prediction": ("prediction_report", "Predicted Outputs on code edits: tokens/step and "
                                         "modeled speed-up with and without the prediction"),
     "repack": ("repack_report", "llama.cpp's weight repacking on/off, and the plug-in's loop"),
+    "determinism": ("determinism_report", "which decode paths change one sequence's logits "
+                                          "bit-wise (issue 38), and the deterministic mode's cost"),
     "serve": ("serve_report", "the batched scheduler: aggregate tokens/s of 1-8 concurrent "
                               "clients"),
     "serve-load": ("serve_load", "`ngramspec serve` under load: requests/s and tokens/s, "

@@ -218,6 +218,18 @@ def add_repack_flag(parser: argparse.ArgumentParser) -> None:
                    help="same as --repack off (llama-server's flag)")
 
 
+def add_deterministic_flag(parser: argparse.ArgumentParser) -> None:
+    """``--deterministic`` (`ngramspec.llama.deterministic`) of generate, serve and run-batch."""
+    parser.add_argument("--deterministic", action="store_true",
+                        help="reproducible output: greedy text byte-identical to plain "
+                             "single-request decoding under this flag, whatever the slots, the "
+                             "other requests, the prompt cache, speculation or prediction (a "
+                             "seeded sampled request too); flash attention and weight repacking "
+                             "off, the slots' runs padded to one length (slower with several "
+                             "slots); "
+                             "refused, naming the reason, where it cannot hold")
+
+
 # The cache-file flags of ngram-cache (--lookup-cache-static / --lookup-cache-dynamic).
 CACHE_FILE_PARAMS = ("lookup_cache_static", "lookup_cache_dynamic")
 

@@ -5,9 +5,10 @@ import json
 import sys
 
 from ngramspec import cost, registry
-from ngramspec.cli.common import (CtrlC, add_context_flags, add_model_flags, add_policy_flags,
-                                  add_repack_flag, add_spec_flags, amend_help, check_model_file,
-                                  check_writable, int_arg, load_cache_files)
+from ngramspec.cli.common import (CtrlC, add_context_flags, add_deterministic_flag,
+                                  add_model_flags, add_policy_flags, add_repack_flag,
+                                  add_spec_flags, amend_help, check_model_file, check_writable,
+                                  int_arg, load_cache_files)
 from ngramspec.cli.live_flags import (GENERATE_DEFAULTS, generate_params, spec_types,
                                       state_generate_defaults)
 from ngramspec.engine import SpecEngine
@@ -67,6 +68,7 @@ def add_parser(subparsers):
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end (the text is not streamed)")
     add_repack_flag(p)
+    add_deterministic_flag(p)
     add_spec_flags(p, include_live=True)
     add_policy_flags(p, default="auto", why="a draft is verified only where it pays on this "
                                             "machine; fixed gives llama.cpp's drafts",
@@ -175,7 +177,8 @@ def _check_inputs(args):
 def _execute(args, ctrl_c: CtrlC):
     types, params, prompt_ids, text, cost_model = _check_inputs(args)
     llm = load_model(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
-                     n_threads=args.threads, repack=args.repack)
+                     n_threads=args.threads, repack=args.repack,
+                     deterministic=args.deterministic)
     ctrl_c.check()      # a Ctrl-C during the load (where llama-cpp-python's logging drops it)
     prompt = prompt_ids if prompt_ids is not None else tokenize_prompt(llm, text, chat=args.chat)
     if len(prompt) == 0:

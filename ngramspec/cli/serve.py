@@ -14,10 +14,10 @@ import socket
 import sys
 
 from ngramspec import store_log
-from ngramspec.cli.common import (add_context_flags, add_model_flags, add_policy_flags,
-                                  add_slots_flag, add_spec_flags, add_store_flag, amend_help,
-                                  check_model_file, int_arg, load_cache_files, number_arg,
-                                  positive_int)
+from ngramspec.cli.common import (add_context_flags, add_deterministic_flag, add_model_flags,
+                                  add_policy_flags, add_slots_flag, add_spec_flags,
+                                  add_store_flag, amend_help, check_model_file, int_arg,
+                                  load_cache_files, number_arg, positive_int)
 from ngramspec.cli.live_flags import (GENERATE_DEFAULTS, generate_params, spec_types,
                                       state_generate_defaults)
 from ngramspec.cost import load_cost_model
@@ -120,6 +120,7 @@ def add_serving_flags(p, temp: float = 0.8) -> None:
                                   "and batch size")
     state_generate_defaults(p)
     amend_help(p, "lookup_cache_dynamic", "; the server only reads it")
+    add_deterministic_flag(p)
 
 
 def add_request_limit_flags(p, too_large: str) -> None:
@@ -236,7 +237,8 @@ def build_scheduler(args):
     if draft is not None:
         draft = load_model(args.model_draft, n_ctx=64, n_batch=64,
                            n_threads=params.get("threads_draft") or args.threads,
-                           repack=params.get("repack_draft", "auto"))
+                           repack=params.get("repack_draft", "auto"),
+                           deterministic=args.deterministic)
         name = os.path.basename(args.model_draft)
         # the embedded model as its own draft (or two files of one name): the draft's id differs
         others[name if name != (args.alias or os.path.basename(model)) else name + "-draft"] \
@@ -244,7 +246,7 @@ def build_scheduler(args):
     target = Scheduler(model, n_slots=args.slots, n_ctx=args.ctx_size, n_batch=args.batch_size,
                        n_threads=args.threads, spec_type=chain, spec_params=params,
                        draft_model=draft, queue_size=args.queue_size, policy=args.spec_policy,
-                       cost_model=cost_model)
+                       cost_model=cost_model, deterministic=args.deterministic)
     if args.store:
         store_log.attach(target._engine, args.store, model=os.path.basename(model),
                          n_vocab=target.n_vocab)
@@ -253,7 +255,8 @@ def build_scheduler(args):
         # context (its n-gram caches would otherwise share the target's files)
         others[name] = Scheduler(llm, n_slots=args.slots, n_ctx=args.ctx_size,
                                  n_batch=args.batch_size, n_threads=args.threads,
-                                 spec_type="none", queue_size=args.queue_size)
+                                 spec_type="none", queue_size=args.queue_size,
+                                 deterministic=args.deterministic)
     return model, target, others
 
 

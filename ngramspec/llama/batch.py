@@ -12,6 +12,7 @@ calibration) and the noise measurement of `ngramspec.llama.divergence` all decod
 from __future__ import annotations
 
 import ctypes
+from typing import List, Tuple
 
 import numpy as np
 
@@ -32,13 +33,18 @@ class MultiSeqBatch:
     `Decoder`'s).
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, *, min_run: int = 1):
         import llama_cpp as lc
         self._lc = lc
         n = int(capacity)
-        if n < 1:
-            raise ValueError(f"n_batch = {n} is out of range: allowed >= 1")
+        if n < max(1, min_run):
+            raise ValueError(f"n_batch = {n} is out of range: allowed >= {max(1, min_run)}")
         self.capacity = n
+        #: fewest tokens (and rows of logits) of a run: the deterministic mode's 2
+        #: (`ngramspec.llama.deterministic`); a shorter run is padded with copies of its last
+        #: token, whose KV cells `decode` drops again
+        self.min_run = int(min_run)
+        self._pads: List[Tuple[int, int]] = []   # (seq, first pad position) of this batch
         self.token = np.zeros(n, dtype=np.int32)
         self.pos = np.zeros(n, dtype=np.int32)
         self.n_seq_id = np.ones(n, dtype=np.int32)
@@ -60,28 +66,41 @@ class MultiSeqBatch:
 
     def clear(self) -> None:
         self.n = 0
+        self._pads.clear()
 
     @property
     def free(self) -> int:
         return self.capacity - self.n
 
-    def add(self, seq_id: int, tokens, pos0: int, logits: str) -> int:
+    def add(self, seq_id: int, tokens, pos0: int, logits: str, pad_to: int = 0) -> int:
         """Append ``tokens`` of sequence ``seq_id`` at positions ``pos0 ..``.
 
         ``logits``: ``"all"`` (verification), ``"last"`` (last prompt chunk) or ``"none"``.
         Returns the batch index of the first appended token.
+
+        With ``min_run`` > 1 a shorter run is padded to ``min_run`` tokens (or ``pad_to``: the
+        deterministic mode decodes several slots' runs together only at one length; its last token
+        repeated at the next positions; their rows follow the run's, their cells are dropped
+        after the decode) and ``"last"`` asks for the last ``min_run`` rows (a padded run's
+        rows: its own, then its pads'): every matrix product of the decode has two or more
+        columns. Rows are found by batch index (the flags' running count), as before.
         """
         m = len(tokens)
         i = self.n
-        if m == 0 or i + m > self.capacity:
-            raise ValueError(f"batch overflow: {i} + {m} > {self.capacity}")
+        n = max(m, self.min_run, int(pad_to))
+        if m == 0 or i + n > self.capacity:
+            raise ValueError(f"batch overflow: {i} + {n} > {self.capacity}")
         self.token[i:i + m] = tokens
-        self.pos[i:i + m] = np.arange(pos0, pos0 + m, dtype=np.int32)
-        self.seq[i:i + m] = seq_id
-        self.logits[i:i + m] = 1 if logits == "all" else 0
+        if n > m:
+            self.token[i + m:i + n] = self.token[i + m - 1]
+            self._pads.append((int(seq_id), pos0 + m))
+        self.pos[i:i + n] = np.arange(pos0, pos0 + n, dtype=np.int32)
+        self.seq[i:i + n] = seq_id
+        self.logits[i:i + n] = 1 if logits == "all" else 0
         if logits == "last":
-            self.logits[i + m - 1] = 1
-        self.n = i + m
+            self.logits[i + m - min(m, self.min_run):i + m] = 1
+            self.logits[i + m:i + n] = 1   # a padded run: the pad's rows follow the last one
+        self.n = i + n
         return i
 
     def decode(self, ctx) -> np.ndarray:
@@ -92,6 +111,10 @@ class MultiSeqBatch:
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}"
                                + (" (no KV cache slot for the batch)" if rc == 1 else ""))
+        if self._pads:   # the logits are computed: the pads' cells go
+            mem = self._lc.llama_get_memory(ctx)
+            for seq, p0 in self._pads:
+                self._lc.llama_memory_seq_rm(mem, seq, p0, -1)
         n_out = int(np.count_nonzero(self.logits[:self.n]))
         if n_out == 0:
             return np.empty((0, 0), dtype=np.float32)

@@ -16,6 +16,7 @@ import numpy as np
 from ngramspec.tokens import token_array
 
 from .batch import MultiSeqBatch
+from .context import context_params
 from .model import require_llama_cpp
 
 __all__ = ["Decoder", "check_engine_models", "check_prompt", "context_params", "finish_request", "prompt_pass",
@@ -33,6 +34,9 @@ class Decoder:
         Largest batch one ``llama_decode`` call gets.
     seq_id : int
         Sequence the batch's tokens go to (`set_seq` changes it).
+    min_run : int
+        Fewest tokens and rows of logits per ``llama_decode`` (2 under the deterministic mode:
+        `ngramspec.llama.deterministic`; a one-token decode is padded).
 
     Notes
     -----
@@ -42,7 +46,7 @@ class Decoder:
     Thread-safety: not thread-safe; one decoder per thread and context.
     """
 
-    def __init__(self, ctx, model, n_batch: int, seq_id: int = 0):
+    def __init__(self, ctx, model, n_batch: int, seq_id: int = 0, min_run: int = 1):
         lc = require_llama_cpp()
         self._lc = lc
         self.ctx = ctx
@@ -52,7 +56,7 @@ class Decoder:
         self.n_ctx = int(lc.llama_n_ctx_seq(ctx))
         self.n_batch = int(n_batch)
         self.mem = lc.llama_get_memory(ctx)
-        self.batch: Optional[MultiSeqBatch] = MultiSeqBatch(self.n_batch)
+        self.batch: Optional[MultiSeqBatch] = MultiSeqBatch(self.n_batch, min_run=min_run)
         self._seq = int(seq_id)
         # Prompt cache of the target decoder (see prompt_pass): the prompt whose KV is kept.
         self.cached_prompt: Optional[np.ndarray] = None
@@ -101,26 +105,13 @@ class Decoder:
             batch.add(self._seq, arr[start:start + m], pos0 + start,
                       "all" if all_logits else "last" if start + m == n else "none")
             rows = batch.decode(self.ctx)
-        return rows
+        if all_logits:
+            return rows[:m]           # a padded batch's pad rows follow
+        last = int(np.count_nonzero(batch.logits[:m])) - 1   # the last token's row
+        return rows[last:last + 1]
 
     def is_eog(self, token: int) -> bool:
         return bool(self._lc.llama_vocab_is_eog(self.vocab, int(token)))
-
-
-def context_params(*, n_ctx: int, n_batch: int, n_seq_max: int, n_threads: int,
-                   unified: bool):
-    """``llama_context_params`` of a context ngramspec makes on a loaded model's weights (the
-    scheduler's, the draft model's, a noise-measuring one): ``n_batch`` tokens per decode in one
-    ubatch, ``n_threads`` for single and batched decodes alike, no perf counters; ``unified``
-    shares the KV cells among the ``n_seq_max`` sequences, else each gets ``n_ctx / n_seq_max``."""
-    cp = require_llama_cpp().llama_context_default_params()
-    cp.n_ctx = int(n_ctx)
-    cp.n_batch = cp.n_ubatch = int(n_batch)
-    cp.n_seq_max = int(n_seq_max)
-    cp.n_threads = cp.n_threads_batch = int(n_threads)
-    cp.kv_unified = bool(unified)
-    cp.no_perf = True
-    return cp
 
 
 def check_prompt(dec: Decoder, prompt: np.ndarray) -> None:
@@ -145,12 +136,19 @@ def target_decoder(llm) -> Decoder:
     # One decoder per Llama, cached on it: the batch is allocated once, not per request.
     dec = getattr(llm, "_ngramspec_decoder", None)
     if dec is None or dec.ctx is not llm.ctx:
-        dec = Decoder(llm.ctx, llm.model, llm.n_batch)
+        # a Llama loaded for the deterministic mode (load_model(deterministic=True)) decodes
+        # by its rules: two or more tokens and rows of logits per decode
+        dec = Decoder(llm.ctx, llm.model, llm.n_batch,
+                      min_run=getattr(llm, "_ngramspec_min_run", 1))
         # llama.cpp pads the context to a multiple of 256 (--ctx-size 8 gets 256 positions):
         # honour the size asked for, so drafts and the stop are bounded by it.
         asked = int(getattr(getattr(llm, "context_params", None), "n_ctx", 0) or 0)
         if 0 < asked < dec.n_ctx:
             dec.n_ctx = asked
+        # the deterministic mode pads a one-token decode: its pad needs the next cell
+        if dec.batch.min_run > 1:
+            dec.n_ctx = min(dec.n_ctx, int(dec._lc.llama_n_ctx_seq(llm.ctx)) - dec.batch.min_run
+                            + 1)
         llm._ngramspec_decoder = dec
     return dec
 

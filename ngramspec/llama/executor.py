@@ -47,6 +47,9 @@ class StepExecutor:
         Tokens of one decode.
     eog : frozenset of int
         The model's end-of-generation tokens.
+    min_run : int
+        Fewest tokens and rows of logits per decode (2 under the deterministic mode: a one-token
+        run is padded, `ngramspec.llama.batch.MultiSeqBatch`).
 
     Notes
     -----
@@ -55,20 +58,20 @@ class StepExecutor:
     Thread-safety: not thread-safe; the scheduler's decode thread owns it and the context.
     """
 
-    def __init__(self, ctx, n_batch: int, eog: FrozenSet[int]):
+    def __init__(self, ctx, n_batch: int, eog: FrozenSet[int], min_run: int = 1):
         import llama_cpp as lc
         self._lc = lc
         self._ctx = ctx
         self._mem = lc.llama_get_memory(ctx)
-        self._batch = MultiSeqBatch(n_batch)
+        self._batch = MultiSeqBatch(n_batch, min_run=min_run)
         self._eog = eog
 
-    def decode(self, plan: StepPlan) -> StepOutput:
+    def decode(self, plan: StepPlan, pad_to: int = 0) -> StepOutput:
         """One ``llama_decode`` of the plan's runs, logits at every draft position and at each
-        prompt's last token."""
+        prompt's last token; ``pad_to``: each verification run padded to that many tokens."""
         batch = self._batch
         batch.clear()
-        starts = [batch.add(v.seq, v.tokens, v.pos0, "all") for v in plan.verifies]
+        starts = [batch.add(v.seq, v.tokens, v.pos0, "all", pad_to) for v in plan.verifies]
         lasts = [batch.add(c.seq, c.tokens, c.start, "last" if c.last else "none")
                  + c.stop - c.start - 1 for c in plan.chunks]
         t0 = time.perf_counter()

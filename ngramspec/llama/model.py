@@ -12,6 +12,7 @@ from typing import Optional
 from ngramspec.embedded import (DEFAULT_MODEL_FILE, DEFAULT_MODEL_PACKAGE, ModelNotFoundError,
                                 default_model_path)
 
+from .deterministic import MIN_RUN, DeterminismRefused, require
 from .repack import load_llama, use_extra_bufts
 
 __all__ = ["DEFAULT_MODEL_PACKAGE", "DEFAULT_MODEL_FILE", "ModelNotFoundError",
@@ -57,7 +58,8 @@ def default_threads() -> int:
 
 
 def load_model(model_path: Optional[str] = None, *, n_ctx: int = 4096, n_batch: int = 512,
-               n_threads: Optional[int] = None, verbose: bool = False, repack="auto"):
+               n_threads: Optional[int] = None, verbose: bool = False, repack="auto",
+               deterministic: bool = False):
     """Load a GGUF model for live generation.
 
     Parameters
@@ -79,6 +81,12 @@ def load_model(model_path: Optional[str] = None, *, n_ctx: int = 4096, n_batch: 
         llama.cpp's weight repacking into extra CPU buffer types (``use_extra_bufts``; ``off`` is
         llama-server's ``--no-repack``). ``auto`` turns it off on CPUs with AMX, whose repacked
         kernel crashes on multi-token batches (:mod:`ngramspec.llama.repack`), and on elsewhere.
+    deterministic : bool
+        Load for the deterministic mode (`ngramspec.llama.deterministic`): no weight repacking
+        (``repack="on"`` is refused), flash attention off, and the model's decodes follow the
+        mode's rules, so plain and speculative generation on it give the same bits as the
+        scheduler's ``deterministic=True``. Refused (`DeterminismRefused`, naming the reason)
+        where it cannot hold.
 
     Returns
     -------
@@ -87,6 +95,11 @@ def load_model(model_path: Optional[str] = None, *, n_ctx: int = 4096, n_batch: 
     """
     require_llama_cpp()
     extra = use_extra_bufts(repack)  # a bad value fails before the file checks
+    if deterministic:
+        if repack is True or repack == "on":
+            raise DeterminismRefused("weight repacking (--repack on) has batch-dependent "
+                                     "kernels; use --repack auto or off")
+        extra = False
     if model_path is None:
         model_path = default_model_path()
     if not os.path.isfile(model_path):
@@ -94,6 +107,11 @@ def load_model(model_path: Optional[str] = None, *, n_ctx: int = 4096, n_batch: 
     if n_ctx < 8:
         raise ValueError(f"n_ctx (--ctx-size) must be >= 8, got {n_ctx}")
     threads = n_threads or default_threads()
-    llm = load_llama(model_path, repack=extra, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                     n_threads=threads, n_threads_batch=threads, verbose=verbose)
+    # llama-cpp-python's Llama turns flash attention off unless asked (the mode needs it off)
+    llm = load_llama(model_path, repack=extra, n_ctx=n_ctx,
+                     n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
+                     n_threads_batch=threads, flash_attn=False, verbose=verbose)
+    if deterministic:
+        require(llm, threads)
+        llm._ngramspec_min_run = MIN_RUN   # its target decoder pads one-token decodes
     return llm

@@ -97,11 +97,41 @@ class StepPlan:
                   for c in self.chunks]
         return "\n".join(lines) or "nothing to decode"
 
+    def split(self, n_batch: int, n_ctx_slot: int,
+              min_run: int) -> Tuple[Tuple["StepPlan", int], ...]:
+        """The plan as the deterministic mode decodes it (`ngramspec.llama.deterministic`),
+        without the ends: ``(part, pad_to)`` pairs, one decode each.
+
+        Generating slots' runs share a decode only padded to one length (llama.cpp then gives
+        every KV stream the same tokens in one ubatch): the runs of at most ``min_run`` tokens
+        (plain steps, empty drafts) go together; the longer ones together where padding them to
+        the longest at most doubles their tokens, else each alone (measured: padding a step's
+        drafts to its longest cost more than separate decodes). Every prompt chunk alone.
+        """
+        short = [r for r in self.verifies if len(r.tokens) <= min_run]
+        long_ = [r for r in self.verifies if len(r.tokens) > min_run]
+        parts = _together(short, min_run, n_batch, n_ctx_slot)
+        L = max([0] + [len(r.tokens) for r in long_])
+        if L * len(long_) <= 2 * sum(len(r.tokens) for r in long_):
+            parts += _together(long_, L, n_batch, n_ctx_slot)
+        else:
+            parts += [(StepPlan((), (r,), ()), 0) for r in long_]
+        return tuple(parts + [(StepPlan((), (), (c,)), 0) for c in self.chunks])
+
     @property
     def n_tokens(self) -> int:
         """Tokens of the batch."""
         return sum(len(v.tokens) for v in self.verifies) + sum(c.stop - c.start
                                                                for c in self.chunks)
+
+
+def _together(runs: Sequence[Verify], L: int, n_batch: int, n_ctx_slot: int) -> list:
+    """``runs`` padded to ``L`` tokens in one decode where they fit the batch and their slots'
+    contexts, else one decode each."""
+    if len(runs) > 1 and L * len(runs) <= n_batch and all(r.pos0 + L <= n_ctx_slot
+                                                         for r in runs):
+        return [(StepPlan((), tuple(runs), ()), L)]
+    return [(StepPlan((), (r,), ()), 0) for r in runs]
 
 
 def plan_step(active: Sequence, n_batch: int, n_ctx_slot: int, joint=None) -> StepPlan:

@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from . import admission
+from . import admission, deterministic
 from .decoder import check_engine_models, context_params
 from .calibration import context_calibration
 from .executor import StepExecutor, StepOutput
@@ -141,6 +141,17 @@ class Scheduler:
         threads and n_batch (`ngramspec.llama.calibration.context_calibration`), measured at
         `start` when ``policy="auto"``; with ``"fixed"`` a cached one is used when there is
         one, and requests asking for "auto" without any cost model keep their drafts whole.
+    deterministic : bool
+        Greedy output byte-identical to plain decoding of the same prompt on a model loaded
+        with ``load_model(deterministic=True)``, whatever the slot count, the other requests,
+        the prompt-cache reuse, the speculation, the draft model or the prediction; a seeded
+        sampled request gets the same tokens too (`ngramspec.llama.deterministic`: flash
+        attention off, a KV stream per slot, slots' runs in one ``llama_decode`` only padded
+        to one length (`StepPlan.split`), each prompt chunk alone, no one-token decode, each
+        slot's context rounded up to a multiple of 256 cells). Costs the pads and the
+        decodes no longer shared (bench/results/determinism.md). Raises `DeterminismRefused` (naming the
+        reason) where it cannot hold: layers on a GPU, repacked weights, kernels that fail
+        the run-time probe.
 
     Notes
     -----
@@ -160,7 +171,7 @@ class Scheduler:
                  n_batch: int = 512, n_threads: Optional[int] = None,
                  spec_type: Union[str, Sequence[str]] = "ngram-mod",
                  spec_params: Optional[dict] = None, draft_model=None, queue_size: int = 64,
-                 policy: str = "fixed", cost_model=None):
+                 policy: str = "fixed", cost_model=None, deterministic: bool = False):
         self.n_slots = check_int("n_slots", n_slots, 1, MAX_SLOTS)
         n_ctx = check_int("n_ctx", n_ctx, 8 * self.n_slots)
         self.n_batch = check_int("n_batch", n_batch, 8)
@@ -171,6 +182,9 @@ class Scheduler:
             raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
         self.n_threads = check_int("n_threads", n_threads, 1) if n_threads is not None \
             else default_threads()
+        if not isinstance(deterministic, bool):
+            raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+        self.deterministic = deterministic
         self._open_context(llm_or_path, n_ctx)
         self._engine, self.spec_types = self._build_engine(spec_type, spec_params, draft_model)
         self._engines: Dict[tuple, object] = {}
@@ -201,18 +215,25 @@ class Scheduler:
 
     def _open_context(self, llm_or_path, n_ctx: int) -> None:
         """The target's weights and this scheduler's own context on them (one sequence per slot,
-        a unified KV cache), and the step executor that decodes on it."""
+        a unified KV cache; a stream per slot under the deterministic mode), and the step
+        executor that decodes on it."""
         import llama_cpp as lc
         self._lc = lc
         if llm_or_path is None or isinstance(llm_or_path, (str, os.PathLike)):
             # A small context of its own: the Llama serves as tokenizer and chat template only.
             self.llm = load_model(None if llm_or_path is None else os.fspath(llm_or_path),
-                                  n_ctx=64, n_batch=64, n_threads=self.n_threads)
+                                  n_ctx=64, n_batch=64, n_threads=self.n_threads,
+                                  deterministic=self.deterministic)
         else:
             self.llm = llm_or_path
         model = self.llm.model
+        det = self.deterministic
+        if det:
+            deterministic.require(self.llm, self.n_threads)
+            n_ctx = deterministic.slot_context(n_ctx, self.n_slots)
         cp = context_params(n_ctx=n_ctx, n_batch=self.n_batch, n_seq_max=self.n_slots,
-                            n_threads=self.n_threads, unified=True)
+                            n_threads=self.n_threads, unified=not det,
+                            flash_attn=False if det else None)
         self._ctx = lc.llama_init_from_model(model, cp)
         if not self._ctx:
             raise RuntimeError("llama_init_from_model failed (n_ctx too large for memory?)")
@@ -220,10 +241,13 @@ class Scheduler:
         self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
         self.n_ctx = int(lc.llama_n_ctx(self._ctx))
         self.n_ctx_slot = self.n_ctx // self.n_slots
+        if det:   # the last cell of a stream is kept for the pad of a one-token step
+            self.n_ctx_slot -= deterministic.MIN_RUN - 1
         self._eog = [t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t)]
         self._eog_set = frozenset(self._eog)
         self._piece = token_piece_fn(self.vocab)
-        self._executor = StepExecutor(self._ctx, self.n_batch, self._eog_set)
+        self._executor = StepExecutor(self._ctx, self.n_batch, self._eog_set,
+                                      min_run=deterministic.MIN_RUN if det else 1)
 
     def _build_engine(self, spec_type, spec_params, draft_model):
         types = [t for t in parse_types(spec_type) if t != "none"]
@@ -599,15 +623,19 @@ class Scheduler:
             log.debug("step plan:\n%s", plan)
         for r, reason in plan.finishes:
             self._finish(r, reason)
-        n = plan.n_tokens
-        if n == 0:
-            return
-        out = self._executor.decode(plan)
-        with self._cond:
-            self._stats["decode_calls"] += 1
-            self._stats["decode_tokens"] += n
-            self._stats["t_decode_s"] += out.seconds
-        self._update(plan, out)
+        # the deterministic mode's decodes: runs of one length or one sequence (`StepPlan.split`)
+        parts = plan.split(self.n_batch, self.n_ctx_slot, deterministic.MIN_RUN) \
+            if self.deterministic else ((plan, 0),)
+        for part, pad_to in parts:
+            n = part.n_tokens
+            if n == 0:
+                continue
+            out = self._executor.decode(part, pad_to)
+            with self._cond:
+                self._stats["decode_calls"] += 1
+                self._stats["decode_tokens"] += n
+                self._stats["t_decode_s"] += out.seconds
+            self._update(part, out)
 
     def _update(self, plan: StepPlan, out: StepOutput) -> None:
         """Apply a decoded plan: verify and emit each generating slot's tokens, advance the
