@@ -80,3 +80,21 @@ def test_auto_policy_keeps_greedy_output(llm, prompts):
         assert st["n_draft_tokens"] <= drafted
         # every step's drafts went through the one policy's joint choice
         assert s.auto_policy.summary()["drafts"] > 0
+
+
+def test_a_finished_request_teaches_every_slot_at_once(llm, prompts):
+    """ngram-suffix's store gets a request's output when the request ends (`SpecEngine.end`), not
+    when its slot's next request begins: with several slots, the next request may never land on
+    the same slot."""
+    p, n = prompts[0]
+    with Scheduler(llm, n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1,
+                   spec_type="ngram-suffix") as s:
+        suffix = s._engine.proposers[0]
+        assert suffix.global_stats()["tokens"] == 0
+        done = s.submit(p, SamplingParams(max_tokens=n)).result(timeout=120)
+        stored = suffix.global_text().tolist()
+        # the output is in the store (up to its last step's tokens, which no draft call saw),
+        # although neither slot began another request
+        k = len(done.tokens) // 2
+        assert k >= 2 and suffix.global_stats()["tokens"] >= k
+        assert any(stored[i:i + k] == done.tokens[:k] for i in range(len(stored) - k + 1))

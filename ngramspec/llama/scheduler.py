@@ -710,6 +710,10 @@ class Scheduler:
             self._active.remove(r)
         if r.slot is not None:
             r.slot.req = None
+            if r.loop is not None and self._engine is not None:
+                # what the request taught (ngram-suffix's store) reaches every slot now, not
+                # when this slot's next request begins: a server with many slots learns as one
+                self._engine.end(r.slot.id)
         if r.sampler is not None:
             r.sampler.close()
         comp = self._completion(r, reason)
