@@ -1,5 +1,7 @@
 """Speculation per request and the policy: proposer subsets, n_max, the draft model with each
 request's own p_min, the joint cost-aware policy; the counters of `Scheduler.stats`."""
+import time
+
 from greedy import assert_same_greedy
 from scheduler_common import N_CTX_SLOT, llm, prompts, sched  # noqa: F401
 from ngramspec.llama import SamplingParams, Scheduler, SpeculationParams, generate_plain
@@ -92,6 +94,10 @@ def test_a_finished_request_teaches_every_slot_at_once(llm, prompts):
         suffix = s._engine.proposers[0]
         assert suffix.global_stats()["tokens"] == 0
         done = s.submit(p, SamplingParams(max_tokens=n)).result(timeout=120)
+        # stored by the decode thread right after it answered (before it admits anything else)
+        deadline = time.monotonic() + 30
+        while suffix.global_stats()["tokens"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
         stored = suffix.global_text().tolist()
         # the output is in the store (up to its last step's tokens, which no draft call saw),
         # although neither slot began another request

@@ -710,10 +710,6 @@ class Scheduler:
             self._active.remove(r)
         if r.slot is not None:
             r.slot.req = None
-            if r.loop is not None and self._engine is not None:
-                # what the request taught (ngram-suffix's store) reaches every slot now, not
-                # when this slot's next request begins: a server with many slots learns as one
-                self._engine.end(r.slot.id)
         if r.sampler is not None:
             r.sampler.close()
         comp = self._completion(r, reason)
@@ -724,6 +720,19 @@ class Scheduler:
             if reason == CANCELLED:
                 self._stats["requests_cancelled"] += 1
         r.handle.complete(comp, error or r.callback_error)
+        if r.slot is not None and r.loop is not None and self._engine is not None:
+            self._learn(r.slot.id)
+
+    def _learn(self, slot: int) -> None:
+        """What the finished request on `slot` taught (ngram-suffix's store) reaches every slot
+        now, not when this slot's next request begins: a server with many slots learns as one.
+        After the client has its answer (a store insertion may rebuild the store); a failure
+        only loses the lesson (the slot is idle all the same), never the request."""
+        try:
+            self._engine.end(slot)
+        except MemoryError:
+            log.warning("out of memory storing slot %d's finished request in the proposers' "
+                        "store: not learned from", slot)
 
     @staticmethod
     def _completion(r: _Request, reason: str) -> Completion:
