@@ -24,7 +24,7 @@ from ngramspec import (MapProposer, ModPool, ModProposer, PyProposer, SimpleProp
 from ngramspec.acceptance import AcceptanceEstimator
 from ngramspec._proposer import TOKEN_MAX
 from ngramspec.cli import main as cli_main
-from ngramspec.llama.params import SamplingParams, SpeculationParams
+from ngramspec.request_params import SamplingParams, SpeculationParams
 from ngramspec.replay import replay
 from ngramspec.registry import TYPES
 from ngramspec.traces import TraceError, read_requests
