@@ -45,7 +45,8 @@ def _prompt_row(name, c, replayed):
 def generate_config():
     """The name in CONFIGS of `ngramspec generate`'s default configuration (its policy is
     auto)."""
-    from ngramspec.cli.live_flags import GENERATE_DEFAULTS
+    from ngramspec.config import SPEC_PROFILES
+    GENERATE_DEFAULTS = dict(SPEC_PROFILES["generate"].params)
     return next(name for name, (types, params) in CONFIGS.items()
                 if types == "ngram-mod" and params == GENERATE_DEFAULTS and name in AUTO)
 
@@ -207,7 +208,8 @@ def _targets_section(p, res):
 
 
 def _limits_section(p, res):
-    from ngramspec.cli.live_flags import GENERATE_DEFAULTS
+    from ngramspec.config import SPEC_PROFILES
+    GENERATE_DEFAULTS = dict(SPEC_PROFILES["generate"].params)
     p("## What limits the speed-up")
     p("")
     p("On the code-edit prompts, per configuration: output tokens per target decode live and "

@@ -37,10 +37,12 @@ import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
 import ngramspec
 from e2e_report import LCP_LOOKUP, LCP_PLAIN, machine, run_lcp
 from ngramspec import SpecEngine
-from ngramspec.cli.live_flags import GENERATE_DEFAULTS
+from ngramspec.config import SPEC_PROFILES
 from ngramspec.llama import generate_plain, generate_speculative, load_model, tokenize_prompt
 from ngramspec.llama.model import default_model_path
 from ngramspec.llama.repack import host_has_amx, load_llama
+
+GENERATE_DEFAULTS = dict(SPEC_PROFILES["generate"].params)
 
 ROOT = benchlib.ROOT
 EXAMPLE = ROOT / "ngramspec" / "examples" / "code_edit_prompt.txt"

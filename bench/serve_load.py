@@ -66,9 +66,11 @@ import httpx
 
 import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
 from llama_server import LlamaServer, find_binary, proc_cpu_seconds, spec_flags
-from ngramspec.cli.live_flags import GENERATE_DEFAULTS
+from ngramspec.config import SPEC_PROFILES
 from ngramspec.registry import all_params
 from ngramspec.server.process import ServerProcess
+
+GENERATE_DEFAULTS = dict(SPEC_PROFILES["serve"].params)   # serve's own spec defaults
 
 ROOT = benchlib.ROOT
 

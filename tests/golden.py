@@ -4,7 +4,7 @@ from __future__ import annotations
 import pathlib
 
 from ngramspec.cli import build_parser
-from ngramspec.cli.common import engine_params
+from ngramspec.config import engine_params
 from ngramspec.golden_format import read_golden
 from ngramspec.replay import COUNTERS, replay
 from ngramspec.traces import read_requests

@@ -18,8 +18,9 @@ httpx = pytest.importorskip("httpx")
 
 import ngramspec  # noqa: E402
 from clitools import cli  # noqa: E402
+from ngramspec.llama.backend import LlamaBackend  # noqa: E402
 from ngramspec.llama.scheduler import Scheduler  # noqa: E402
-from ngramspec.llama.params import SamplingParams  # noqa: E402
+from ngramspec.request_params import SamplingParams  # noqa: E402
 from ngramspec.server import create_app  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -240,7 +241,7 @@ THINK = _SAY_HI * 4 + [{"role": "user", "content": "Say hi."}]
 
 def _chat(reasoning_format, **extra):
     s = Scheduler(None, n_slots=1, n_ctx=1024, n_threads=1, spec_type="ngram-mod")
-    app = create_app(s, reasoning_format=reasoning_format)
+    app = create_app(LlamaBackend(s), reasoning_format=reasoning_format)
     r, _ = _post(app, "/v1/chat/completions", {"messages": THINK, "temperature": 0,
                                                "max_tokens": 32, **extra})
     assert r.status_code == 200, r.text
@@ -278,7 +279,8 @@ def test_reasoning_content_splits_the_models_own_think_block():
 def test_the_draft_model_answers_alone_in_its_own_context():
     target = Scheduler(None, n_slots=1, n_ctx=1024, n_threads=1, spec_type="ngram-mod")
     draft = Scheduler(target.llm, n_slots=1, n_ctx=1024, n_threads=1, spec_type="none")
-    app = create_app(target, model_name="target", models={"small": draft})
+    app = create_app(LlamaBackend(target), model_name="target",
+                     models={"small": LlamaBackend(draft)})
     r, models = _post(app, "/v1/completions", {"model": "small", "prompt": "Once upon a time",
                                                 "temperature": 0, "max_tokens": 8})
     assert r.status_code == 200 and r.json()["model"] == "small"

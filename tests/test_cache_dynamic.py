@@ -16,7 +16,7 @@ import pytest
 
 from ngramspec._cache import NgramCache
 from ngramspec.cache_file import load_cache, merge_into_dynamic, save_cache
-from ngramspec.cli.common import load_cache_files
+from ngramspec.config import load_cache_files
 
 from clitools import cli
 from conftest import GOLDEN, ROOT, TRACES

@@ -16,7 +16,7 @@ from scheduler_common import COPY_TEXT, EXAMPLE  # noqa: E402
 from ngramspec.llama import Scheduler, generate_plain, generate_speculative  # noqa: E402
 from ngramspec.llama import load_model, tokenize_prompt  # noqa: E402
 from ngramspec.llama.deterministic import DeterminismRefused, slot_context  # noqa: E402
-from ngramspec.llama.params import SamplingParams, SpeculationParams  # noqa: E402
+from ngramspec.request_params import SamplingParams, SpeculationParams  # noqa: E402
 from ngramspec.llama.repack import load_llama  # noqa: E402
 from ngramspec.llama.model import default_model_path  # noqa: E402
 from ngramspec import SpecEngine  # noqa: E402

@@ -238,11 +238,11 @@ def test_one_policy_one_writer():
 
 def test_integrations_know_only_the_engine_the_loop_and_the_policy():
     """ngramspec inside another engine is the engine, one loop per request and the policy,
-    built from serve's flags, its store shared with the other replicas through the store log;
-    llama-cpp-python's plug-in also warns about AMX repacking. Their own parameters and the token
-    ids the host hands them are checked by the package's one validator and token checker, under
-    every layer."""
-    allowed = {"ngramspec.engine", "ngramspec.loop", "ngramspec.policy", "ngramspec.cli.serve",
+    configured by serve's flags (`ngramspec.config.SpecConfig`, below the command line), its
+    store shared with the other replicas through the store log; llama-cpp-python's plug-in also
+    warns about AMX repacking. Their own parameters and the token ids the host hands them are
+    checked by the package's one validator and token checker, under every layer."""
+    allowed = {"ngramspec.engine", "ngramspec.loop", "ngramspec.policy", "ngramspec.config",
                "ngramspec.llama.repack", "ngramspec.validation", "ngramspec.store_log",
                "ngramspec.tokens"}
     bad = []
@@ -447,3 +447,44 @@ def test_the_file_allowance_is_still_needed():
     over = {rel for rel, _ in _long_files(ROOT, MAX_FILE_LINES)}
     stale = sorted(set(LONG_FILES_ALLOWED) - over)
     assert not stale, f"under {MAX_FILE_LINES} lines now: remove from LONG_FILES_ALLOWED {stale}"
+def test_the_server_imports_nothing_of_the_llama_backend():
+    """The server sees its model through `ngramspec.backend.Backend` and the neutral request
+    types (`ngramspec.request_params`, `ngramspec.request`), never `ngramspec.llama`: another
+    backend implements the protocol and serves the same API."""
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+           for name, path in MODULES.items() if _layer(name) == "server"
+           for module, line, _ in _imports(path)
+           if module == "ngramspec.llama" or module.startswith("ngramspec.llama.")]
+    assert not bad, bad
+    assert _layer("ngramspec.backend") == _layer("ngramspec.request") == "core"
+
+
+def test_the_llama_backend_implements_the_servers_protocol():
+    """Every member of `Backend` is defined by `LlamaBackend` (read from the sources, so the
+    check needs no model)."""
+    def members(path, cls):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+        found = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        found |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
+        for fn in (n for n in node.body if isinstance(n, ast.FunctionDef)
+                   and n.name == "__init__"):
+            found |= {t.attr for a in ast.walk(fn) if isinstance(a, ast.Assign)
+                      for tup in a.targets for t in ast.walk(tup)
+                      if isinstance(t, ast.Attribute)}
+        return found - {"__init__"}
+
+    wanted = members(PKG / "backend.py", "Backend")
+    assert {"submit", "stats", "tokenize_prompt", "n_slots"} <= wanted
+    missing = wanted - members(PKG / "llama" / "backend.py", "LlamaBackend")
+    assert not missing, missing
+
+
+def test_only_the_command_line_imports_the_command_line():
+    """Configuration lives below the CLI (`ngramspec.config`): no module outside
+    `ngramspec.cli` (and ``python -m ngramspec``) imports it, function-local imports included."""
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+           for name, path in MODULES.items() if _layer(name) != "cli"
+           for module, line, _ in _imports(path)
+           if module == "ngramspec.cli" or module.startswith("ngramspec.cli.")]
+    assert not bad, bad

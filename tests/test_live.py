@@ -341,17 +341,16 @@ def test_cli_generate_json_compare():
 
 def test_cli_text_report(capsys, tmp_path, prompt, monkeypatch):
     """The text report; one run checks its flags once and the engine against the model once."""
-    from ngramspec.cli import live_flags
+    from ngramspec import config
     from ngramspec.llama import live
     calls = []
 
     def counting(name, check):
-        def wrapper(*args):
+        def wrapper(*args, **kwargs):
             calls.append(name)
-            return check(*args)
+            return check(*args, **kwargs)
         return wrapper
-    monkeypatch.setattr(live_flags, "check_spec_flags",
-                        counting("flags", live_flags.check_spec_flags))
+    monkeypatch.setattr(config, "check_values", counting("flags", config.check_values))
     monkeypatch.setattr(live, "check_engine_models", counting("engine", live.check_engine_models))
     toks = tmp_path / "prompt.json"
     toks.write_text(json.dumps([int(t) for t in prompt]))
@@ -407,17 +406,21 @@ def test_divergence_report_tells_noise_from_a_wrong_token(llm, prompt, plain):
 
 
 def test_generate_defaults_apply_to_generate_only(tmp_path, prompt, monkeypatch, capsys):
-    """GENERATE_DEFAULTS (bench/results/e2e-fixed.md) change the engines of the commands that
-    decode with a model only; replay, SpecEngine and the plug-in keep llama.cpp's defaults, and
-    a flag given on the command line wins."""
+    """The generate profile's defaults (bench/results/e2e-fixed.md) change the engines of the
+    commands that decode with a model only; replay, SpecEngine and the plug-in keep llama.cpp's
+    defaults, and a flag given on the command line wins."""
     import argparse
 
     import ngramspec.registry as registry
     from ngramspec.cli import generate as generate_cli
     from ngramspec.cli import build_parser
-    from ngramspec.cli.common import engine_params
-    from ngramspec.cli.generate import GENERATE_DEFAULTS, generate_params
+    from ngramspec.config import SPEC_PROFILES, SpecConfig, engine_params
     from ngramspec.integrations.llama_cpp import NgramspecDraftModel
+
+    GENERATE_DEFAULTS = dict(SPEC_PROFILES["generate"].params)
+
+    def generate_params(args):
+        return dict(SpecConfig.from_args(args, "generate").params)
 
     parser = build_parser()
     assert generate_params(parser.parse_args(["generate", "-p", "x"])) == GENERATE_DEFAULTS

@@ -10,7 +10,7 @@ import pytest
 
 from clitools import cli
 from ngramspec import SpecEngine
-from ngramspec.llama.params import SamplingParams
+from ngramspec.request_params import SamplingParams
 from ngramspec.registry import MAP_SLOT_BYTES, _physical_memory
 
 

@@ -214,8 +214,10 @@ def test_create_app_refuses_n_predict_beyond_a_slot(inproc_scheduler):
 
 @pytest.fixture(scope="module")
 def inproc_scheduler():
+    """The llama.cpp scheduler (not started) as the server's backend."""
     from ngramspec.llama import Scheduler
-    return Scheduler(n_slots=1, n_ctx=512, n_threads=1, spec_type="none")
+    from ngramspec.llama.backend import LlamaBackend
+    return LlamaBackend(Scheduler(n_slots=1, n_ctx=512, n_threads=1, spec_type="none"))
 
 
 def test_cache_owner_is_the_key_else_the_client_address(inproc_scheduler):

@@ -9,7 +9,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from clitools import cli  # noqa: E402
-from ngramspec.llama.params import SamplingParams, SpeculationParams  # noqa: E402
+from ngramspec.request_params import SamplingParams, SpeculationParams  # noqa: E402
 from ngramspec.tokens import token_array  # noqa: E402
 from ngramspec.validation import ContextOverflow  # noqa: E402
 from servertools import CTX, KEY, PROMPTS, SLOTS, greedy  # noqa: E402

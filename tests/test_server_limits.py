@@ -274,8 +274,9 @@ def inproc():
 def test_docs_and_schema_need_the_key(inproc):
     from starlette.testclient import TestClient
 
+    from ngramspec.llama.backend import LlamaBackend
     from ngramspec.server import create_app
-    app = create_app(inproc, api_key="k1, k2", manage_scheduler=False)
+    app = create_app(LlamaBackend(inproc), api_key="k1, k2", manage_scheduler=False)
     with TestClient(app) as c:
         assert c.get("/openapi.json").status_code == 401
         assert c.get("/openapi.json", headers={"Authorization": "Bearer k2"}).json()["info"]
@@ -285,8 +286,8 @@ def test_docs_and_schema_need_the_key(inproc):
         # without the key every path but /health and /v1/models is a 401, unknown ones too
         assert c.get("/docs").status_code == 401 and c.get("/nothing").status_code == 401
     with pytest.raises(ValueError, match="empty or blank key"):
-        create_app(inproc, api_key=" , ", manage_scheduler=False)
-    open_app = create_app(inproc, manage_scheduler=False)
+        create_app(LlamaBackend(inproc), api_key=" , ", manage_scheduler=False)
+    open_app = create_app(LlamaBackend(inproc), manage_scheduler=False)
     with TestClient(open_app) as c:
         assert c.get("/openapi.json").status_code == 200 and c.get("/docs").status_code == 200
 
@@ -367,3 +368,20 @@ def test_sigterm_ends_each_request_with_an_error_and_streams_with_done():
         assert all("choices" in json.loads(e) for e in events[:-2])   # whole chunks before it
     finally:
         srv.stop()
+
+
+def test_the_llama_backend_is_the_servers_backend(inproc):
+    """`LlamaBackend` passes the protocol's runtime check and answers with its scheduler's
+    tokenizer and chat template; a template error is a ValueError the server names."""
+    from ngramspec.backend import Backend
+    from ngramspec.llama.backend import LlamaBackend
+    from ngramspec.llama.tokenizer import tokenize_chat, tokenize_prompt
+
+    backend = LlamaBackend(inproc)
+    assert isinstance(backend, Backend) and not isinstance(inproc, Backend)
+    assert list(backend.tokenize_prompt("Hello")) == list(tokenize_prompt(inproc.llm, "Hello"))
+    parts = backend.render_chat_parts(NORMAL, False)
+    assert list(backend.tokenize_parts(parts)) == list(
+        tokenize_chat(inproc.llm, NORMAL, special_in_content=False))
+    assert backend.max_token_bytes() == backend.max_token_bytes() > 1
+    assert (backend.n_slots, backend.n_ctx_slot, backend.spec_types) == (1, 512, ())

@@ -16,7 +16,7 @@ import pytest
 from ngramspec import MapProposer, ModProposer, SimpleProposer, SpecEngine, SuffixProposer
 from ngramspec.acceptance import AcceptanceEstimator
 from ngramspec.cli import main as cli_main
-from ngramspec.llama.params import SamplingParams, SpeculationParams
+from ngramspec.request_params import SamplingParams, SpeculationParams
 from ngramspec.replay import replay
 from ngramspec.registry import TYPES
 

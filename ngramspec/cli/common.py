@@ -1,5 +1,6 @@
-"""What the subcommands share: llama-server's flags (spec, model, context/threads), argument
-types, the one-line error format, the progress bar and the checks run before long work.
+"""What the subcommands share: llama-server's flags (model, context/threads; the speculative
+and policy flags come from `ngramspec.config`), argument types, the one-line error format, the
+progress bar and the checks run before long work.
 
 Notes
 -----
@@ -19,46 +20,12 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from ngramspec.cache_file import NgramCache, load_cache
+from ngramspec.config import INT32_MAX, DeprecatedAlias, number_arg
 from ngramspec.llama.repack import REPACK_CHOICES
-from ngramspec.policy import POLICIES
-from ngramspec.registry import TYPES, check_values, parse_types
 from ngramspec.store_log import check_spec as check_store_spec
-from ngramspec.validation import OutOfRange, check_int, check_real, range_text
 
 #: llama.cpp's largest thread count (GGML_MAX_N_THREADS).
 MAX_THREADS = 512
-INT32_MAX = 2**31 - 1
-
-
-def number_arg(kind: type, lo=None, hi=None, *, allowed: Optional[str] = None):
-    """argparse ``type=`` for a number flag, checked by `ngramspec.validation`.
-
-    Text that is no ``kind`` is argparse's ``invalid int value: 'x'``; a value out of range
-    reads ``argument --slots: 0 is out of range: allowed 1 .. 65536`` (argparse names the
-    flag: the package's one message format). The upper bound of an integer flag keeps values
-    that C cannot hold (OverflowError) and sizes no machine can allocate out of the kernels.
-
-    Parameters
-    ----------
-    kind : int or float
-    lo, hi : number, optional
-        Inclusive bounds (None: unbounded).
-    allowed : str, optional
-        The range the message states, when the flag's own range is checked later (the spec
-        parameters, by the registry): default ``lo .. hi``.
-    """
-    check = check_int if kind is int else check_real
-
-    def convert(text):
-        value = kind(text)      # ValueError: argparse's "invalid int value: 'x'"
-        try:
-            return check("value", value, lo, hi)
-        except OutOfRange as exc:
-            raise argparse.ArgumentTypeError(
-                f"{exc.value} is out of range: allowed {allowed or exc.allowed}") from None
-    convert.__name__ = kind.__name__  # argparse names the type in its message
-    return convert
 
 
 def int_arg(lo: int, hi: int = INT32_MAX):
@@ -118,32 +85,6 @@ def add_context_flags(parser: argparse.ArgumentParser, *, ctx_help: str,
                              "least 1: llama.cpp's spinning workers slow down on a busy machine)")
 
 
-def add_spec_flags(parser: argparse.ArgumentParser, include_live: bool = False) -> None:
-    """``--spec-type`` and every parameter flag of the registered spec types."""
-    group = parser.add_argument_group("speculative decoding (llama-server flags)")
-    names = ["none"] + [t.name for t in TYPES.values() if include_live or not t.live]
-    group.add_argument("--spec-type", default="ngram-mod", metavar="TYPE[,TYPE...]",
-                       help=f"comma list of spec types, applied in llama.cpp's priority order: "
-                            f"{', '.join(names)} (default: %(default)s)")
-    for spec in TYPES.values():
-        if spec.live and not include_live:
-            continue
-        for p in spec.params:
-            if p.kind is object or not p.cli:
-                continue
-            kind = p.kind if p.kind in (int, float) else str
-            if kind is int:
-                # Range checks stay with the registry; only values no C int holds stop here.
-                kind = number_arg(int, -INT32_MAX - 1, INT32_MAX,
-                                  allowed=range_text(p.lo, INT32_MAX if p.hi is None else p.hi))
-            rng = ""
-            if p.lo is not None:
-                rng = f", {p.lo}..{p.hi}" if p.hi is not None else f", >= {p.lo}"
-            group.add_argument(p.flag, dest=p.name, type=kind, default=None, metavar="N"
-                               if p.kind is int else ("X" if kind is float else "FILE"),
-                               help=f"{spec.name}: {p.help} (default: {_shown(p.default)}{rng})")
-
-
 def amend_help(parser: argparse.ArgumentParser, dest: str, text: str) -> None:
     """Add ``text`` to the help of flag ``dest`` before its "(default: ...)", for what the flag
     does in this command only (generate merges into --lookup-cache-dynamic; serve only reads)."""
@@ -151,11 +92,6 @@ def amend_help(parser: argparse.ArgumentParser, dest: str, text: str) -> None:
         if action.dest == dest and action.help:
             head, sep, tail = action.help.rpartition(" (default: ")
             action.help = f"{head}{text}{sep}{tail}" if sep else action.help + text
-
-
-def _shown(default) -> str:
-    """A default as the help texts show it: ``none`` for an unset value (not Python's None)."""
-    return "none" if default is None else str(default)
 
 
 def add_draft_bound_flag(parser: argparse.ArgumentParser) -> None:
@@ -184,7 +120,7 @@ def add_output_flag(parser, *, metavar: str = "FILE", help: str, required: bool 
     `old_name`, a deprecated alias (run-batch's ``--output-file``) that still works."""
     if old_name is not None:   # either spelling gives the one required value
         parser = parser.add_mutually_exclusive_group(required=required)
-        parser.add_argument(old_name, dest="output", action=_DeprecatedAlias,
+        parser.add_argument(old_name, dest="output", action=DeprecatedAlias,
                             metavar="--output", help=argparse.SUPPRESS)
         required = False
     parser.add_argument("-o", "--output", metavar=metavar, required=required, default=None,
@@ -228,39 +164,6 @@ def add_deterministic_flag(parser: argparse.ArgumentParser) -> None:
                              "off, the slots' runs padded to one length (slower with several "
                              "slots); "
                              "refused, naming the reason, where it cannot hold")
-
-
-# The cache-file flags of ngram-cache (--lookup-cache-static / --lookup-cache-dynamic).
-CACHE_FILE_PARAMS = ("lookup_cache_static", "lookup_cache_dynamic")
-
-
-def load_cache_files(spec_type: str, params: dict) -> tuple:
-    """Load the n-gram cache files given on the command line, once, before any model.
-
-    Returns ``(spec_type, params)``: ``ngram-cache`` added to the type list if a cache file is
-    given and it is absent, the paths in ``params`` replaced by the loaded `NgramCache` objects
-    (every engine built from them shares them, e.g. one per request in ``--state fresh``). A
-    dynamic file that does not exist yet is an empty cache (the first run starts it). A static
-    file must exist. A corrupt or truncated file raises `CacheFileError` (a ValueError naming
-    the file and the byte offset).
-    """
-    given = [name for name in CACHE_FILE_PARAMS if params.get(name) is not None]
-    if not given:
-        return spec_type, params
-    types = parse_types(spec_type)
-    if "ngram-cache" not in types:
-        spec_type = ",".join(parse_types(types + ["ngram-cache"]))
-    params = dict(params)
-    for name in given:
-        path = params[name]
-        try:
-            params[name] = load_cache(path)
-        except FileNotFoundError:
-            if name != "lookup_cache_dynamic":
-                raise FileNotFoundError(f"--{name.replace('_', '-')} {path}: no such "
-                                        f"file") from None
-            params[name] = NgramCache()
-    return spec_type, params
 
 
 def _special_kind(path: str) -> str:
@@ -317,17 +220,6 @@ def check_writable(flag: str, path: str, streams: bool = False) -> None:
     except OSError as exc:
         raise PermissionError(f"{flag} {path}: cannot write in {folder} "
                               f"({exc.strerror or exc})") from None
-
-
-def engine_params(args: argparse.Namespace) -> dict:
-    """The engine keywords of the flags given on the command line (unchecked)."""
-    params = {}
-    for spec in TYPES.values():
-        for p in spec.params:
-            value = getattr(args, p.name, None)
-            if value is not None:
-                params[p.name] = value
-    return params
 
 
 class Progress:
@@ -427,52 +319,3 @@ def add_progress_flags(parser: argparse.ArgumentParser) -> None:
                    help="draw the progress bar even when stderr is not a terminal")
     g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="never draw the progress bar")
-
-
-class _DeprecatedAlias(argparse.Action):
-    """An old spelling of a flag: stores like the new one, with a note on stderr."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        sys.stderr.write(f"{parser.prog}: {option_string} is deprecated, use "
-                         f"{self.metavar} instead\n")
-        setattr(namespace, self.dest, values)
-
-
-def add_policy_flags(parser: argparse.ArgumentParser, default: str, why: str,
-                     cost_default: str, auto: str = "") -> None:
-    """``--spec-policy`` (`ngramspec.policy.POLICIES`), its deprecated old spelling
-    ``--policy``, and ``--cost-model FILE|NAME``.
-
-    ``why`` says why the command's default is ``default`` (it differs between commands),
-    ``auto`` what auto means for this command beyond the common text, ``cost_default`` in
-    words what the command prices drafts with without ``--cost-model``.
-    """
-    group = parser.add_argument_group("draft-length policy")
-    group.add_argument("--spec-policy", choices=POLICIES, default=default,
-                       help=f"auto: verify only the part of each draft expected to pay under the "
-                            f"verify-cost curve{auto}; fixed: llama.cpp's behaviour, the whole "
-                            f"draft (default: %(default)s, {why})")
-    group.add_argument("--policy", dest="spec_policy", choices=POLICIES,
-                       action=_DeprecatedAlias, metavar="--spec-policy", help=argparse.SUPPRESS)
-    add_cost_model_flag(group, "verify-cost curve for --spec-policy auto", cost_default)
-
-
-def add_cost_model_flag(parser, what: str, cost_default: str) -> None:
-    """``--cost-model FILE|NAME`` (`ngramspec.cost.load_cost_model`), one text in every
-    command: ``what`` the curve is for, ``cost_default`` what the command uses without it."""
-    parser.add_argument("--cost-model", metavar="FILE|NAME", default=None,
-                        help=f"{what}: a JSON file of `ngramspec calibrate --json`, or a profile: "
-                             f"gpu, cpu-embedded, local (this machine's cached calibration of "
-                             f"the embedded model) (default: {cost_default})")
-
-
-def check_spec_flags(spec_type: str, params: dict) -> None:
-    """Check ``--spec-type`` and the parameter flags before any file is touched.
-
-    Raises
-    ------
-    ValueError, TypeError
-        Naming the flag as the user typed it (``--spec-ngram-mod-n-min = 2000 is out of
-        range: allowed 0 .. 1024``).
-    """
-    check_values(spec_type, params, by_flag=True)

@@ -6,11 +6,11 @@ import sys
 
 from ngramspec import cost, registry
 from ngramspec.cli.common import (CtrlC, add_context_flags, add_deterministic_flag,
-                                  add_model_flags, add_policy_flags, add_repack_flag,
-                                  add_spec_flags, amend_help, check_model_file, check_writable,
-                                  int_arg, load_cache_files)
-from ngramspec.cli.live_flags import (GENERATE_DEFAULTS, generate_params, spec_types,
-                                      state_generate_defaults)
+                                  add_model_flags, add_repack_flag, amend_help,
+                                  check_model_file, check_writable, int_arg)
+from ngramspec.cli.live_flags import profile_defaults_text, spec_types
+from ngramspec.config import (SpecConfig, add_policy_arguments, add_spec_arguments,
+                              load_cache_files)
 from ngramspec.engine import SpecEngine
 from ngramspec.files import read_limited
 from ngramspec.llama import calibration
@@ -37,8 +37,7 @@ def add_parser(subparsers):
                     "difference. The text streams to stdout as it is produced, the statistics "
                     "follow; Ctrl-C keeps the text and prints the statistics so far (exit code "
                     "130). Spec defaults of the commands that decode with a model (generate, serve, "
-                    "run-batch): " + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
-                                               for k, v in GENERATE_DEFAULTS.items())
+                    "run-batch): " + profile_defaults_text("generate")
                     + " (on a CPU, verifying long drafts costs almost as much as decoding them "
                       "one by one); replay and tune keep llama.cpp's 48..64, which the "
                       "llama-server they model drafts.")
@@ -69,13 +68,12 @@ def add_parser(subparsers):
                    help="print one JSON object at the end (the text is not streamed)")
     add_repack_flag(p)
     add_deterministic_flag(p)
-    add_spec_flags(p, include_live=True)
-    add_policy_flags(p, default="auto", why="a draft is verified only where it pays on this "
+    add_spec_arguments(p, "generate", include_live=True)
+    add_policy_arguments(p, "generate", why="a draft is verified only where it pays on this "
                                             "machine; fixed gives llama.cpp's drafts",
                      cost_default="the loaded model's calibration on this machine, "
                                   "measured at first use and cached")
     amend_help(p, "lookup_cache_dynamic", "; generate merges each run's n-grams into it")
-    state_generate_defaults(p)
     p.set_defaults(run=run)
     return p
 
@@ -151,7 +149,7 @@ def _check_inputs(args):
     if args.chat and args.prompt_tokens:
         raise ValueError("--chat applies to a text prompt, not to --prompt-tokens")
     # Flags first, then files: a bad flag is reported as such, whatever the files hold.
-    params = generate_params(args)
+    params = dict(SpecConfig.from_args(args, "generate").params)
     types = spec_types(args)
     if args.lookup_cache_dynamic is not None:
         # It is written after the generation: find out now, not after minutes of decoding.

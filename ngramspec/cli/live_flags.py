@@ -1,5 +1,6 @@
-"""The speculative flags of the commands that decode with a model (generate, serve, run-batch and
-the engines embedding ngramspec): their defaults, the engine keywords and the spec types.
+"""The speculative flags of the commands that decode with a model (generate, serve, run-batch):
+their spec types, ``draft-simple`` following ``--model-draft``. Their defaults and checks are
+`ngramspec.config`'s (the ``generate`` and ``serve`` profiles).
 
 Notes
 -----
@@ -8,51 +9,16 @@ Thread-safety: plain functions over an argparse namespace; nothing is kept betwe
 from __future__ import annotations
 
 from ngramspec import registry
-from ngramspec.cli.common import check_spec_flags, engine_params
+from ngramspec.config import SPEC_PROFILES
 
-__all__ = ["GENERATE_DEFAULTS", "generate_params", "spec_types", "state_generate_defaults"]
-
-# generate's own defaults, chosen from bench/results/e2e-fixed.md: on a CPU, verifying a batch of k
-# tokens costs c(k) single-token decodes with c(2) = 2.1, c(32) = 18 (1.5k tokens of context, one
-# thread), so a rejected draft is expensive: llama.cpp's 64-token drafts (tuned for GPUs) lose
-# where the small model leaves its input, 16-token ones leave speed where it copies; 8..32 did best
-# on both. Every command that decodes with a model takes them (generate, serve, run-batch and the
-# engines' $NGRAMSPEC_SPEC); replay, tune and SpecEngine keep llama.cpp's, which is what the
-# llama-server they model drafts (and what the golden files hold).
-GENERATE_DEFAULTS = {"ngram_mod_n_min": 8, "ngram_mod_n_max": 32}
+__all__ = ["profile_defaults_text", "spec_types"]
 
 
-def state_generate_defaults(parser) -> None:
-    """Show GENERATE_DEFAULTS instead of llama.cpp's defaults in the flags' help, and why."""
-    for action in parser._actions:
-        if action.dest in GENERATE_DEFAULTS and action.help:
-            head, _, rest = action.help.rpartition("(default: ")
-            rng = rest.partition(",")[2].rstrip(")")
-            action.help = (f"{head}(default: {GENERATE_DEFAULTS[action.dest]}, shorter than "
-                           f"llama.cpp's {rest.partition(',')[0].rstrip(')')} for a CPU, where "
-                           f"a rejected draft costs nearly its length in decodes;{rng})")
-
-
-def generate_params(args) -> dict:
-    """Engine keywords of the flags given, GENERATE_DEFAULTS filling the others, checked.
-
-    One of --spec-ngram-mod-n-min / -n-max given alone moves the other default along
-    (n_min <= n_max), so the flag never silently turns ngram-mod's drafting off.
-
-    Raises
-    ------
-    ValueError, TypeError
-        A flag out of its range, named as typed (`ngramspec.cli.common.check_spec_flags`).
-    """
-    given = engine_params(args)
-    params = {**GENERATE_DEFAULTS, **given}
-    lo, hi = "ngram_mod_n_min", "ngram_mod_n_max"
-    if hi in given and lo not in given:
-        params[lo] = min(params[lo], params[hi])
-    elif lo in given and hi not in given:
-        params[hi] = max(params[hi], params[lo])
-    check_spec_flags(args.spec_type, params)
-    return params
+def profile_defaults_text(profile: str) -> str:
+    """``--spec-ngram-mod-n-min 8, --spec-ngram-mod-n-max 32``: a profile's own defaults as
+    flags, for a command's description."""
+    return ", ".join(f"--spec-{k.replace('_', '-')} {v}"
+                     for k, v in SPEC_PROFILES[profile].params.items())
 
 
 def spec_types(args) -> list:

@@ -6,9 +6,10 @@ import os
 
 from ngramspec.files import atomic_write_bytes, same_file
 from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_output_flag,
-                                  add_policy_flags, add_progress_flags, add_slots_flag,
-                                  add_spec_flags, add_store_flag, check_spec_flags,
-                                  check_writable, engine_params, int_arg, load_cache_files)
+                                  add_progress_flags, add_slots_flag, add_store_flag,
+                                  check_writable, int_arg)
+from ngramspec.config import (SpecConfig, add_policy_arguments, add_spec_arguments,
+                              load_cache_files)
 from ngramspec.cost import load_cost_model, modeled_speedup, oracle_speedup
 from ngramspec.policy import AutoPolicy
 from ngramspec.replay import replay
@@ -26,8 +27,8 @@ def add_parser(subparsers):
         description="Replay .jsonl/.jsonl.gz token traces under greedy verification and report "
                     "llama.cpp's statistics.")
     p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files (.jsonl, .jsonl.gz)")
-    add_spec_flags(p)
-    add_policy_flags(p, default="fixed", why="llama.cpp's, what llama-server drafts; auto needs "
+    add_spec_arguments(p, "llama.cpp")
+    add_policy_arguments(p, "llama.cpp", why="llama.cpp's, what llama-server drafts; auto needs "
                                              "--cost-model",
                      cost_default="none: no modeled speed-up, and auto needs one")
     p.add_argument("--state", choices=("shared", "fresh"), default="shared",
@@ -79,9 +80,8 @@ def _oracle(records, cost_model):
 
 def run(args) -> int:
     cost_model, runs = _policies(args)
-    given = engine_params(args)
     # Flags, then files: a bad flag is reported as such, whatever the files hold.
-    check_spec_flags(args.spec_type, given)
+    given = dict(SpecConfig.from_args(args, "llama.cpp").params)
     if args.output:
         check_writable("--output", args.output, streams=True)
         for path in args.traces:

@@ -47,9 +47,9 @@ def run(args) -> int:
         # every slot busy, one more request each waiting in the queue
         args.queue_size = IN_FLIGHT_PER_SLOT * args.slots
         with CtrlC() as ctrl_c:
-            app, scheduler, _ = build_app(args, **limits)
+            app, backend, _ = build_app(args, **limits)
             ctrl_c.check()      # a Ctrl-C that the model load's logging swallowed
         with Progress("run-batch", enabled=args.progress, unit="req") as bar:
-            summary = run_batch(app, scheduler, batch, progress=bar)
+            summary = run_batch(app, backend, batch, progress=bar)
     sys.stderr.write(f"run-batch: {summary.line()}\n")
     return 0

@@ -6,24 +6,22 @@ cannot be bound (the socket is bound here, before the model, and handed to uvico
 """
 from __future__ import annotations
 
-import argparse
 import os
-import shlex
 import signal
 import socket
 import sys
 
 from ngramspec import store_log
 from ngramspec.cli.common import (add_context_flags, add_deterministic_flag, add_model_flags,
-                                  add_policy_flags, add_slots_flag, add_spec_flags,
-                                  add_store_flag, amend_help, check_model_file, int_arg,
-                                  load_cache_files, number_arg, positive_int)
-from ngramspec.cli.live_flags import (GENERATE_DEFAULTS, generate_params, spec_types,
-                                      state_generate_defaults)
+                                  add_slots_flag, add_store_flag, amend_help, check_model_file,
+                                  int_arg, positive_int)
+from ngramspec.cli.live_flags import profile_defaults_text, spec_types
+from ngramspec.config import (SpecConfig, add_policy_arguments, add_spec_arguments,
+                              load_cache_files, number_arg)
 from ngramspec.cost import load_cost_model
+from ngramspec.llama.backend import LlamaBackend
 from ngramspec.llama.model import default_model_path, load_model
 from ngramspec.llama.scheduler import Scheduler
-from ngramspec.policy import make_policy
 from ngramspec.server import limits
 from ngramspec.server.reasoning import REASONING_FORMATS
 from ngramspec.validation import OutOfRange
@@ -42,8 +40,7 @@ def add_parser(subparsers):
                     "--slots requests decode together, each with its own proposer state; a "
                     "request's \"speculative\" object chooses its proposers, n_max, n_min, "
                     "policy, or switches speculation off. Spec defaults of the commands that decode "
-                    "with a model: " + ", ".join(f"--spec-{k.replace('_', '-')} {v}"
-                                                for k, v in GENERATE_DEFAULTS.items())
+                    "with a model: " + profile_defaults_text("serve")
                     + " (llama.cpp's 48..64 are tuned for GPUs).")
     add_serving_flags(p)
     add_request_limit_flags(p, "a larger one is answered 413 before it is read")
@@ -109,16 +106,15 @@ def add_serving_flags(p, temp: float = 0.8) -> None:
                    help="none: a chat output's <think>...</think> stays in message.content; "
                         "deepseek: it becomes message.reasoning_content (delta.reasoning_content "
                         "when streamed), as llama-server's flag (default: %(default)s)")
-    add_spec_flags(p, include_live=True)
+    add_spec_arguments(p, "serve", include_live=True)
     add_store_flag(p)
     # the policy of requests that choose none; --policy is its old spelling
-    add_policy_flags(p, default="fixed", why="what llama-server does; auto first measures the "
+    add_policy_arguments(p, "serve", why="what llama-server does; auto first measures the "
                                              "server's context at start",
                      auto=" (all slots' drafts of a step chosen together)",
                      cost_default="the server's own calibration of its context: measured at "
                                   "start with --spec-policy auto, cached per model, threads "
                                   "and batch size")
-    state_generate_defaults(p)
     amend_help(p, "lookup_cache_dynamic", "; the server only reads it")
     add_deterministic_flag(p)
 
@@ -143,64 +139,6 @@ def request_limits(args) -> dict:
             "special_in_content": not args.escape_special_in_input}
 
 
-class _RaisingParser(argparse.ArgumentParser):
-    """argparse whose bad flag is a ValueError with argparse's message (a host process such
-    as vLLM must get an exception, not an exit)."""
-
-    def error(self, message):
-        raise ValueError(f"{self.prog}: {message}")
-
-
-def spec_from_flags(argv, prog: str = "NGRAMSPEC_SPEC", default_cost_model: str = "gpu"):
-    """serve's speculative-decoding flags from a command line, for an engine embedding ngramspec.
-
-    The same flags, defaults (generate's ngram-mod 8..32) and error messages as ``serve``, plus
-    ``--spec-policy {fixed,auto}`` and ``--cost-model FILE|NAME`` (auto's verify-cost curve).
-
-    Parameters
-    ----------
-    argv : str or sequence of str
-        llama-server flags, e.g. ``"--spec-type ngram-mod,ngram-simple --spec-ngram-mod-n-max
-        32"`` (a string is split as a shell would).
-    prog : str
-        Named in error messages (the environment variable the flags came from).
-    default_cost_model : str
-        auto's cost model when ``--cost-model`` is not given.
-
-    Returns
-    -------
-    spec_type : str
-        The comma list, in llama.cpp's priority order (``ngram-cache`` added for a cache file).
-    params : dict
-        Engine keywords, checked (cache files loaded).
-    make : callable
-        ``make()`` returns a new draft-length policy (`ngramspec.policy.make_policy`).
-
-    Raises
-    ------
-    ValueError
-        A bad flag or value, named as ``serve`` names it, prefixed by `prog`.
-    """
-    if isinstance(argv, str):
-        argv = shlex.split(argv)
-    parser = _RaisingParser(prog=prog, add_help=False)
-    add_spec_flags(parser)
-    add_policy_flags(parser, default="fixed", why="llama.cpp's behaviour",
-                     cost_default=default_cost_model)
-    state_generate_defaults(parser)
-    args = parser.parse_args(list(argv))
-    name = args.spec_policy
-    try:
-        spec_type, params = load_cache_files(args.spec_type, generate_params(args))
-        cost_model = load_cost_model(args.cost_model or default_cost_model) \
-            if name == "auto" else None
-    except (ValueError, TypeError, OSError) as exc:
-        raise ValueError(f"{prog}: {exc}") from None
-    # the profile describes another machine: this one's proposer time says nothing about it
-    extra = {"proposer_time": False} if name == "auto" else {}
-    return spec_type, params, lambda: make_policy(name, cost_model, **extra)
-
-
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -223,12 +161,13 @@ def build_scheduler(args):
     -------
     (model path, Scheduler, dict of model id to Scheduler)
     """
-    args.spec_type, params = load_cache_files(args.spec_type, generate_params(args))
+    spec = SpecConfig.from_args(args, "serve")
+    args.spec_type, params = load_cache_files(spec.spec_type, spec.params)
     types = spec_types(args)
     check_model_file("--model", args.model)
     check_model_file("--model-draft", args.model_draft)
     # a named profile or file replaces the context's own calibration
-    cost_model = load_cost_model(args.cost_model) if args.cost_model is not None else None
+    cost_model = load_cost_model(spec.cost_model) if spec.cost_model is not None else None
     model = args.model
     if model is None:
         model = default_model_path()
@@ -245,7 +184,7 @@ def build_scheduler(args):
             = draft
     target = Scheduler(model, n_slots=args.slots, n_ctx=args.ctx_size, n_batch=args.batch_size,
                        n_threads=args.threads, spec_type=chain, spec_params=params,
-                       draft_model=draft, queue_size=args.queue_size, policy=args.spec_policy,
+                       draft_model=draft, queue_size=args.queue_size, policy=spec.policy,
                        cost_model=cost_model, deterministic=args.deterministic)
     if args.store:
         store_log.attach(target._engine, args.store, model=os.path.basename(model),
@@ -284,17 +223,18 @@ def build_app(args, **options):
 
     Returns
     -------
-    (fastapi.FastAPI, Scheduler, str)
-        The app, its main scheduler and its model id; ``options`` go to ``create_app``.
+    (fastapi.FastAPI, LlamaBackend, str)
+        The app, its main model's backend and its model id; ``options`` go to ``create_app``.
     """
     from ngramspec.server import create_app
 
     model, scheduler, others = build_scheduler(args)
     name = args.alias or os.path.basename(model)
-    app = create_app(scheduler, model_name=name, defaults={"temperature": args.temp},
+    backend = LlamaBackend(scheduler)
+    app = create_app(backend, model_name=name, defaults={"temperature": args.temp},
                      n_predict=args.n_predict, reasoning_format=args.reasoning_format,
-                     models=others, **options)
-    return app, scheduler, name
+                     models={k: LlamaBackend(s) for k, s in others.items()}, **options)
+    return app, backend, name
 
 
 def default_concurrency(args) -> int:

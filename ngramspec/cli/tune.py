@@ -21,9 +21,10 @@ import sys
 import tempfile
 
 from ngramspec.files import atomic_write_bytes
-from ngramspec.cli.common import (Progress, add_cost_model_flag, add_draft_bound_flag,
-                                  add_model_flags, add_output_flag, add_progress_flags,
-                                  add_slots_flag, check_model_file, positive_int)
+from ngramspec.cli.common import (Progress, add_draft_bound_flag, add_model_flags,
+                                  add_output_flag, add_progress_flags, add_slots_flag,
+                                  check_model_file, positive_int)
+from ngramspec.config import add_cost_model_argument
 from ngramspec.cost import PROFILES, load_cost_model
 from ngramspec.llama.model import gpu_offload_available
 from ngramspec.llama.tokenizer import Tokenizer
@@ -105,7 +106,7 @@ def add_parser(subparsers):
                    help="do not try chains of the best configuration of each type")
     p.add_argument("--no-auto", action="store_true",
                    help="do not try the auto draft-length policy (--spec-policy auto)")
-    add_cost_model_flag(p, "verify-cost curve the modeled speed-ups are priced with",
+    add_cost_model_argument(p, "verify-cost curve the modeled speed-ups are priced with",
                         f"{GPU_COST_MODEL} where llama.cpp here offloads to a GPU, else local "
                         f"where this machine has a calibration of the embedded model, else "
                         f"{CPU_COST_MODEL}; said on stderr")

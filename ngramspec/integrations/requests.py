@@ -17,7 +17,7 @@ from typing import Dict, Hashable, Optional
 import numpy as np
 
 from ngramspec import store_log
-from ngramspec.cli.serve import spec_from_flags
+from ngramspec.config import SpecConfig
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop, common_prefix
 
@@ -58,7 +58,8 @@ def engine_from_env(n_slots: int, flags: Optional[str] = None):
     """
     if flags is None:
         flags = os.environ.get(SPEC_ENV, "")
-    spec_type, params, make_policy = spec_from_flags(flags, prog=SPEC_ENV)
+    spec_type, params, make_policy = SpecConfig.from_flags(flags, prog=SPEC_ENV).engine_parts(
+        SPEC_ENV)
     engine = SpecEngine(spec_type or "none", n_slots=n_slots, **params)
     store_log.attach_from_env(engine)        # $NGRAMSPEC_STORE: the replicas share the store
     return engine, make_policy()

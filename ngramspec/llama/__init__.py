@@ -4,7 +4,9 @@
 * `decoder`: the batch decoder over a llama.cpp context; `tokenizer`: text <-> tokens;
 * `live`: greedy generation, speculative or plain (`ngramspec.loop.SlotLoop` on a live context);
 * `divergence`: why two greedy outputs differ (llama.cpp's float noise, measured per path);
-* `scheduler`: the batched multi-slot engine with sampling (`params`, `sampling`, `batch`, ...);
+* `scheduler`: the batched multi-slot engine with sampling (`sampling`, `batch`, ...), its
+  request types in `ngramspec.request_params` and `ngramspec.request`; `backend`: the
+  scheduler as the server's `ngramspec.backend.Backend`;
 * `draft_model`: the ``draft-simple`` proposer; `calibration`: the measured verify-cost curve;
 * `plugin`: a ``llama_cpp.Llama(draft_model=...)`` plug-in (imports llama_cpp on import).
 
@@ -22,7 +24,9 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".live": ("GenerationInterrupted", "GenerationResult", "LiveTarget", "generate_plain",
               "generate_speculative"),
     ".model": ("ModelNotFoundError", "default_model_path", "load_model"),
-    ".params": ("SamplingParams", "SpeculationParams"),
-    ".scheduler": ("Chunk", "Completion", "QueueFull", "RequestHandle", "Scheduler"),
+    ".scheduler": ("Scheduler",),
+    # the request types live in the backend-neutral modules (the server imports them there)
+    "ngramspec.request_params": ("SamplingParams", "SpeculationParams"),
+    "ngramspec.request": ("Chunk", "Completion", "QueueFull", "RequestHandle"),
     ".tokenizer": ("Tokenizer", "detokenize", "render_chat", "tokenize_chat", "tokenize_prompt"),
 })

@@ -14,7 +14,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from .params import SamplingParams
+from ngramspec.request_params import SamplingParams
 
 __all__ = ["Sampler", "sample_run", "LLAMA_DEFAULT_SEED"]
 

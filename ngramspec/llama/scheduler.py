@@ -38,9 +38,9 @@ from .decoder import check_engine_models, context_params
 from .calibration import context_calibration
 from .executor import StepExecutor, StepOutput
 from .model import default_threads, load_model
-from .params import SamplingParams, SpeculationParams
+from ngramspec.request_params import SamplingParams, SpeculationParams
 from .planner import StepPlan, plan_step
-from .request import Chunk, Completion, QueueFull, RequestHandle
+from ngramspec.request import Chunk, Completion, QueueFull, RequestHandle
 from .sampling import Sampler
 from .text import TextStream, token_piece_fn
 

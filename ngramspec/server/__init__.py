@@ -1,6 +1,7 @@
 """``ngramspec serve``: an OpenAI-compatible HTTP server on the batched scheduler.
 
-`create_app` builds the FastAPI app for a scheduler (`ngramspec.llama.scheduler.Scheduler`);
+`create_app` builds the FastAPI app for a backend (`ngramspec.backend.Backend`: the batched
+llama.cpp scheduler as `ngramspec.llama.backend.LlamaBackend`);
 ``python -m ngramspec serve`` (`ngramspec.cli.serve`) loads the model and runs it under uvicorn.
 Needs the ``serve`` extra (fastapi, uvicorn, pydantic, prometheus_client).
 """

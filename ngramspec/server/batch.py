@@ -361,7 +361,7 @@ def run_batch(app, scheduler, batch: BatchFiles, *,
     ----------
     app : fastapi.FastAPI
         The app of `ngramspec.server.create_app` (its lifespan starts and stops the schedulers).
-    scheduler : Scheduler
+    scheduler : ngramspec.backend.Backend
         The app's main scheduler (its slots size the requests in flight; its statistics give
         the summary's draft counts).
     batch : BatchFiles

@@ -18,7 +18,7 @@ from typing import AsyncIterator, Optional
 
 from starlette.requests import Request
 
-from ngramspec.llama.request import QueueFull
+from ngramspec.request import QueueFull
 from ngramspec.server.errors import APIError
 
 # How often a waiting request checks that its client is still there, and how long a stream
@@ -29,11 +29,11 @@ _END = object()
 
 
 class SchedulerBridge:
-    """Runs requests on a `Scheduler` from coroutines.
+    """Runs requests on a backend (`ngramspec.backend.Backend`) from coroutines.
 
     Parameters
     ----------
-    scheduler : ngramspec.llama.scheduler.Scheduler
+    scheduler : ngramspec.backend.Backend
         Started by the caller (or by the app's lifespan).
     max_pending : int
         Requests the scheduler can hold at once (slots + queue): the size of the thread pool.
@@ -82,7 +82,7 @@ class SchedulerBridge:
         speculation : SpeculationParams
         prediction : sequence of int, optional
             Predicted Outputs' tokens (the scheduler's ``prediction``).
-        scheduler : Scheduler, optional
+        scheduler : Backend, optional
             Another scheduler served by the same app (a second model); default the bridge's.
         cache_owner : str, optional
         cache_prompt : bool
@@ -102,7 +102,7 @@ class SchedulerBridge:
         try:
             target = self.scheduler if scheduler is None else scheduler
             return await self.run(lambda: target.submit(
-                prompt_tokens, sampling=sampling, speculation=speculation,
+                prompt_tokens, sampling, speculation,
                 prediction=prediction, cache_owner=cache_owner, cache_prompt=cache_prompt))
         except QueueFull as exc:
             raise APIError(503, f"the server is busy: {exc}; retry later",

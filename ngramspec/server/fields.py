@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import Optional, Tuple
 
-from ngramspec.llama.params import SamplingParams, SpeculationParams
+from ngramspec.request_params import SamplingParams, SpeculationParams
 from ngramspec.server.errors import FieldError
 from ngramspec.validation import ContextOverflow, OutOfRange, ParamError
 

@@ -228,7 +228,7 @@ class PromptTextBound:
     """A text prompt's length checked cheaply against a slot's context.
 
     A token stands for at most ``max_token_bytes`` bytes of text
-    (`ngramspec.llama.tokenizer.max_token_bytes`), so a text of more than
+    (the backend's ``max_token_bytes``), so a text of more than
     ``max_token_bytes * (n_ctx_slot - 1)`` UTF-8 bytes has more tokens than a slot can take
     (one cell is kept for the first output token): it is refused without tokenizing it.
 

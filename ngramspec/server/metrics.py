@@ -219,7 +219,7 @@ class ServerMetrics:
 
     Parameters
     ----------
-    schedulers : dict of str to Scheduler
+    schedulers : dict of str to ngramspec.backend.Backend
         The served models by id (the ``model_name`` label of vLLM's families); the others
         count every model's requests together.
 

@@ -18,8 +18,6 @@ from typing import Sequence
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from ngramspec.llama.tokenizer import (render_chat_parts, tokenize_output, tokenize_parts,
-                                       tokenize_prompt)
 from ngramspec.server import schemas
 from ngramspec.server.errors import APIError, FieldError
 from ngramspec.server.fields import request_errors, request_params
@@ -56,7 +54,7 @@ async def completions(request: Request):
     prompt = body.prompt
     if isinstance(prompt, str):
         state.text_bound.check(prompt, "prompt")
-        tokens = await state.bridge.run(tokenize_prompt, state.scheduler.llm, prompt)
+        tokens = await state.bridge.run(state.scheduler.tokenize_prompt, prompt)
     else:
         tokens = prompt
     return await _generate(state, body, [int(t) for t in tokens], "prompt", request, chat=False)
@@ -67,11 +65,11 @@ async def completions(request: Request):
 async def chat_completions(request: Request):
     state = server_state(request)
     body = await state.bodies.parse(request, schemas.ChatCompletionRequest)
-    llm = state.scheduler.llm
-    parts = await state.bridge.run(_chat_parts, llm, body.template_messages(),
+    backend = state.scheduler
+    parts = await state.bridge.run(_chat_parts, backend, body.template_messages(),
                                    state.special_in_content)
     state.text_bound.check("".join(text for text, _ in parts), "messages")
-    tokens = await state.bridge.run(tokenize_parts, llm, parts)
+    tokens = await state.bridge.run(backend.tokenize_parts, parts)
     return await _generate(state, body, [int(t) for t in tokens], "messages", request, chat=True)
 
 
@@ -83,7 +81,7 @@ async def _generate(state, body, tokens: Sequence[int], prompt_field: str, reque
     if body.prediction is not None:
         text = body.prediction.text()
         state.text_bound.check(text, "prediction")   # unpaired surrogates, a certain overflow
-        prediction = await state.bridge.run(tokenize_output, state.scheduler.llm, text)
+        prediction = await state.bridge.run(state.scheduler.tokenize_output, text)
     with request_errors(prompt_field):
         handle = await state.bridge.submit(tokens, sampling, speculation, prediction=prediction,
                                            scheduler=scheduler,
@@ -124,12 +122,8 @@ def _response(state, done, rid: str, name: str, chat: bool, n_prompt: int, predi
         usage=usage, timings=timings)
 
 
-def _chat_parts(llm, messages, special_in_content):
-    from jinja2 import TemplateError   # llama-cpp-python's dependency (the live extra)
-
+def _chat_parts(backend, messages, special_in_content):
     try:
-        return render_chat_parts(llm, messages, special_in_content=special_in_content)
-    except TemplateError as exc:
-        raise FieldError("messages", f"the chat template rejects them: {exc}") from None
-    except ValueError as exc:  # no chat template in the GGUF
+        return backend.render_chat_parts(messages, special_in_content)
+    except ValueError as exc:  # no chat template in the model, or the template rejects them
         raise FieldError("messages", str(exc)) from None

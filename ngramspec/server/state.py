@@ -1,6 +1,6 @@
-"""What every route of the app shares: the served schedulers, the bridge to them, the metrics,
-the settings of `ngramspec.server.app.create_app`, the body parser, whose prompt cache a
-request may reuse.
+"""What every route of the app shares: the served backends (`ngramspec.backend.Backend`), the
+bridge to them, the metrics, the settings of `ngramspec.server.app.create_app`, the body parser,
+whose prompt cache a request may reuse.
 
 One `ServerState` is built per app and kept on ``app.state.server``; a route reads it with
 ``server_state(request)``.
@@ -19,8 +19,6 @@ from typing import Optional
 from fastapi import Request
 
 from ngramspec.server.auth import cache_owner, request_key
-
-from ngramspec.llama.tokenizer import max_token_bytes
 from ngramspec.server.body import BodyBounds, BodyParser
 from ngramspec.server.bridge import SchedulerBridge
 from ngramspec.server.limits import PromptTextBound
@@ -32,9 +30,9 @@ class ServerState:
 
     Attributes
     ----------
-    scheduler : Scheduler
+    scheduler : ngramspec.backend.Backend
         The main model's.
-    others : dict of str to Scheduler
+    others : dict of str to Backend
         The other served models by id (``serve -md``).
     model_name : str
     api_keys : list of bytes
@@ -83,7 +81,7 @@ class ServerState:
         served = self.served()
         self.bridge = SchedulerBridge(scheduler, sum(s.n_slots + s.queue_size for s in served))
         self.metrics = ServerMetrics(dict(self.named()))
-        self.text_bound = PromptTextBound(max_token_bytes(scheduler.llm), self.n_ctx_slot)
+        self.text_bound = PromptTextBound(scheduler.max_token_bytes(), self.n_ctx_slot)
         self.bodies = BodyParser(BodyBounds(self.n_ctx_slot, self.text_bound.max_bytes))
 
     def served(self) -> list:
