@@ -36,6 +36,16 @@ export GPU_KIT_T0=${GPU_KIT_T0:-$(date +%s)}   # the call's clock (measure.py's 
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 # the carried wheels and the built llama_cpp, ahead of the interpreter's own packages
 export PYTHONPATH=$STATE/llama:$STATE/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}
+# faulthandler into $OUT/faults.txt for every Python the steps start: llama-cpp-python's quiet
+# model load puts /dev/null on fd 1 and 2, so a crash inside it printed nothing on the first
+# device run (README §5); a file opened before the load keeps the Python frames of the crash
+mkdir -p "$STATE/faults"
+cat > "$STATE/faults/sitecustomize.py" <<'PYEOF'
+import faulthandler
+import os
+faulthandler.enable(file=open(os.path.join(os.environ["OUT"], "faults.txt"), "a"), all_threads=True)
+PYEOF
+export PYTHONPATH=$STATE/faults:$PYTHONPATH
 export NGRAMSPEC_CACHE_DIR=$STATE/cache
 export NGRAMSPEC_SHARED=$ROOT/$KIT      # bench's trace folder: $KIT/traces
 # every layer on the GPU (llama-server's variable; ngramspec's load_llama reads it)
