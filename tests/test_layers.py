@@ -170,13 +170,13 @@ def test_llama_cpp_is_imported_in_the_llama_subpackage_only():
             continue            # the plug-in subclasses llama-cpp-python's draft model
         else:
             assert not uses, f"{path.relative_to(ROOT)} imports llama_cpp: {uses}"
-    for path in sorted(PKG.glob("*.pyx")) + sorted(PKG.glob("*.pxd")):
+    for path in sorted(PKG.glob("*.pyx")) + sorted(PKG.glob("*.pxd")) + sorted(PKG.glob("*.pxi")):
         assert "llama_cpp" not in path.read_text(encoding="utf-8"), path.name
 
 
 def test_kernels_import_no_python_layer():
     assert {"_engine", "_proposer", "_simple", "_map", "_mod", "_suffix", "_cache"} <= set(KERNELS)
-    for path in sorted(PKG.glob("*.pyx")) + sorted(PKG.glob("*.pxd")):
+    for path in sorted(PKG.glob("*.pyx")) + sorted(PKG.glob("*.pxd")) + sorted(PKG.glob("*.pxi")):
         deps = set()
         for frm, names, plain in CIMPORT.findall(path.read_text(encoding="utf-8")):
             mod = plain or frm
@@ -368,9 +368,9 @@ def test_long_cython_functions_are_found(tmp_path):
 
 
 def test_no_cython_function_over_100_lines():
-    """The same rule for the kernels (.pyx, .pxd)."""
+    """The same rule for the kernels (.pyx, .pxd and the .pxi files a .pyx includes)."""
     bad = [f"{p.name}: {name} ({n} lines)"
-           for p in sorted(PKG.glob("*.p[yx][xd]"))
+           for p in sorted(PKG.glob("*.pyx")) + sorted(PKG.glob("*.px[di]"))
            for name, n in _long_cython_functions(p, MAX_FUNCTION_LINES)]
     assert not bad, bad
 
