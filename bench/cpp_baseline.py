@@ -18,12 +18,10 @@ import time
 import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
 from llamacpp_baseline import CppEngine
 from ngramspec.golden_format import oracle_config, read_golden
-from ngramspec.replay import Timers, replay_request
+from ngramspec.replay import COUNTERS, Timers, replay_request
 from ngramspec.traces import read_requests
 
 GOLDEN = benchlib.SHARED / "golden"
-STAT_KEYS = ("calls_b", "calls_g", "calls_a", "gen_drafts", "acc_drafts", "gen_tokens",
-             "acc_tokens")
 
 
 def golden_files(pattern: str = "*.jsonl.gz") -> list[pathlib.Path]:
@@ -60,7 +58,7 @@ def check_file(path: pathlib.Path, max_requests: int | None = None) -> dict:
             raise AssertionError(f"{where}: steps differ")
     totals = _add_stats(totals, engine)
     if max_requests is None:
-        want_stats = [{k: s[k] for k in ("type", *STAT_KEYS)}
+        want_stats = [{k: s[k] for k in ("type", *COUNTERS)}
                       for s in header["summary"]["llama_stats"]]
         if totals != want_stats:
             raise AssertionError(f"{path.name}: counters {totals} != {want_stats}")
@@ -75,7 +73,7 @@ def _add_stats(totals, engine):
     if totals is None:
         return stats
     for t, s in zip(totals, stats):
-        for k in STAT_KEYS:
+        for k in COUNTERS:
             t[k] += s[k]
     return totals
 

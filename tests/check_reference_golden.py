@@ -9,8 +9,6 @@ statistics, which cover the whole file, are not compared. Exit status 1 on any m
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
 import sys
 import time
@@ -21,20 +19,17 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from reference import STAT_KEYS, RefChain, ref_replay  # noqa: E402
 
 from ngramspec.golden_format import oracle_config, read_golden  # noqa: E402
+from ngramspec.traces import read_requests  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED = os.path.normpath(os.path.join(HERE, "..", "..", "shared"))
 
 
 def load_requests(traces_dir: str, family: str, n: int):
-    out = []
-    with gzip.open(os.path.join(traces_dir, family + ".jsonl.gz"), "rt") as f:
-        for line in f:
-            if len(out) >= n:
-                break
-            d = json.loads(line)
-            out.append((d["prompt"], d["output"]))
-    return out
+    """The first `n` (prompt, output) pairs of a family's trace, as lists of ints (the pure-Python
+    reference's input), read by the package's one trace reader."""
+    path = os.path.join(traces_dir, family + ".jsonl.gz")
+    return [(r.prompt.tolist(), r.output.tolist()) for r in read_requests(path, n)]
 
 
 def check_file(path: str, traces_dir: str, limit: int | None) -> bool:

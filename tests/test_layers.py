@@ -393,3 +393,57 @@ def test_no_function_over_100_lines():
                     for name, n in _long_functions(path, MAX_FUNCTION_LINES)
                     if (rel, name) not in LONG_FUNCTIONS_ALLOWED]
     assert not bad, bad
+
+
+MAX_FILE_LINES = 1000
+# (path, why) of the files still over the limit. ngramspec/_suffix.pyx is split along its seams
+# (automaton, store, calibration, tree) on another branch of issue 39; the lead removes this
+# allowance when that branch merges (test_the_file_allowance_is_still_needed says when).
+LONG_FILES_ALLOWED = {"ngramspec/_suffix.pyx": "split on issue 39's _suffix.pyx branch"}
+# Generated, never committed: the GPU device kit's unpacked sources (bench/gpu/prepare.py).
+NOT_SOURCES = ("bench/gpu/kit/",)
+
+
+def _long_files(root: pathlib.Path, limit: int) -> list:
+    """``(path relative to root, lines)`` of each Python or Cython source (.py, .pyx, .pxd) under
+    the package, the benchmarks and the tests with more than `limit` lines."""
+    found = []
+    for folder in ("ngramspec", "bench", "tests"):
+        for path in sorted((root / folder).rglob("*")):
+            rel = path.relative_to(root).as_posix()
+            if path.suffix not in (".py", ".pyx", ".pxd") or rel.startswith(NOT_SOURCES):
+                continue
+            n = len(path.read_text(encoding="utf-8").splitlines())
+            if n > limit:
+                found.append((rel, n))
+    return found
+
+
+def test_long_files_are_found(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "ngramspec" / "sub").mkdir(parents=True)
+    (tmp_path / "ngramspec" / "sub" / "big.pyx").write_text("x = 1\n" * 1001)
+    (tmp_path / "ngramspec" / "ok.py").write_text("x = 1\n" * 1000)
+    (tmp_path / "tests" / "big.pxd").write_text("x = 1\n" * 1002)
+    (tmp_path / "tests" / "notes.txt").write_text("x\n" * 2000)
+    assert _long_files(tmp_path, MAX_FILE_LINES) == [("ngramspec/sub/big.pyx", 1001),
+                                                     ("tests/big.pxd", 1002)]
+    assert _long_files(tmp_path, 1002) == []
+
+
+def test_no_file_over_1000_lines():
+    """No source file of the package, the benchmarks or the tests over 1,000 lines: a longer
+    one holds several concerns; split it along its seams (as bench/e2e_report.py's Markdown went
+    to e2e_markdown.py, and tests/test_validation.py's token and command-line cases to their own
+    files)."""
+    bad = [f"{rel} ({n} lines)" for rel, n in _long_files(ROOT, MAX_FILE_LINES)
+           if rel not in LONG_FILES_ALLOWED]
+    assert not bad, bad
+
+
+def test_the_file_allowance_is_still_needed():
+    """An allowed file that is back under the limit leaves the allowance (so it cannot grow
+    again unseen)."""
+    over = {rel for rel, _ in _long_files(ROOT, MAX_FILE_LINES)}
+    stale = sorted(set(LONG_FILES_ALLOWED) - over)
+    assert not stale, f"under {MAX_FILE_LINES} lines now: remove from LONG_FILES_ALLOWED {stale}"
