@@ -1,5 +1,6 @@
 # Included by _suffix.pyx (one C module: the kernels stay inlinable and share its DEF
-# constants and imports); the global store and the per-slot state (local automaton, cursor, learning).
+# constants and imports); the global store and the per-slot state (local automaton, cursor,
+# learning).
 
 # ---------------------------------------------------------------------------------------------
 # Global store
