@@ -11,7 +11,7 @@ from engine_harness import (PER_REQUEST, SHARED, accepted_path, check_drafts_are
 
 from ngramspec import SpecEngine
 from ngramspec.integrations.requests import SPEC_ENV, engine_from_env
-from ngramspec.integrations.sglang import NgramspecCorpus, chain_tree, tree_layout
+from ngramspec.integrations.sglang import NgramspecCorpus, TreeBatch, chain_tree, tree_layout
 from ngramspec.integrations.vllm import NgramspecProposer
 from ngramspec.loop import SlotLoop, run_recorded
 from ngramspec.traces import read_requests
@@ -204,6 +204,26 @@ def test_tree_layout_is_sglangs_ancestor_mask():
     assert tree_paths(flat, mask) == {(6, 7, 9), (8,)}
 
 
+def test_tree_batch_rows_are_each_requests_own_layout():
+    """A step's rows laid out together (TreeBatch's vectorized writes) are each row's own
+    `tree_layout`: trees, chains, empty drafts and full ones side by side."""
+    d = 5
+    rows = [(5, [6, 7, 8, 9], [-1, 0, -1, 1]), (3, [4], None), (2, [], None),
+            (9, [1, 2, 3, 4], None), (8, [7, 6], [-1, -1])]
+    batch = TreeBatch(len(rows), d)
+    for i, (root, toks, parents) in enumerate(rows):
+        batch.set(i, root, np.array(toks, dtype=np.int32),
+                  None if parents is None else np.array(parents, dtype=np.int32))
+    flat, mask = batch.finish()
+    for i, (root, toks, parents) in enumerate(rows):
+        par = np.arange(-1, len(toks) - 1) if parents is None else np.array(parents)
+        want_flat, want_mask = tree_layout(root, np.array(toks), par, d)
+        assert flat[i * d:(i + 1) * d].tolist() == want_flat.tolist()
+        assert mask[i * d * d:(i + 1) * d * d].reshape(d, d).tolist() == want_mask.tolist()
+    with pytest.raises(ValueError, match=r"len\(tokens\) = 5 is out of range: allowed 0 \.\. 4"):
+        batch.set(0, 1, np.arange(5))
+
+
 def _tree_run(corpus, reqs, d):
     """Requests through batch_get two at a time, greedy tree verification (the longest path the
     recorded output confirms, as SGLang's verify walks it); per request the steps' accepted
@@ -321,6 +341,16 @@ def test_sglang_corpus_refuses_bad_tokens(tokens, message):
     corpus = NgramspecCorpus(draft_token_num=4, spec=PER_REQUEST)
     with pytest.raises((ValueError, TypeError), match=message):
         corpus.batch_get(["r"], [tokens], [max(len(tokens), 1)])
+    assert not corpus.requests.requests
+
+
+def test_sglang_corpus_names_the_bad_tail_among_many():
+    """The step's tails are checked at once; a bad one is still named by its own row."""
+    corpus = NgramspecCorpus(draft_token_num=4, spec=PER_REQUEST)
+    with pytest.raises(ValueError, match=r"batch_tokens\[1\]\[2\] = -3 is not a token id"):
+        corpus.batch_get(["a", "b", "c"], [[1, 2], [3, 4, -3], [5]], [2, 3, 1])
+    with pytest.raises(ValueError, match=r"batch_tokens\[2\] must hold at least one token id"):
+        corpus.batch_get(["a", "b", "c"], [[1, 2], [3, 4], []], [2, 2, 1])
     assert not corpus.requests.requests
 
 
