@@ -207,9 +207,9 @@ def test_worker_copies_only_new_tokens(registered, trace):
     seen = []
     real = corpus.batch_get
 
-    def batch_get(req_ids, batch_tokens, total_lens, full_tokens=None):
+    def batch_get(req_ids, batch_tokens, total_lens, full_tokens=None, args_of=None):
         seen.append([(len(t), n) for t, n in zip(batch_tokens, total_lens)])
-        return real(req_ids, batch_tokens, total_lens, full_tokens)
+        return real(req_ids, batch_tokens, total_lens, full_tokens, args_of)
     corpus.batch_get = batch_get
     run_ngram_worker(ours.worker_class(), corpus, trace, D, 18, batch_size=3, overlap=True)
     firsts = sum(1 for step in seen for g, n in step if g == n)
@@ -233,7 +233,6 @@ def test_a_request_that_lost_track_gets_its_whole_sequence(registered):
     worker._prepare_draft_tokens(_Batch([req]))
     loop = corpus.requests.get("r").loop
     assert loop.context.tolist() + [loop.sampled] == prompt + [5, 99, 98]
-
 
 
 # -- Predicted Outputs and per-request control through SGLang's request path (issue 37) -------

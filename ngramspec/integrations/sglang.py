@@ -367,7 +367,8 @@ def worker_class():
                 extra = prev[i * stride:i * stride + prev_lens[i]] if prev else ()
                 return last_tokens(reqs[i], extra, totals[i])
             def args_of(i):
-                return getattr(reqs[i].sampling_params, "custom_params", None)
+                return getattr(getattr(reqs[i], "sampling_params", None), "custom_params",
+                               None)
             drafts, mask = corpus.batch_get(req_ids, tails, totals, full_tokens, args_of)
             assert len(drafts) == len(reqs) * stride, (len(drafts), len(reqs), stride)
             return drafts, mask
