@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from ngramspec.integrations.requests import engine_from_env
-from ngramspec.loop import SlotLoop, run_recorded
+from ngramspec.loop import SlotLoop, common_prefix, run_recorded
 
 
 @dataclass
@@ -783,3 +783,24 @@ def check_prediction_and_control(make, trace_req, args_of_kind, k: int, max_len:
     assert plain.drafts == plain_ref.drafts and any(plain.drafts)
     assert tokens_per_step([predicted]) > tokens_per_step([plain]) > tokens_per_step([off])
     return sims
+
+
+#: A request's own subset of PER_REQUEST's chain and bounds, and the flags of that subset alone.
+SUBSET_ARGS = {"speculative": {"type": "ngram-map-k4v", "n_max": 3, "n_min": 2}}
+SUBSET_FLAGS = "--spec-type ngram-map-k4v --spec-ngram-map-k4v-reindex 1"
+
+
+def subset_reference(trace_req, max_len: int = 0):
+    """What a request with `SUBSET_ARGS` drafts: its proposer alone, drafts of at most 3
+    tokens, those under 2 dropped."""
+    loop = SlotLoop(engine_from_env(1, SUBSET_FLAGS)[0], 0, trace_req.prompt,
+                    int(trace_req.output[0]), n_ctx=max_len)
+    drafts, out, n = [], trace_req.output, 1
+    while n < len(out):
+        draft = loop.propose(3, 2)
+        drafts.append(draft.tolist())
+        acc = common_prefix(draft, out[n:])
+        target = out[n:n + acc + 1]
+        loop.verify(target)
+        n += len(target)
+    return drafts

@@ -17,7 +17,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("sglang")
 
 from conftest import TRACES  # noqa: E402
-from engine_harness import (PER_REQUEST, edited, greedy_tree_verify,  # noqa: E402
+from engine_harness import (PER_REQUEST, SUBSET_ARGS, edited,  # noqa: E402
+                            greedy_tree_verify, subset_reference,
                             predicted_reference, refound_after, run_ngram_worker,
                             stub_cuda_only_kernels, synthetic_trace, tokens_per_step,
                             tree_paths, word_tokenizer)
@@ -340,3 +341,21 @@ def test_at_scale_drafts_are_spec_engines_and_cost_less_than_sglangs_own(registe
     print(f"median step: ngramspec {1e3 * times['ours']:.3f} ms, SGLang's NgramCorpus "
           f"{1e3 * times['sglang']:.3f} ms")
     assert times["ours"] <= 1.0 * times["sglang"], times
+
+
+def test_a_requests_type_subset_and_bounds(registered):
+    """``custom_params: {"speculative": {type, n_max, n_min}}`` on SGLang's SamplingParams:
+    the request's tree is the chain of its subset alone (at most n_max tokens, none under
+    n_min), its neighbour's ngram-suffix trees go on beside it."""
+    from ngramspec.traces import Request as TraceRequest
+    t = read_requests(str(TRACES / "code-edit.jsonl.gz"), limit=1)[0]
+    reqs = [TraceRequest(rid, t.prompt, t.output, {}) for rid in ("subset", "whole")]
+    corpus = ours.NgramspecCorpus(**dict(WORKER_KWARGS, max_trie_depth=MAX_LEN),
+                                  spec=PER_REQUEST)
+    done = {r.rid: r for r in run_ngram_worker(
+        ours.worker_class(), corpus, reqs, D, MAX_LEN, batch_size=2,
+        params={"subset": sglang_params(SUBSET_ARGS)})}
+    want = [{tuple(d)} if d else set() for d in subset_reference(t)]
+    assert done["subset"].paths == want[:len(done["subset"].paths)]
+    assert any(done["subset"].paths)
+    assert max(len(p) for paths in done["whole"].paths for p in paths) > 3

@@ -15,7 +15,8 @@ from conftest import TRACES  # noqa: E402
 from engine_harness import (PER_REQUEST, SHARED, RunnerSim, SimRequest,  # noqa: E402
                             TimedProposer, VllmNgram, VllmSuffix,
                             check_drafts_are_spec_engines, check_moving_rows_changes_nothing,
-                            check_prediction_and_control, word_tokenizer,
+                            SUBSET_ARGS, check_prediction_and_control, subset_reference,
+                            word_tokenizer,
                             check_request_ids_match_token_following, random_arrivals,
                             reference_drafts, sim_requests, synthetic_trace, tiny_vllm_config)
 
@@ -276,6 +277,20 @@ def test_the_hooked_runner_hands_each_requests_extra_args(make, model_config, mo
                                                     [[5], [5]], None, None, None, None, None,
                                                     None, None)
     assert drafts[0][:4] == [1, 2, 3, 4] and drafts[1] == []
+
+
+def test_a_requests_type_subset_and_bounds(make, model_config, edit_trace):
+    """``speculative: {type, n_max, n_min}`` through vLLM's request model: the request drafts
+    with its subset of the chain alone, at most n_max tokens, none under n_min, while its
+    neighbour drafts with the whole chain."""
+    t = edit_trace[0]
+    sims = [SimRequest("subset", t.prompt, t.output, arrival=0,
+                       extra_args=openai_params(SUBSET_ARGS, model_config).extra_args),
+            SimRequest("whole", t.prompt, t.output, arrival=0)]
+    RunnerSim(sims, 4, MAX_LEN, with_ids=True).run(make(PER_REQUEST, 4))
+    assert sims[0].drafts == subset_reference(t, MAX_LEN)
+    assert all(len(d) in (0, 2, 3) for d in sims[0].drafts) and any(sims[0].drafts)
+    assert max(len(d) for d in sims[1].drafts) > 3
 
 
 def test_unchecked_bad_fields_never_stop_the_step(make, edit_trace, caplog):
