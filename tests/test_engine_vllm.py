@@ -294,11 +294,12 @@ def test_a_requests_type_subset_and_bounds(make, model_config, edit_trace):
 
 
 def test_unchecked_bad_fields_never_stop_the_step(make, edit_trace, caplog):
-    """Fields that reach the worker unchecked (another front end) or name a type outside the
-    configured chain: logged, ignored (the request drafts as configured), the step goes on."""
+    """Fields that reach the worker unchecked (another front end), name a type outside the
+    configured chain or ask for ``auto`` on an engine started ``fixed``: logged, ignored (the
+    request drafts as configured), the step goes on."""
     t = edit_trace[0]
     bad = [{"speculative": {"n_max": -3}}, {"speculative": {"type": "ngram-mod"}},
-           {"prediction": "text"}, {"speculative": "off"}]
+           {"prediction": "text"}, {"speculative": "off"}, {"speculative": {"policy": "auto"}}]
     sims = [SimRequest(f"bad{i}", t.prompt, t.output, arrival=i, extra_args=a)
             for i, a in enumerate(bad)]
     with caplog.at_level(logging.WARNING):
@@ -310,6 +311,7 @@ def test_unchecked_bad_fields_never_stop_the_step(make, edit_trace, caplog):
     assert "speculative.n_max = -3 is out of range" in caplog.text
     assert "speculative.type: 'ngram-mod' is not in the configured chain" in caplog.text
     assert "prediction: text needs the model's tokenizer" in caplog.text
+    assert "speculative.policy: 'auto' needs the engine's $NGRAMSPEC_SPEC" in caplog.text
 
 
 # -- at vLLM's scale: 64 requests in flight, 16k-token prompts, max_num_seqs 256 ---------------

@@ -19,8 +19,9 @@ Where errors surface: `checked_args` runs in the engine's front end and raises a
 naming the field (the adapters turn it into the engine's 400). The worker calls `control_of`
 on each new request (O(1) for a request without these keys): a value that reaches it
 unchecked is logged and ignored (the request drafts as configured), never an error in the
-engine's step; a ``speculative.type`` outside the configured chain (only the worker knows the
-chain) is handled the same way.
+engine's step; a ``speculative.type`` outside the configured chain, or ``policy: auto`` on an
+engine started with the fixed policy (only the worker knows its chain and policy), is handled
+the same way.
 
 Thread-safety: stateless functions.
 """
@@ -178,7 +179,7 @@ def checked_args(args: Optional[Mapping], *, tokenize: Optional[Callable] = None
     return out
 
 
-def control_of(args: Optional[Mapping], chain: Sequence[str], *,
+def control_of(args: Optional[Mapping], chain: Sequence[str], *, auto: bool = False,
                key=None) -> Optional[RequestControl]:
     """The worker's reading of a new request's arguments (already `checked_args`).
 
@@ -187,6 +188,9 @@ def control_of(args: Optional[Mapping], chain: Sequence[str], *,
     args : mapping or None
     chain : sequence of str
         The configured proposers' types (``SpecEngine.types``).
+    auto : bool
+        Whether the host's policy is ``auto`` (``$NGRAMSPEC_SPEC``'s ``--spec-policy``): a
+        request may ask for ``fixed`` always, for ``auto`` only then (it has the cost model).
     key : optional
         The request's id, named in the log.
 
@@ -206,6 +210,9 @@ def control_of(args: Optional[Mapping], chain: Sequence[str], *,
                 spec.check_chain(chain)
             except ParamError as exc:
                 raise _renamed(exc) from None
+            if spec.policy == "auto" and not auto:
+                raise Refused("speculative.policy", "'auto' needs the engine's $NGRAMSPEC_SPEC "
+                                                    "to hold --spec-policy auto", value="auto")
         pred = None
         if args.get(PREDICTION) is not None:
             pred = _prediction_tokens(args[PREDICTION], None, None)

@@ -20,6 +20,7 @@ from ngramspec import store_log
 from ngramspec.cli.serve import spec_from_flags
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop, common_prefix
+from ngramspec.policy import AutoPolicy
 from ngramspec.prediction import PredictedEngine, PredictionDrafter
 
 __all__ = ["MAX_DRAFT", "SPEC_ENV", "RequestLoops", "engine_from_env", "same_tokens",
@@ -226,11 +227,11 @@ class RequestLoops:
             oldest = min(self.requests.values(), key=lambda r: (r.last_step, r.seq))
             self.end(oldest.key)
         slot = heapq.heappop(self._free)
-        engine, n_max, n_min = self.engine, self.n_max, 0
+        engine, n_max, n_min, policy = self.engine, self.n_max, 0, self.policy
         if control is not None:
-            engine, n_max, n_min = self._controlled(control)
+            engine, n_max, n_min, policy = self._controlled(control)
         loop = SlotLoop(engine, slot, prompt, int(first_token), n_ctx=self.n_ctx,
-                        policy=self.policy if engine is not None else None,
+                        policy=policy if engine is not None else None,
                         capacity=len(prompt) + 256)
         req = Request(key, loop, self._seq, self.step, n_max, n_min)
         self._seq += 1
@@ -238,21 +239,30 @@ class RequestLoops:
         return req
 
     def _controlled(self, control):
-        """``(engine, n_max, n_min)`` of a request with its own fields, as the scheduler builds
-        them (`ngramspec.llama.scheduler`): the chain's subset of its types (the same proposer
-        objects, so slots and shared stores stay one), the prediction in front."""
+        """``(engine, n_max, n_min, policy)`` of a request with its own fields, as the scheduler
+        builds them (`ngramspec.llama.scheduler`): the chain's subset of its types (the same
+        proposer objects, so slots and shared stores stay one), the prediction in front;
+        ``policy: fixed`` is llama.cpp's (None), ``auto`` the host's (`request_args.control_of`
+        refuses it where the host's is not auto)."""
         spec = control.spec
-        n_max, n_min, engine = self.n_max, 0, self.engine
+        n_max, n_min, engine, policy = self.n_max, 0, self.engine, self.policy
         if spec is not None:
             if not spec.enabled:
-                return None, n_max, 0
+                return None, n_max, 0, None
             engine = self._engine_for(spec.types)
             if spec.n_max is not None:
                 n_max = spec.n_max if n_max is None else min(n_max, spec.n_max)
             n_min = spec.n_min or 0
+            if spec.policy == "fixed":
+                policy = None
         if control.prediction is not None:
             engine = PredictedEngine(PredictionDrafter(control.prediction), engine)
-        return engine, n_max, n_min
+        return engine, n_max, n_min, policy
+
+    @property
+    def auto(self) -> bool:
+        """Whether the host's draft-length policy is ``auto`` (requests may ask for it)."""
+        return isinstance(self.policy, AutoPolicy)
 
     def _engine_for(self, types):
         """The engine of a subset of the chain's types (cached per subset)."""

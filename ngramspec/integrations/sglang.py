@@ -255,8 +255,8 @@ class NgramspecCorpus:
             if new is None:
                 if len(tail) < total and full_tokens is not None:
                     tail = token_array(full_tokens(i), f"batch_tokens[{i}]", non_empty=True)
-                control = None if args_of is None else control_of(args_of(i), self.chain,
-                                                                        key=rid)
+                control = None if args_of is None else control_of(
+                    args_of(i), self.chain, auto=rl.auto, key=rid)
                 req = rl.begin(rid, tail[:-1], int(tail[-1]), control)
                 new = tail[:0]
             calls = req.loop.n_draft_calls

@@ -183,7 +183,8 @@ class NgramspecProposer:
             key = ("row-request", self._keys)
             self._keys += 1
         elif self._args_of is not None:
-            control = control_of(self._args_of(key), self.chain, key=key)
+            control = control_of(self._args_of(key), self.chain, auto=self.requests.auto,
+                                 key=key)
         return self.requests.begin(key, tokens[:n - 1], int(tokens[n - 1]), control)
 
     def _match_ids(self, ids, n_rows, num_tokens, tokens):
