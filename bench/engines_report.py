@@ -20,6 +20,12 @@ requests of ../shared/traces:
   requests at a time), greedy tree verification. SGLang's ``NgramCorpus`` (its defaults, a tree
   of --d tokens) next to ``NgramspecCorpus`` in the same --d budget: a chain for every type but
   ngram-suffix, whose tree (the chain, then its next-best branches) is shown beside its chain.
+- The "+ prediction" rows (issue 37): each request carries a prediction in its engine arguments
+  (vLLM's ``extra_args``, SGLang's ``custom_params``), cut from its prompt as ``python bench
+  prediction`` cuts it (the last user message from where the output's first tokens occur): on
+  code edits the file before the edit; on agentic turns whatever of the user's message that
+  finds, rarely the output (a poor prediction). In SGLang a request with a prediction drafts a
+  chain (its prediction's, else the chain's), not ngram-suffix's tree.
 
 Per row: tokens per verification step and the modeled GPU speed-up (`ngramspec.cost`'s ``gpu``
 profile: an 8B bf16 model, `modeled_speedup`). A vLLM step verifies its draft, k + 1 tokens;
@@ -43,13 +49,17 @@ VLLM_ROWS = [("vLLM ngram (built-in, lookup 5..5)", ("ngram", 5, 5)),
              ("vLLM suffix (built-in, ArcticInference 0.3.0, vLLM's defaults)", ("suffix",)),
              ("ngramspec ngram-mod (serve's defaults)", ""),
              (f"ngramspec {CHAIN}", f"--spec-type {CHAIN}"),
-             ("ngramspec ngram-suffix", "--spec-type ngram-suffix")]
+             ("ngramspec ngram-suffix", "--spec-type ngram-suffix"),
+             ("ngramspec ngram-suffix + prediction (issue 37)", ("predict",
+                                                                 "--spec-type ngram-suffix"))]
 # (row, spec flags or None for SGLang's own corpus, NgramspecCorpus's tree option)
 SGLANG_ROWS = [("SGLang NgramCorpus (built-in, its defaults)", (None, False)),
                ("ngramspec ngram-mod (serve's defaults)", ("", True)),
                (f"ngramspec {CHAIN}", (f"--spec-type {CHAIN}", True)),
                ("ngramspec ngram-suffix, chain (tree=False)", ("--spec-type ngram-suffix", False)),
-               ("ngramspec ngram-suffix, tree (the default)", ("--spec-type ngram-suffix", True))]
+               ("ngramspec ngram-suffix, tree (the default)", ("--spec-type ngram-suffix", True)),
+               ("ngramspec ngram-suffix + prediction (issue 37)",
+                (("predict", "--spec-type ngram-suffix"), True))]
 MAX_LEN = 1 << 15
 MAX_NUM_SEQS = 256      # vLLM's default max_num_seqs: the proposers are sized by it
 
@@ -111,6 +121,9 @@ def part_vllm(args):
                     # above 4 rows every request arrives at once (a conversation's turns
                     # still one after another: a later prompt holds the earlier answer)
                     sims = h.sim_requests(trace, spread=3 if rows <= 4 else 0)
+                    if _predicts(how):
+                        for r in sims:
+                            r.extra_args = prediction_args(r.prompt, r.output)
                     h.RunnerSim(sims, rows, MAX_LEN, with_ids=True).run(prop)
                     key = f"{fam}|{rows}|{name}"
                     table[key] = _row(sims, h, gpu)
@@ -121,7 +134,9 @@ def part_vllm(args):
 
 def _vllm_proposer(h, tmp, args, how, trace, ours):
     """A row's proposer, built for vLLM's default max_num_seqs (256) whatever runs at once."""
-    if how == ("suffix",):
+    if _predicts(how):
+        how = how[1]
+    elif how == ("suffix",):
         return h.VllmSuffix(h.tiny_vllm_config(tmp, MAX_LEN, MAX_NUM_SEQS, method="suffix",
                                                num_speculative_tokens=args.k),
                             {t.id: len(t.prompt) for t in trace})
@@ -131,6 +146,19 @@ def _vllm_proposer(h, tmp, args, how, trace, ours):
                                               prompt_lookup_min=how[1],
                                               prompt_lookup_max=how[2]))
     return ours.from_limits(args.k, MAX_LEN, MAX_NUM_SEQS, spec=how)
+
+
+def _predicts(how) -> bool:
+    return isinstance(how, tuple) and how[:1] == ("predict",)
+
+
+def prediction_args(prompt, output):
+    """A request's engine arguments carrying its prediction: on code edits the file before the
+    edit, cut from the prompt (`prediction_report.prediction_of`, as ``python bench prediction``
+    cuts it); None where it has none (it drafts with the chain alone)."""
+    from prediction_report import prediction_of
+    pred = prediction_of(prompt, output)
+    return {"prediction": pred.tolist()} if len(pred) else None
 
 
 def part_sglang(args):
@@ -144,15 +172,26 @@ def part_sglang(args):
     table = {}
     for fam, trace in _traces(args).items():
         for name, (how, tree) in SGLANG_ROWS:
+            params = None
+            if _predicts(how):
+                params, how = sglang_prediction_params(trace), how[1]
             if how is None:      # SGLang's own worker and corpus
                 worker, corpus, depth = NGRAMWorker, NgramCorpus(draft_token_num=args.d), 18
             else:
                 worker, corpus, depth = worker_class(), NgramspecCorpus(
                     draft_token_num=args.d, spec=how, tree=tree), MAX_LEN
-            done = h.run_ngram_worker(worker, corpus, trace, args.d, depth)
+            done = h.run_ngram_worker(worker, corpus, trace, args.d, depth, params=params)
             table[f"{fam}|{name}"] = _row(done, h, gpu)
             print(f"  sglang {fam} {name}: {table[f'{fam}|{name}']}", file=sys.stderr)
     return table
+
+
+def sglang_prediction_params(trace):
+    """Each request's SGLang ``SamplingParams`` with its prediction in ``custom_params``
+    (`prediction_args`)."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    return {t.id: SamplingParams(custom_params=prediction_args(t.prompt, t.output))
+            for t in trace}
 
 
 PARTS = {"vllm": part_vllm, "sglang": part_sglang}

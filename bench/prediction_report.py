@@ -13,9 +13,16 @@ the prediction drafting first (`ngramspec.prediction.PredictedEngine`, as ``serv
 priced by the ``cpu-embedded`` and ``gpu`` cost profiles (`ngramspec.cost.modeled_speedup`:
 output tokens after the first over the sum of c(k_i + 1, L_i); plain decoding is 1). Figures
 are over all requests together (tokens / cost); ``min`` is the lowest single request.
+
+The rows "inside vLLM" and "inside SGLang" (issue 37; ``--engines``, each engine's part run in
+its ``.venv-ENGINE``) send the same requests through the engines' contract-test harnesses
+(tests/engine_harness.py) with serve's default chain, the prediction carried in the request's
+engine arguments (vLLM's ``extra_args``, SGLang's ``custom_params``) as a client's would be;
+an SGLang step verifies its whole tree of d tokens, whatever the drafter found.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -79,10 +86,64 @@ def replay_one(spec_type, params, prompt, output, prediction):
     return rec
 
 
-def run(args) -> dict:
+def _requests(args):
     requests = read_requests(str(benchlib.TRACES / "code-edit.jsonl.gz"))
-    if args.limit:
-        requests = requests[:args.limit]
+    return requests[:args.limit] if args.limit else requests
+
+
+def _priced(label: str, recs, profiles, prediction: bool) -> dict:
+    """A table row of golden-format records: tokens per step, the profiles' speed-ups."""
+    row = {"config": label, "prediction": prediction, "requests": len(recs),
+           "tokens_per_step": round(sum(r["n_output"] - 1 for r in recs)
+                                    / sum(len(r["steps"]) for r in recs), 3)}
+    for prof, cm in profiles.items():
+        row[prof] = modeled_speedup(recs, cm)["speedup"]
+        row[prof + " min"] = round(min(modeled_speedup([r], cm)["speedup"] for r in recs), 3)
+    return row
+
+
+def _engine_part(engine: str, args) -> list:
+    """The engine's rows (inside its venv): serve's default chain (ngram-mod 8/32), without and
+    with each request's prediction in its engine arguments, through the contract tests'
+    harness (vLLM: the V1 runner's call sequence, K = 16, 4 rows; SGLang: the NGRAM worker,
+    a tree of d = 16 tokens, 2 requests at a time), greedy verification."""
+    from engines_report import _harness, prediction_args, sglang_prediction_params
+    h = _harness()
+    profiles = {name: load_cost_model(name) for name in PROFILES}
+    requests = [r for r in _requests(args) if len(r.prompt) + len(r.output) < ENGINE_MAX_LEN - 1]
+    rows = []
+    for with_pred in (False, True):
+        if engine == "vllm":
+            from ngramspec.integrations.vllm import NgramspecProposer
+            sims = h.sim_requests(requests)
+            if with_pred:
+                for r in sims:
+                    r.extra_args = prediction_args(r.prompt, r.output)
+            h.RunnerSim(sims, 4, ENGINE_MAX_LEN, with_ids=True).run(
+                NgramspecProposer.from_limits(16, ENGINE_MAX_LEN, 256, spec=""))
+            done, where = sims, "inside vLLM (K = 16)"
+        else:
+            h.stub_cuda_only_kernels()
+            from ngramspec.integrations.sglang import NgramspecCorpus, worker_class
+            done = h.run_ngram_worker(worker_class(), NgramspecCorpus(draft_token_num=16, spec=""),
+                                      requests, 16, ENGINE_MAX_LEN,
+                                      params=sglang_prediction_params(requests) if with_pred
+                                      else None)
+            where = "inside SGLang (d = 16)"
+        label = ("prediction + " if with_pred else "") + f"ngram-mod 8/32, {where}"
+        rows.append(_priced(label, h.records(done), profiles, with_pred))
+        print(f"  {label:<28} {rows[-1]['tokens_per_step']:6.2f} tokens/step", file=sys.stderr)
+    return rows
+
+
+#: The engines' rows run for requests below this many tokens (the harnesses' row length).
+ENGINE_MAX_LEN = 1 << 15
+PARTS = {"vllm": lambda args: _engine_part("vllm", args),
+         "sglang": lambda args: _engine_part("sglang", args)}
+
+
+def run(args) -> dict:
+    requests = _requests(args)
     profiles = {name: load_cost_model(name) for name in PROFILES}
     rows = []
     preds = [prediction_of(r.prompt, r.output) for r in requests]
@@ -95,13 +156,7 @@ def run(args) -> dict:
                                p if with_pred else None) for r, p in zip(requests, preds)]
             label = ("prediction + " + name if spec_type else "prediction alone") \
                 if with_pred else name
-            row = {"config": label, "prediction": with_pred, "requests": len(recs),
-                   "tokens_per_step": round(sum(r["n_output"] - 1 for r in recs)
-                                            / sum(r["n_steps"] for r in recs), 3)}
-            for prof, cm in profiles.items():
-                row[prof] = modeled_speedup(recs, cm)["speedup"]
-                row[prof + " min"] = round(min(modeled_speedup([r], cm)["speedup"]
-                                               for r in recs), 3)
+            row = _priced(label, recs, profiles, with_pred)
             if with_pred:
                 row["accepted_prediction_tokens"] = sum(r["accepted_prediction_tokens"]
                                                         for r in recs)
@@ -125,13 +180,18 @@ def render(res: dict) -> str:
              f"{res['prediction_tokens']} tokens ({res['without_prediction']} requests without "
              "one). Greedy verification against the recorded output; speed-up over plain "
              "decoding as the cost profile models it (all requests together; min: the lowest "
-             "request).", "",
-             "| configuration | " + " | ".join(c.replace("_", " ") for c in cols)
-             + " | accepted / rejected prediction tokens |",
-             "|---|" + "---:|" * (len(cols) + 1)]
+             "request)."]
+    eng = res.get("engines")
+    if eng:
+        lines[-1] += (" Inside the engines (vllm " + eng["versions"].get("vllm", "not run")
+                      + ", sglang " + eng["versions"].get("sglang", "not run") + "): serve's "
+                      "default chain through the contract tests' harnesses, the prediction in "
+                      "the request's engine arguments; an SGLang step verifies all d tokens.")
+    lines += ["", "| configuration | " + " | ".join(c.replace("_", " ") for c in cols)
+              + " | accepted / rejected prediction tokens |", "|---|" + "---:|" * (len(cols) + 1)]
     for row in res["rows"]:
         pred = (f"{row['accepted_prediction_tokens']} / {row['rejected_prediction_tokens']}"
-                if row["prediction"] else "—")
+                if "accepted_prediction_tokens" in row else "—")
         lines.append(f"| {row['config']} | " + " | ".join(
             f"{row[c]:.3f}" if c != "tokens_per_step" else f"{row[c]:.2f}" for c in cols)
             + f" | {pred} |")
@@ -145,7 +205,14 @@ def main(argv=None):
                     help="comma list of: " + ", ".join(CONFIGS) + " (default %(default)s)")
     ap.add_argument("--json", default=benchlib.result_path("prediction.json"))
     ap.add_argument("--md", default=benchlib.result_path("prediction.md"))
+    ap.add_argument("--engines", default="vllm,sglang",
+                    help="engines whose rows are added, each run in its .venv-ENGINE "
+                         "(default %(default)s; empty: none)")
+    ap.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.part:
+        json.dump(PARTS[args.part](args), sys.stdout)
+        return 0
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
@@ -153,9 +220,20 @@ def main(argv=None):
     if args.limit < 0:
         ap.error("--limit must be >= 0")
     res = run(args)
+    from engines_report import run_parts
+    engines = {"versions": {}, "skipped": {}}
+    run_parts(__file__, [e for e in args.engines.split(",") if e],
+              ["--limit", str(args.limit)], engines)
+    for engine in ("vllm", "sglang"):
+        res["rows"] += engines.get(engine, [])
+    res["engines"] = {"versions": engines["versions"], "skipped": engines["skipped"]}
     with open(args.json, "w") as f:
         json.dump(res, f, indent=1)
     with open(args.md, "w") as f:
         f.write(render(res))
     print(render(res))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -206,3 +206,14 @@ class SpeculationParams:
         if self.p_min is not None:
             put(self, "p_min", check_real("speculation.p_min", self.p_min, 0.0, 1.0))
         check_choice("speculation.policy", self.policy, POLICIES, none=True)
+
+    def check_chain(self, chain) -> None:
+        """Refuse types outside `chain` (the configured spec types; ``Refused`` naming
+        ``speculation.types``) and a ``p_min`` without a draft model in it."""
+        for t in self.types or ():
+            if t not in chain:
+                raise Refused("speculation.types", f"{t!r} is not in the configured chain "
+                              f"({', '.join(chain) or 'none'})", value=t)
+        if self.p_min is not None and "draft-simple" not in chain:
+            raise Refused("speculation.p_min", "needs a draft model (draft-simple) in the chain",
+                          sep=" ")

@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from ngramspec.integrations.requests import engine_from_env
-from ngramspec.loop import SlotLoop, run_recorded
+from ngramspec.loop import SlotLoop, common_prefix, run_recorded
 
 
 @dataclass
@@ -32,6 +32,7 @@ class SimRequest:
     arrival: int
     prefill_steps: int = 1          # steps with [] sampled before the first token
     after: Optional[str] = None     # the request it continues (its conversation's previous)
+    extra_args: Optional[dict] = None   # its SamplingParams.extra_args (the runner's state)
     seq: int = 0
     drafts: List[List[int]] = field(default_factory=list)   # the drafts verified, in order
     targets: List[np.ndarray] = field(default_factory=list)  # the tokens each step added
@@ -85,6 +86,9 @@ class RunnerSim:
         self.done_ids: set = set()
         self.starts: List[int] = []     # per step, the requests that got their first token
         self.peak = 0                   # the most rows in use at once
+        # the hook's request arguments, as the runner's request states hold them
+        by_id = {r.rid: r.extra_args for r in self.waiting if r.extra_args is not None}
+        self.args_of = by_id.get if by_id else None
 
     def _move(self, src: int, dst: int) -> None:
         n = int(self.num_tokens_no_spec[src])
@@ -182,7 +186,11 @@ class RunnerSim:
                 self.num_tokens_no_spec[i] = r.n = n + len(new)
                 sampled.append(new)
             if self.with_ids:
-                proposer.set_request_ids([r.rid for r in self.rows], list(self.finished))
+                ids = [r.rid for r in self.rows]
+                if self.args_of is None:
+                    proposer.set_request_ids(ids, list(self.finished))
+                else:
+                    proposer.set_request_ids(ids, list(self.finished), self.args_of)
                 self.finished = []
             drafts = proposer.propose(sampled, self.num_tokens_no_spec, self.token_ids_cpu)
             assert len(drafts) == len(self.rows)
@@ -416,9 +424,12 @@ def accepted_path(paths: set, rest) -> list:
 
 
 class _Req:
-    def __init__(self, trace_req):
+    def __init__(self, trace_req, sampling_params=None):
         from array import array
+        from types import SimpleNamespace
         self.rid = trace_req.id
+        # SGLang's SamplingParams (its custom_params: the request's fields) or no fields
+        self.sampling_params = sampling_params or SimpleNamespace(custom_params=None)
         self.origin_input_ids_unpadded = list(trace_req.prompt)
         self.out = [int(trace_req.output[0])]   # every token produced so far
         self.output_ids = array("q", self.out)  # SGLang's: under overlap, a round behind
@@ -458,7 +469,8 @@ def _overlap_spec_info(live, d: int):
 
 def run_ngram_worker(worker_cls, corpus, trace, draft_token_num: int, max_trie_depth: int,
                      batch_size: int = 2, verify: Callable = greedy_tree_verify,
-                     overlap: bool = False, admit=None, times: Optional[list] = None):
+                     overlap: bool = False, admit=None, times: Optional[list] = None,
+                     params: Optional[dict] = None):
     """Requests through SGLang's own ``_prepare_draft_tokens`` / ``_update_ngram_corpus`` with
     `corpus`, greedy tree verification against the recorded outputs; a request leaving the
     batch is erased as ``forward_batch_generation`` erases it. Returns the requests (``steps``,
@@ -470,10 +482,11 @@ def run_ngram_worker(worker_cls, corpus, trace, draft_token_num: int, max_trie_d
     one round late and the next step reads them from ``batch.spec_info`` (a new request's
     first token too). `admit(n_live)`: how many waiting requests may join this step (default:
     up to `batch_size`). `times`: gets each step's seconds in the two corpus-calling calls, its
-    batch size and how many requests joined the batch in it."""
+    batch size and how many requests joined the batch in it. `params`: request id -> its
+    SGLang ``SamplingParams`` (``custom_params``: the request's fields)."""
     import time
     worker = ngram_worker(worker_cls, corpus, draft_token_num, max_trie_depth, overlap)
-    queue = [_Req(t) for t in trace]
+    queue = [_Req(t, (params or {}).get(t.id)) for t in trace]
     if overlap:
         for r in queue:
             del r.output_ids[:]
@@ -698,3 +711,96 @@ def ngram_worker(worker_cls, corpus, draft_token_num: int, max_trie_depth: int,
     worker.enable_overlap = overlap
     worker.ngram_corpus = corpus
     return worker
+
+
+# -- Predicted Outputs and per-request control (issue 37) --------------------------------------
+
+def word_tokenizer(words):
+    """A real Hugging Face tokenizer (``PreTrainedTokenizerFast`` over a word-level model):
+    the object an engine's front end holds (vLLM's API server, SGLang's tokenizer manager)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+def edited(trace_req, insert: int = 12, at: float = 0.4):
+    """A code edit whose prediction is the request's output without `insert` of its tokens at
+    fraction `at`: the output leaves the prediction there (an inserted line) and must find its
+    place again. Returns ``(prediction, where the insertion starts)``."""
+    out = np.asarray(trace_req.output, dtype=np.int32)
+    k = max(2, int(len(out) * at))
+    return np.concatenate([out[:k], out[k + insert:]]), k
+
+
+def refound_after(drafts_by_pos, prediction, k: int) -> bool:
+    """Whether a draft made after output position `k` + 1 is the prediction's continuation
+    from a place at or after `k` (the prediction found again past the insertion).
+    `drafts_by_pos`: ``(output tokens known, draft)`` per step."""
+    pred = prediction.tolist()
+    for pos, draft in drafts_by_pos:
+        if pos <= k + 1 or not draft:
+            continue
+        for j in range(k, len(pred) - len(draft) + 1):
+            if pred[j:j + len(draft)] == list(draft):
+                return True
+    return False
+
+
+def predicted_reference(prediction, flags: str, prompt, output, k: int, max_len: int = 0):
+    """``serve``'s drafts for the request: its prediction first, the chain where it has nothing
+    (`ngramspec.prediction.PredictedEngine`), one `SlotLoop` (the verification loop)."""
+    from ngramspec.prediction import PredictedEngine, PredictionDrafter
+    engine = PredictedEngine(PredictionDrafter(prediction), engine_from_env(1, flags)[0])
+    return run_recorded(engine, 0, prompt, output, n_ctx=max_len, record_drafts=True, n_max=k)
+
+
+def check_prediction_and_control(make, trace_req, args_of_kind, k: int, max_len: int,
+                                 flags=PER_REQUEST):
+    """Three copies of a code-edit request in the V1 runner's sequence (request ids and
+    ``extra_args`` handed as the hook does): one with a prediction drafts exactly as ``serve``
+    drafts it (prediction first, re-found after the insertion), one with speculation off gets no
+    draft at any step, the plain one drafts as configured. ``args_of_kind(kind, prediction)``
+    gives the request's ``extra_args`` (built through the engine's own request objects).
+    Returns the requests."""
+    pred, at = edited(trace_req)
+    prompt, output = trace_req.prompt, trace_req.output
+    sims = [SimRequest(f"{kind}-{trace_req.id}", prompt, output, arrival=i,
+                       extra_args=args_of_kind(kind, pred))
+            for i, kind in enumerate(("predicted", "off", "plain"))]
+    RunnerSim(sims, 4, max_len, with_ids=True).run(make(flags, 4))
+    predicted, off, plain = sims
+    ref = predicted_reference(pred, flags, prompt, output, k, max_len)
+    assert predicted.drafts == ref.drafts
+    assert predicted.drafts[0] == pred[1:1 + min(k, 8)].tolist()    # the prediction first
+    pos = np.cumsum([1] + [s[1] + 1 for s in predicted.steps])[:-1]
+    assert refound_after(zip(pos, predicted.drafts), pred, at)
+    assert all(d == [] for d in off.drafts) and len(off.steps) == len(output) - 1
+    plain_ref = run_recorded(engine_from_env(1, flags)[0], 0, prompt, output, n_ctx=max_len,
+                             record_drafts=True, n_max=k)
+    assert plain.drafts == plain_ref.drafts and any(plain.drafts)
+    assert tokens_per_step([predicted]) > tokens_per_step([plain]) > tokens_per_step([off])
+    return sims
+
+
+#: A request's own subset of PER_REQUEST's chain and bounds, and the flags of that subset alone.
+SUBSET_ARGS = {"speculative": {"type": "ngram-map-k4v", "n_max": 3, "n_min": 2}}
+SUBSET_FLAGS = "--spec-type ngram-map-k4v --spec-ngram-map-k4v-reindex 1"
+
+
+def subset_reference(trace_req, max_len: int = 0):
+    """What a request with `SUBSET_ARGS` drafts: its proposer alone, drafts of at most 3
+    tokens, those under 2 dropped."""
+    loop = SlotLoop(engine_from_env(1, SUBSET_FLAGS)[0], 0, trace_req.prompt,
+                    int(trace_req.output[0]), n_ctx=max_len)
+    drafts, out, n = [], trace_req.output, 1
+    while n < len(out):
+        draft = loop.propose(3, 2)
+        drafts.append(draft.tolist())
+        acc = common_prefix(draft, out[n:])
+        target = out[n:n + acc + 1]
+        loop.verify(target)
+        n += len(target)
+    return drafts

@@ -7,6 +7,7 @@ SGLang's own greedy tree verification: the links its worker derives from a mask
 (``_derive_tree_links``) and its Triton verify kernel, run by Triton's interpreter on the CPU."""
 import importlib.metadata
 import os
+import re
 
 import numpy as np
 import pytest
@@ -16,9 +17,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("sglang")
 
 from conftest import TRACES  # noqa: E402
-from engine_harness import (PER_REQUEST, greedy_tree_verify, run_ngram_worker,  # noqa: E402
+from engine_harness import (PER_REQUEST, SUBSET_ARGS, edited,  # noqa: E402
+                            greedy_tree_verify, subset_reference,
+                            predicted_reference, refound_after, run_ngram_worker,
                             stub_cuda_only_kernels, synthetic_trace, tokens_per_step,
-                            tree_paths)
+                            tree_paths, word_tokenizer)
 
 from ngramspec.integrations import sglang as ours  # noqa: E402
 from ngramspec.integrations.requests import engine_from_env  # noqa: E402
@@ -205,9 +208,9 @@ def test_worker_copies_only_new_tokens(registered, trace):
     seen = []
     real = corpus.batch_get
 
-    def batch_get(req_ids, batch_tokens, total_lens, full_tokens=None):
+    def batch_get(req_ids, batch_tokens, total_lens, full_tokens=None, args_of=None):
         seen.append([(len(t), n) for t, n in zip(batch_tokens, total_lens)])
-        return real(req_ids, batch_tokens, total_lens, full_tokens)
+        return real(req_ids, batch_tokens, total_lens, full_tokens, args_of)
     corpus.batch_get = batch_get
     run_ngram_worker(ours.worker_class(), corpus, trace, D, 18, batch_size=3, overlap=True)
     firsts = sum(1 for step in seen for g, n in step if g == n)
@@ -231,6 +234,78 @@ def test_a_request_that_lost_track_gets_its_whole_sequence(registered):
     worker._prepare_draft_tokens(_Batch([req]))
     loop = corpus.requests.get("r").loop
     assert loop.context.tolist() + [loop.sampled] == prompt + [5, 99, 98]
+
+
+# -- Predicted Outputs and per-request control through SGLang's request path (issue 37) -------
+
+def sglang_params(custom_params, tokenizer=None, vocab_size=50000):
+    """SGLang's ``SamplingParams`` of a request as its tokenizer manager builds and checks it
+    (``normalize`` with the tokenizer, ``verify`` with the vocabulary), the plug-in loaded."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    params = SamplingParams(max_new_tokens=64, custom_params=custom_params)
+    params.normalize(tokenizer)
+    params.verify(vocab_size)
+    return params
+
+
+def test_custom_params_are_checked_and_a_text_prediction_tokenized(registered):
+    tok = word_tokenizer(["def", "f", "(", ")", ":", "return", "1"])
+    params = sglang_params({"prediction": {"type": "content", "content": "def f ( ) : return 1"},
+                            "speculative": {"n_max": 4}}, tok)
+    assert params.custom_params["prediction"] == [1, 2, 3, 4, 5, 6, 7]
+    assert params.custom_params["speculative"] == {"n_max": 4}
+    assert sglang_params(None, tok).custom_params is None       # a plain request: untouched
+
+
+@pytest.mark.parametrize("custom, message", [
+    ({"speculative": {"n_max": 2000}}, "speculative.n_max = 2000 is out of range: allowed "
+                                       "0 .. 1024"),
+    ({"speculative": {"enabled": 1}}, "speculative.enabled: "),
+    ({"speculative.n_min": 3, "speculative": {"n_min": 2}}, "speculative.n_min: 3 contradicts"),
+    ({"prediction": [1, 60000]}, "prediction: token ids must lie in 0 .. 49999"),
+    ({"prediction": "def"}, "prediction: text needs the model's tokenizer"),
+])
+def test_bad_custom_params_are_refused_naming_the_field(registered, custom, message):
+    """Refused by the tokenizer manager's parameter check (a ValueError / TypeError: SGLang's
+    400), before the request reaches the scheduler."""
+    with pytest.raises((ValueError, TypeError), match=re.escape(message)):
+        sglang_params(custom, None)
+
+
+def test_a_prediction_drafts_first_and_speculation_off_drafts_padding(registered):
+    """Three copies of each code-edit request through the NGRAM worker, their
+    ``custom_params`` on SGLang's SamplingParams: the predicted one's trees are the chain
+    ``serve`` drafts (prediction first, found again after an insertion), the one with
+    speculation off gets trees of padding only, the plain one ngram-suffix's trees."""
+    from ngramspec.traces import Request as TraceRequest
+    for t in read_requests(str(TRACES / "code-edit.jsonl.gz"), limit=3):
+        pred, at = edited(t)
+        kinds = {"predicted": {"prediction": pred.tolist()},
+                 "off": {"speculative": {"enabled": False}}, "plain": None}
+        reqs = [TraceRequest(f"{kind}-{t.id}", t.prompt, t.output, {}) for kind in kinds]
+        params = {r.id: sglang_params(kinds[r.id.split("-")[0]]) for r in reqs}
+        # per-request proposers: the drafts are exactly serve's; ngram-suffix: trees beside
+        for flags in (PER_REQUEST, SUFFIX):
+            corpus = ours.NgramspecCorpus(**dict(WORKER_KWARGS, max_trie_depth=MAX_LEN),
+                                          spec=flags)
+            done = {r.rid.split("-")[0]: r for r in run_ngram_worker(
+                ours.worker_class(), corpus, reqs, D, MAX_LEN, batch_size=3, params=params)}
+            predicted = done["predicted"]
+            assert predicted.paths[0] == {tuple(pred[1:1 + 8].tolist())}
+            assert all(len(p) <= 1 for p in predicted.paths)            # chains
+            if flags == PER_REQUEST:
+                ref = predicted_reference(pred, flags, t.prompt, t.output, D - 1)
+                assert predicted.paths == [{tuple(dr)} if dr else set()
+                                           for dr in ref.drafts][:len(predicted.paths)]
+            else:
+                assert any(len(p) > 1 for p in done["plain"].paths)    # ngram-suffix's trees
+            pos = np.cumsum([1] + [s[1] + 1 for s in predicted.steps])[:-1]
+            drafts = [next(iter(p)) if p else () for p in predicted.paths]
+            assert refound_after(zip(pos, drafts), pred, at)
+            assert all(p == set() for p in done["off"].paths)       # padding only
+            assert any(done["plain"].paths)
+            tps = [tokens_per_step([done[k]]) for k in ("predicted", "plain", "off")]
+            assert tps[0] > tps[1] > tps[2] == 1.0, tps
 
 
 def test_at_scale_drafts_are_spec_engines_and_cost_less_than_sglangs_own(registered):
@@ -266,3 +341,21 @@ def test_at_scale_drafts_are_spec_engines_and_cost_less_than_sglangs_own(registe
     print(f"median step: ngramspec {1e3 * times['ours']:.3f} ms, SGLang's NgramCorpus "
           f"{1e3 * times['sglang']:.3f} ms")
     assert times["ours"] <= 1.0 * times["sglang"], times
+
+
+def test_a_requests_type_subset_and_bounds(registered):
+    """``custom_params: {"speculative": {type, n_max, n_min}}`` on SGLang's SamplingParams:
+    the request's tree is the chain of its subset alone (at most n_max tokens, none under
+    n_min), its neighbour's ngram-suffix trees go on beside it."""
+    from ngramspec.traces import Request as TraceRequest
+    t = read_requests(str(TRACES / "code-edit.jsonl.gz"), limit=1)[0]
+    reqs = [TraceRequest(rid, t.prompt, t.output, {}) for rid in ("subset", "whole")]
+    corpus = ours.NgramspecCorpus(**dict(WORKER_KWARGS, max_trie_depth=MAX_LEN),
+                                  spec=PER_REQUEST)
+    done = {r.rid: r for r in run_ngram_worker(
+        ours.worker_class(), corpus, reqs, D, MAX_LEN, batch_size=2,
+        params={"subset": sglang_params(SUBSET_ARGS)})}
+    want = [{tuple(d)} if d else set() for d in subset_reference(t)]
+    assert done["subset"].paths == want[:len(done["subset"].paths)]
+    assert any(done["subset"].paths)
+    assert max(len(p) for paths in done["whole"].paths for p in paths) > 3

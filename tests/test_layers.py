@@ -241,10 +241,13 @@ def test_integrations_know_only_the_engine_the_loop_and_the_policy():
     configured by serve's flags (`ngramspec.config.SpecConfig`, below the command line), its
     store shared with the other replicas through the store log; llama-cpp-python's plug-in also
     warns about AMX repacking. Their own parameters and the token ids the host hands them are
-    checked by the package's one validator and token checker, under every layer."""
+    checked by the package's one validator and token checker, under every layer. A request's
+    prediction and ``speculative`` fields (issue 37) are drafted and checked as ``serve`` does:
+    its prediction drafter, its parameter class and request models."""
     allowed = {"ngramspec.engine", "ngramspec.loop", "ngramspec.policy", "ngramspec.config",
                "ngramspec.llama.repack", "ngramspec.validation", "ngramspec.store_log",
-               "ngramspec.tokens"}
+               "ngramspec.tokens", "ngramspec.prediction", "ngramspec.request_params",
+               "ngramspec.server.schemas", "ngramspec.server.errors", "ngramspec.server.fields"}
     bad = []
     for name, path in MODULES.items():
         if _layer(name) != "integrations":

@@ -20,6 +20,8 @@ from ngramspec import store_log
 from ngramspec.config import SpecConfig
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop, common_prefix
+from ngramspec.policy import AutoPolicy
+from ngramspec.prediction import PredictedEngine, PredictionDrafter
 
 __all__ = ["MAX_DRAFT", "SPEC_ENV", "RequestLoops", "engine_from_env", "same_tokens",
            "tree_holds"]
@@ -76,6 +78,9 @@ class Request:
         Arrival order (requests are drafted for in this order, whatever rows they sit in).
     n : int
         Tokens known: the loop's context plus the token it verifies next.
+    n_max, n_min : int
+        Every step's `SlotLoop.propose` bounds: the host's ``n_max`` or the request's own
+        ``speculative.n_max`` below it, and its ``speculative.n_min``.
     tree : (tokens, parents) or None
         The draft tree the host verifies next, when it is more than the pending chain (the
         chain is its first path; ``parents[i]`` < i, -1 for the root). Set by the host's
@@ -88,9 +93,10 @@ class Request:
     Thread-safety: not thread-safe; owned by one `RequestLoops`.
     """
 
-    __slots__ = ("key", "loop", "seq", "n", "last_step", "pending", "tree")
+    __slots__ = ("key", "loop", "seq", "n", "last_step", "pending", "tree", "n_max", "n_min")
 
-    def __init__(self, key, loop: SlotLoop, seq: int, step: int):
+    def __init__(self, key, loop: SlotLoop, seq: int, step: int, n_max: Optional[int] = None,
+                 n_min: int = 0):
         self.key = key
         self.loop = loop
         self.seq = seq
@@ -98,6 +104,8 @@ class Request:
         self.last_step = step
         self.pending = False      # a draft was proposed and not verified yet
         self.tree = None
+        self.n_max = n_max        # every step's draft bound: the host's, the request's below it
+        self.n_min = n_min
 
     def continues(self, new_tokens) -> bool:
         """Whether `new_tokens` (after the known ones) are the pending draft's accepted prefix
@@ -189,7 +197,9 @@ class RequestLoops:
         self.n_max = n_max
         self.policy = policy
         self.requests: Dict[Hashable, Request] = {}
+        self.n_slots = n_slots
         self._free = list(range(n_slots))
+        self._engines: Dict[tuple, SpecEngine] = {}
         self._seq = 0
         self.step = 0
 
@@ -197,7 +207,7 @@ class RequestLoops:
         """The live request `key`, or None."""
         return self.requests.get(key)
 
-    def begin(self, key, prompt, first_token: int) -> Request:
+    def begin(self, key, prompt, first_token: int, control=None) -> Request:
         """Start request `key` (ending any earlier one of that key) on the lowest free slot.
 
         Parameters
@@ -207,18 +217,64 @@ class RequestLoops:
             Its tokens before `first_token`.
         first_token : int
             The last token the target produced (the next one verified).
+        control : RequestControl, optional
+            The request's ``speculative`` fields and prediction
+            (`ngramspec.integrations.request_args`): as ``serve`` runs such a request, the
+            prediction drafts first, the request's subset of the chain where it has nothing;
+            ``enabled: false`` drafts nothing.
         """
         self.end(key)
         if not self._free:
             oldest = min(self.requests.values(), key=lambda r: (r.last_step, r.seq))
             self.end(oldest.key)
         slot = heapq.heappop(self._free)
-        loop = SlotLoop(self.engine, slot, prompt, int(first_token), n_ctx=self.n_ctx,
-                        policy=self.policy, capacity=len(prompt) + 256)
-        req = Request(key, loop, self._seq, self.step)
+        engine, n_max, n_min, policy = self.engine, self.n_max, 0, self.policy
+        if control is not None:
+            engine, n_max, n_min, policy = self._controlled(control)
+        loop = SlotLoop(engine, slot, prompt, int(first_token), n_ctx=self.n_ctx,
+                        policy=policy if engine is not None else None,
+                        capacity=len(prompt) + 256)
+        req = Request(key, loop, self._seq, self.step, n_max, n_min)
         self._seq += 1
         self.requests[key] = req
         return req
+
+    def _controlled(self, control):
+        """``(engine, n_max, n_min, policy)`` of a request with its own fields, as the scheduler
+        builds them (`ngramspec.llama.scheduler`): the chain's subset of its types (the same
+        proposer objects, so slots and shared stores stay one), the prediction in front;
+        ``policy: fixed`` is llama.cpp's (None), ``auto`` the host's (`request_args.control_of`
+        refuses it where the host's is not auto)."""
+        spec = control.spec
+        n_max, n_min, engine, policy = self.n_max, 0, self.engine, self.policy
+        if spec is not None:
+            if not spec.enabled:
+                return None, n_max, 0, None
+            engine = self._engine_for(spec.types)
+            if spec.n_max is not None:
+                n_max = spec.n_max if n_max is None else min(n_max, spec.n_max)
+            n_min = spec.n_min or 0
+            if spec.policy == "fixed":
+                policy = None
+        if control.prediction is not None:
+            engine = PredictedEngine(PredictionDrafter(control.prediction), engine)
+        return engine, n_max, n_min, policy
+
+    @property
+    def auto(self) -> bool:
+        """Whether the host's draft-length policy is ``auto`` (requests may ask for it)."""
+        return isinstance(self.policy, AutoPolicy)
+
+    def _engine_for(self, types):
+        """The engine of a subset of the chain's types (cached per subset)."""
+        if types is None or tuple(types) == tuple(self.engine.types):
+            return self.engine
+        key = tuple(t for t in self.engine.types if t in types)
+        eng = self._engines.get(key)
+        if eng is None:
+            props = [p for p in self.engine.proposers if p.name in key]
+            eng = self._engines[key] = SpecEngine.from_proposers(props, n_slots=self.n_slots)
+        return eng
 
     def advance(self, req: Request, new_tokens) -> np.ndarray:
         """Verify the pending draft against `new_tokens` (when any), then draft; returns the draft.
@@ -249,7 +305,7 @@ class RequestLoops:
             req.n += g
             req.tree = None
         req.pending = True
-        return loop.propose(self.n_max)
+        return loop.propose(req.n_max, req.n_min)
 
     def end(self, key) -> None:
         """Forget request `key` (no-op if unknown); its slot is free again, and what the engine

@@ -39,6 +39,7 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
+from ngramspec.integrations.request_args import checked_args, control_of
 from ngramspec.integrations.requests import MAX_DRAFT, RequestLoops, engine_from_env
 from ngramspec.tokens import token_array
 from ngramspec.validation import OutOfRange, Refused, check_int
@@ -219,6 +220,7 @@ class NgramspecCorpus:
         self.requests = RequestLoops(self.engine, self.max_requests,
                                      n_max=self.draft_token_num - 1, policy=policy)
         props = self.engine.proposers
+        self.chain = tuple(self.engine.types)
         #: The proposer whose trees fill the budget (None: chains): a lone proposer that
         #: drafts trees (ngram-suffix's ``draft_tree``).
         self.tree_proposer = (props[0] if self._tree and len(props) == 1
@@ -235,8 +237,8 @@ class NgramspecCorpus:
         return max(g, 1) if 0 <= g <= self.draft_token_num else total_len
 
     def batch_get(self, req_ids: List[str], batch_tokens: List[List[int]],
-                  total_lens: List[int], full_tokens: Optional[Callable] = None
-                  ) -> Tuple[np.ndarray, np.ndarray]:
+                  total_lens: List[int], full_tokens: Optional[Callable] = None,
+                  args_of: Optional[Callable] = None) -> Tuple[np.ndarray, np.ndarray]:
         """Each request's draft tree, flat: ``bs * d`` tokens and ``bs * d * d`` mask entries.
 
         Parameters
@@ -252,6 +254,12 @@ class NgramspecCorpus:
             continue what the corpus knows of it and is shorter than its full length (the
             request lost track: SGLang re-ran it). Without it (SGLang's own call) the request
             begins on the tail it got.
+        args_of : callable, optional
+            ``args_of(i)``: request i's ``custom_params`` (or None), asked for when it begins:
+            its ``prediction`` and ``speculative`` fields
+            (`ngramspec.integrations.request_args`). A request with a prediction, a subset of
+            the chain or its own ``n_max`` drafts a chain (its prediction first); with
+            ``enabled: false``, a tree of padding only.
 
         Raises
         ------
@@ -278,13 +286,14 @@ class NgramspecCorpus:
             total = total_lens[i]
             if type(total) is not int or total < len(tail):
                 total = check_int(f"total_lens[{i}]", total, len(tail))
-            req, new = self._follow(rid, tail, total, full_tokens, i)
+            req, new = self._follow(rid, tail, total, full_tokens, args_of, i)
             self._draft_row(layout, i, req, new, int(flat[end - 1]))
         return layout.finish()
 
-    def _follow(self, rid, tail, total: int, full_tokens, i: int):
+    def _follow(self, rid, tail, total: int, full_tokens, args_of, i: int):
         """Request `rid` and its new tokens (the end of `tail`), or a request begun anew with
-        no new tokens: first sight, or tokens that do not continue what the corpus knows."""
+        no new tokens: first sight, or tokens that do not continue what the corpus knows (its
+        ``custom_params`` read then, once)."""
         rl = self.requests
         req = rl.get(rid)
         if req is not None:
@@ -295,16 +304,21 @@ class NgramspecCorpus:
                     return req, new
         if len(tail) < total and full_tokens is not None:
             tail = token_array(full_tokens(i), f"batch_tokens[{i}]", non_empty=True)
-        return rl.begin(rid, tail[:-1], int(tail[-1])), tail[:0]
+        control = None if args_of is None else control_of(
+            args_of(i), self.chain, auto=rl.auto, key=rid)
+        return rl.begin(rid, tail[:-1], int(tail[-1]), control), tail[:0]
 
     def _draft_row(self, layout: TreeBatch, i: int, req, new, root: int) -> None:
         """Request `req` verifies its pending draft against `new` and drafts; its tree (or
         chain) goes to `layout`'s row i. A tree is rebuilt only after a new draft call."""
         calls = req.loop.n_draft_calls
         draft = self.requests.advance(req, new)
-        if self.tree_proposer is not None and req.loop.n_draft_calls != calls:
-            req.tree = self.tree_proposer.draft_tree(req.loop.slot, len(draft),
-                                                     self.draft_token_num - 1)
+        d = self.draft_token_num
+        # trees only for a request drafting with the whole configured engine (its prediction or
+        # proposer subset drafts chains)
+        if self.tree_proposer is not None and req.loop.n_draft_calls != calls \
+                and req.loop.engine is self.requests.engine and req.n_max == d - 1:
+            req.tree = self.tree_proposer.draft_tree(req.loop.slot, len(draft), d - 1)
         if req.tree is not None:
             layout.set(i, root, *req.tree)
         else:
@@ -404,7 +418,10 @@ def worker_class():
             def full_tokens(i):
                 extra = prev[i * stride:i * stride + prev_lens[i]] if prev else ()
                 return last_tokens(reqs[i], extra, totals[i])
-            drafts, mask = corpus.batch_get(req_ids, tails, totals, full_tokens)
+            def args_of(i):
+                return getattr(getattr(reqs[i], "sampling_params", None), "custom_params",
+                               None)
+            drafts, mask = corpus.batch_get(req_ids, tails, totals, full_tokens, args_of)
             assert len(drafts) == len(reqs) * stride, (len(drafts), len(reqs), stride)
             return drafts, mask
 
@@ -432,6 +449,7 @@ def register() -> None:
     from sglang.srt.speculative import spec_registry
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    _hook_front_end()
     if ALGORITHM in spec_registry._REGISTRY:
         return
     version = getattr(sglang, "__version__", "unknown")
@@ -452,3 +470,32 @@ def register() -> None:
     SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True,
                                   spec_class=NgramspecAlgorithm)(lambda server_args:
                                                                  worker_class())
+
+
+def _hook_front_end() -> None:
+    """The tokenizer manager's half of `register`: a request's ``custom_params`` fields
+    (``prediction``, ``speculative``) checked where SGLang checks its sampling parameters,
+    a text prediction tokenized with the model's tokenizer there (``SamplingParams.normalize``)
+    and its ids checked against the vocabulary (``SamplingParams.verify``); a bad value raises
+    a `ParamError` (a ValueError or TypeError: SGLang's 400) naming the field
+    (`ngramspec.integrations.request_args`). Hooked once."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    normalize, verify = SamplingParams.normalize, SamplingParams.verify
+    if getattr(normalize, "_ngramspec_hook", False):
+        return
+
+    def checked_normalize(self, tokenizer, *args, **kwargs):
+        normalize(self, tokenizer, *args, **kwargs)
+        tokenize = None if tokenizer is None else (
+            lambda text: tokenizer.encode(text, add_special_tokens=False))
+        self.custom_params = checked_args(self.custom_params, tokenize=tokenize)
+
+    def checked_verify(self, vocab_size, *args, **kwargs):
+        verify(self, vocab_size, *args, **kwargs)
+        self.custom_params = checked_args(self.custom_params, n_vocab=vocab_size)
+
+    for name, hook, original in (("normalize", checked_normalize, normalize),
+                                 ("verify", checked_verify, verify)):
+        hook._ngramspec_hook = True
+        hook.__wrapped__ = original
+        setattr(SamplingParams, name, hook)

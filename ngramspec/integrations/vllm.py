@@ -32,12 +32,14 @@ one rank's drafts: the proposer is deterministic, so all ranks agree.
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
+from ngramspec.integrations.request_args import (PREDICTION, SPECULATIVE, checked_args,
+                                                 control_of)
 from ngramspec.integrations.requests import MAX_DRAFT, RequestLoops, engine_from_env
-from ngramspec.validation import OutOfRange, check_int
+from ngramspec.validation import OutOfRange, ParamError, check_int
 
 __all__ = ["TESTED_VLLM", "NgramspecProposer", "register"]
 
@@ -99,18 +101,25 @@ class NgramspecProposer:
         self._rows: List[Optional[object]] = []
         self._keys = 0
         self._ids: Optional[Sequence[str]] = None
+        self._args_of: Optional[Callable] = None
+        self.chain = tuple(self.engine.types)
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load (vLLM calls this on every proposer)."""
 
-    def set_request_ids(self, req_ids: Sequence[Optional[str]], finished=()) -> None:
+    def set_request_ids(self, req_ids: Sequence[Optional[str]], finished=(),
+                        args_of: Optional[Callable] = None) -> None:
         """The next `propose` call's request id of each row, and the requests that ended.
 
         Called by the runner hook of `register`; without it requests are followed by tokens.
+        `args_of(req_id)`: the request's ``SamplingParams.extra_args`` (or None), read once,
+        when the request is first seen: its ``prediction`` and ``speculative`` fields
+        (`ngramspec.integrations.request_args`).
         """
         for key in finished:
             self.requests.end(key)
         self._ids = list(req_ids)
+        self._args_of = args_of
 
     def propose(self, sampled_token_ids: List[List[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings=None) -> List[List[int]]:
@@ -169,10 +178,14 @@ class NgramspecProposer:
     # -- following requests ----------------------------------------------------------------
 
     def _begin(self, key, tokens, n: int):
+        control = None
         if key is None:
             key = ("row-request", self._keys)
             self._keys += 1
-        return self.requests.begin(key, tokens[:n - 1], int(tokens[n - 1]))
+        elif self._args_of is not None:
+            control = control_of(self._args_of(key), self.chain, auto=self.requests.auto,
+                                 key=key)
+        return self.requests.begin(key, tokens[:n - 1], int(tokens[n - 1]), control)
 
     def _match_ids(self, ids, n_rows, num_tokens, tokens):
         rl = self.requests
@@ -215,17 +228,26 @@ class NgramspecProposer:
         return rows
 
 
-# -- the optional runner hook: request ids from vLLM's input batch -----------------------------
+# -- the optional hooks: request ids and arguments from vLLM's runner, fields at its front end ----
 
 def register() -> None:
-    """``vllm.general_plugins`` entry point: hand `NgramspecProposer` request ids.
+    """``vllm.general_plugins`` entry point: hand `NgramspecProposer` request ids and fields.
 
-    On vLLM `TESTED_VLLM` it wraps ``GPUModelRunner.propose_draft_token_ids`` so that, before a
-    step's drafts, an `NgramspecProposer` drafter gets the input batch's request ids and the
-    requests that finished (`NgramspecProposer.set_request_ids`). On any other version it
-    changes nothing and logs why (the proposer then follows requests by their tokens). vLLM
-    loads general plug-ins in every process, whether ngramspec is used or not, so this never
-    raises.
+    On vLLM `TESTED_VLLM`, in every process vLLM loads plug-ins in:
+
+    - the worker: ``GPUModelRunner.propose_draft_token_ids`` is wrapped so that, before a step's
+      drafts, an `NgramspecProposer` drafter gets the input batch's request ids, the requests
+      that finished and each request's ``SamplingParams.extra_args`` (read at its first sight)
+      (`NgramspecProposer.set_request_ids`);
+    - the API server: the OpenAI ``prediction`` and ``speculative`` fields of a chat or
+      completion request (kept by vLLM's request models as extra fields) are copied into its
+      ``extra_args``, and ``SamplingParams.verify`` checks them there with the model's tokenizer
+      (a text prediction becomes token ids): a bad value is vLLM's 400 naming the field
+      (`ngramspec.integrations.request_args`).
+
+    On any other version it changes nothing and logs why (the proposer then follows requests by
+    their tokens, and requests carry no fields to it). vLLM loads general plug-ins in every
+    process, whether ngramspec is used or not, so this never raises.
     """
     try:
         import vllm
@@ -233,10 +255,11 @@ def register() -> None:
     except ImportError:
         return
     if version != TESTED_VLLM:
-        _log.warning("ngramspec: vLLM %s is not the tested %s; request ids are not handed to "
-                     "NgramspecProposer (it follows requests by their tokens)",
+        _log.warning("ngramspec: vLLM %s is not the tested %s; request ids and fields are not "
+                     "handed to NgramspecProposer (it follows requests by their tokens)",
                      version, TESTED_VLLM)
         return
+    _hook_front_end()
     try:
         from vllm.v1.worker import gpu_model_runner
     except Exception as exc:  # a platform without the GPU runner: nothing to hook
@@ -252,9 +275,73 @@ def register() -> None:
         drafter = getattr(self, "drafter", None)
         if isinstance(drafter, NgramspecProposer):
             drafter.set_request_ids(self.input_batch.req_ids,
-                                    getattr(scheduler_output, "finished_req_ids", ()))
+                                    getattr(scheduler_output, "finished_req_ids", ()),
+                                    lambda rid: _extra_args(self, rid))
         return original(self, scheduler_output, *args, **kwargs)
 
-    propose_draft_token_ids._ngramspec_hook = True
-    propose_draft_token_ids.__wrapped__ = original
-    runner.propose_draft_token_ids = propose_draft_token_ids
+    _install(runner, "propose_draft_token_ids", propose_draft_token_ids, original)
+
+
+def _extra_args(runner, req_id):
+    """The runner's ``extra_args`` of a request (None when it holds none)."""
+    state = getattr(runner, "requests", {}).get(req_id)
+    params = getattr(state, "sampling_params", None)
+    return getattr(params, "extra_args", None)
+
+
+def _install(cls, name: str, hook, original) -> None:
+    hook._ngramspec_hook = True
+    hook.__wrapped__ = original
+    setattr(cls, name, hook)
+
+
+def _hook_front_end() -> None:
+    """The API server's half of `register`: OpenAI fields into ``extra_args``, checked."""
+    try:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+        from vllm.exceptions import VLLMValidationError
+        from vllm.sampling_params import SamplingParams
+    except Exception as exc:
+        _log.info("ngramspec: vLLM's OpenAI request models do not import here (%s); the "
+                  "prediction and speculative fields go through vllm_xargs only", exc)
+        return
+    for cls in (ChatCompletionRequest, CompletionRequest):
+        original = cls.to_sampling_params
+        if not getattr(original, "_ngramspec_hook", False):
+            _install(cls, "to_sampling_params", _fields_to_extra_args(original), original)
+    verify = SamplingParams.verify
+    if getattr(verify, "_ngramspec_hook", False):
+        return
+
+    def checked_verify(self, model_config, *args, **kwargs):
+        verify(self, model_config, *args, **kwargs)
+        tokenizer = args[2] if len(args) > 2 else kwargs.get("tokenizer")
+        tokenize = None if tokenizer is None else (
+            lambda text: tokenizer.encode(text, add_special_tokens=False))
+        try:
+            self.extra_args = checked_args(self.extra_args, tokenize=tokenize,
+                                           n_vocab=model_config.get_vocab_size())
+        except ParamError as exc:
+            raise VLLMValidationError(str(exc), parameter=exc.field, value=exc.value) from None
+
+    _install(SamplingParams, "verify", checked_verify, verify)
+
+
+def _fields_to_extra_args(original):
+    """``to_sampling_params`` that copies the request's OpenAI ``prediction`` and
+    ``speculative`` fields (extra fields to vLLM's models) into ``extra_args``."""
+    def to_sampling_params(self, *args, **kwargs):
+        params = original(self, *args, **kwargs)
+        extra = self.model_extra or {}
+        fields = {k: extra[k] for k in (PREDICTION, SPECULATIVE) if extra.get(k) is not None}
+        if fields:
+            xargs = params.extra_args or {}
+            for key, value in fields.items():
+                if key in xargs and xargs[key] != value:
+                    from vllm.exceptions import VLLMValidationError
+                    raise VLLMValidationError(f"{key}: given both as a field and in vllm_xargs, "
+                                              "differently", parameter=key)
+            params.extra_args = {**xargs, **fields}
+        return params
+    return to_sampling_params

@@ -427,7 +427,7 @@ class Scheduler:
         if not isinstance(spec, SpeculationParams):
             raise TypeError(f"speculation must be a SpeculationParams, got "
                             f"{type(spec).__name__}")
-        self._check_spec(spec)
+        spec.check_chain(self.spec_types)
         prompt = self._check_prompt(prompt_tokens)
         drafter = self._check_prediction(prediction) if prediction is not None else None
         sampling = self._check_sampling(sampling)
@@ -477,16 +477,6 @@ class Scheduler:
         if n == -1:
             sampling = dataclasses.replace(sampling, repeat_last_n=self.n_ctx_slot)
         return sampling
-
-    def _check_spec(self, spec: SpeculationParams) -> None:
-        if spec.types is not None:
-            for t in spec.types:
-                if t not in self.spec_types:
-                    raise Refused("speculation.types", f"{t!r} is not in the scheduler's chain "
-                                  f"({', '.join(self.spec_types) or 'none'})", value=t)
-        if spec.p_min is not None and "draft-simple" not in self.spec_types:
-            raise Refused("speculation.p_min", "needs a draft model (draft-simple) in the chain",
-                          sep=" ")
 
     def stats(self) -> dict:
         """Counters for monitoring (``/metrics``): slots, queue, tokens, drafts per proposer.
