@@ -19,8 +19,9 @@ live llama context (``ngramspec.llama.live``), the llama-cpp-python plug-in, a b
 scheduler that decodes many slots' drafts at once. A draft-length policy (:class:`FixedPolicy`: llama.cpp's behaviour)
 hooks into every step.
 
-This module imports neither llama_cpp nor the compiled kernels: an engine is anything with
-``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max)`` and ``accept(slot, n)``.
+This module imports neither llama_cpp nor the compiled kernels: an engine is a
+`ngramspec.draft_engine.DraftEngine`, of which the loop calls only the required ``begin(slot,
+prompt)``, ``draft(slot, context, sampled, n_max)`` and ``accept(slot, n)``.
 """
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ import time
 from dataclasses import dataclass, fields
 
 import numpy as np
+
+from ngramspec.draft_engine import NoDraftEngine, as_engine
+from ngramspec.stats import DraftCounts
 
 __all__ = ["FixedPolicy", "SlotLoop", "Timers", "common_prefix", "run_recorded"]
 
@@ -124,10 +128,10 @@ class SlotLoop:
 
     Parameters
     ----------
-    engine : SpecEngine or None
-        Anything with llama-server's ``begin(slot, prompt)``, ``draft(slot, context, sampled,
-        n_max)`` and ``accept(slot, n_accepted)``; ``None`` runs the loop without drafts (plain
-        decoding).
+    engine : DraftEngine or None
+        A `ngramspec.draft_engine.DraftEngine` (the loop calls ``begin``, ``draft``, ``accept``);
+        a `NoDraftEngine` (None stands for `NO_DRAFT`) runs the loop without drafts (plain
+        decoding, no draft call).
     slot : int
         The engine slot (llama-server's ``seq_id``).
     prompt : 1-D int array-like
@@ -166,9 +170,9 @@ class SlotLoop:
         One entry per verified step, as the golden files list them.
     drafts : list of list of int
         The verified drafts (with ``record_drafts``).
-    n_draft_calls, n_drafts, n_draft_tokens, n_acc_drafts, n_acc_tokens : int
+    counts : DraftCounts
         Draft calls made, non-empty drafts, drafted tokens, drafts with an accepted token,
-        accepted tokens.
+        accepted tokens (``n_draft_calls`` ... ``n_acc_tokens`` read them too).
     begin_ns, draft_ns, accept_ns : int
         Nanoseconds spent in the engine's begin, draft and accept calls (`timers` sums them
         up with the call counts).
@@ -184,14 +188,14 @@ class SlotLoop:
 
     __slots__ = ("engine", "slot", "n_ctx", "n_predict", "policy", "record_drafts", "done",
                  "sampled", "n_output", "n_prompt", "n_draft_max", "steps", "drafts",
-                 "n_draft_calls", "n_drafts", "n_draft_tokens", "n_acc_drafts", "n_acc_tokens",
-                 "begin_ns", "draft_ns", "accept_ns", "_buf", "_len", "_draft", "_called",
+                 "counts", "_speculates", "begin_ns", "draft_ns", "accept_ns", "_buf", "_len", "_draft", "_called",
                  "_hooks", "_bounded")
 
     def __init__(self, engine, slot: int, prompt, first_token, *, n_ctx: int = 0,
                  n_predict: int = -1, policy=None, record_drafts: bool = False,
                  capacity: int = 0):
-        self.engine = engine
+        self.engine = engine = as_engine(engine)
+        self._speculates = not isinstance(engine, NoDraftEngine)
         self.slot = slot
         self.n_ctx = int(n_ctx)
         self.n_predict = int(n_predict)
@@ -203,12 +207,11 @@ class SlotLoop:
         self.begin_ns = self.draft_ns = self.accept_ns = 0
         self.steps = []
         self.drafts = []
-        self.n_draft_calls = self.n_drafts = self.n_draft_tokens = 0
-        self.n_acc_drafts = self.n_acc_tokens = 0
+        self.counts = DraftCounts()
         self.n_draft_max = None
         self._draft = None
         self._called = 0
-        if engine is not None:
+        if self._speculates:
             t0 = _clock()
             engine.begin(slot, prompt)      # validates the prompt before it is copied below
             self.begin_ns = _clock() - t0
@@ -230,7 +233,14 @@ class SlotLoop:
     def timers(self) -> Timers:
         """The engine calls' times and counts so far (a new `Timers`)."""
         return Timers(self.begin_ns, self.draft_ns, self.accept_ns,
-                      int(self.engine is not None), self.n_draft_calls, self.n_drafts)
+                      int(self._speculates), self.counts.n_draft_calls, self.counts.n_drafts)
+
+    # the counts under their own names (`counts` holds them)
+    n_draft_calls = property(lambda self: self.counts.n_draft_calls)
+    n_drafts = property(lambda self: self.counts.n_drafts)
+    n_draft_tokens = property(lambda self: self.counts.n_draft_tokens)
+    n_acc_drafts = property(lambda self: self.counts.n_acc_drafts)
+    n_acc_tokens = property(lambda self: self.counts.n_acc_tokens)
 
     @property
     def context(self) -> np.ndarray:
@@ -296,16 +306,15 @@ class SlotLoop:
             if lower is not None:
                 lower = operator.index(lower)
                 bound = lower if bound is None else min(bound, lower)
-        engine = self.engine
-        if engine is None or (bound is not None and bound <= 0):
+        if not self._speculates or (bound is not None and bound <= 0):
             draft = _EMPTY                  # llama-server makes no draft call then
             self._called = 0
         else:
             context = self._buf[:L]         # the driver's view, made outside the timed call
             t0 = _clock()
-            draft = engine.draft(self.slot, context, self.sampled, bound)
+            draft = self.engine.draft(self.slot, context, self.sampled, bound)
             self.draft_ns += _clock() - t0
-            self.n_draft_calls += 1
+            self.counts.n_draft_calls += 1
             self._called = 1
             if type(draft) is not np.ndarray or draft.dtype is not _INT32:
                 draft = np.asarray(draft, dtype=np.int32)
@@ -359,10 +368,7 @@ class SlotLoop:
             t0 = _clock()
             self.engine.accept(self.slot, n_acc)
             self.accept_ns += _clock() - t0
-            self.n_drafts += 1
-            self.n_draft_tokens += n_d
-            self.n_acc_tokens += n_acc
-            self.n_acc_drafts += n_acc > 0
+            self.counts.verified(n_d, n_acc)
         self.steps.append([n_d, n_acc, self._called])
         if self.record_drafts:
             self.drafts.append(draft.tolist())
@@ -400,11 +406,7 @@ class SlotLoop:
         n_steps = len(self.steps)
         rec = {
             "slot": self.slot, "n_prompt": self.n_prompt, "n_output": self.n_output,
-            "n_steps": n_steps, "n_draft_calls": self.n_draft_calls, "n_drafts": self.n_drafts,
-            "n_draft_tokens": self.n_draft_tokens, "n_acc_drafts": self.n_acc_drafts,
-            "n_acc_tokens": self.n_acc_tokens,
-            "acc_rate": round(self.n_acc_tokens / self.n_draft_tokens, 4)
-            if self.n_draft_tokens else 0.0,
+            "n_steps": n_steps, **self.counts.as_dict(), "acc_rate": self.counts.acc_rate,
             # the first output token comes from the prompt pass, not from a verification step
             "tokens_per_step": round((self.n_output - 1) / n_steps, 4) if n_steps else 0.0,
             "steps": self.steps,

@@ -54,6 +54,7 @@ import numpy as np
 from ngramspec.acceptance import (AcceptanceEstimator, DraftOutcomes, expected_accepted,
                                   lean_on_previous)
 from ngramspec.cost import CostModel
+from ngramspec.draft_engine import ReportsDraftProbs
 from ngramspec.loop import FixedPolicy
 from ngramspec.validation import Refused, check_choice, check_int
 
@@ -241,13 +242,12 @@ class AutoPolicy:
     def _probabilities(self, loop, st: _SlotState, proposer: int, n: int) -> np.ndarray:
         """q_1 .. q_n of the draft just made by `proposer`."""
         if self.use_proposer_probs and proposer >= 0:
-            prop = _proposer(loop.engine, proposer)
-            probs = getattr(prop, "draft_probs", None)
-            if probs is not None:
-                p, tried = probs(loop.slot)
+            prop = loop.engine.proposers[proposer]
+            if isinstance(prop, ReportsDraftProbs):
+                p, tried = prop.draft_probs(loop.slot)
                 if len(p) >= n:
                     return lean_on_previous(p[:n], tried[:n], self._est_args["prior_weight"])
-        return self._estimator(st, proposer).conditional(n)
+        return self._estimator(st, max(proposer, 0)).conditional(n)
 
     # -- the loop's hooks ------------------------------------------------------------------
 
@@ -264,7 +264,7 @@ class AutoPolicy:
             0 to skip the call, a bound to ask for a shorter draft, None to keep the
             server's bound.
         """
-        if not self.proposer_time or loop.engine is None:
+        if not self.proposer_time or not loop.engine.speculates:
             return None
         st = self._state(loop.slot)
         st.draft_ns0 = loop.timers.draft_ns
@@ -318,8 +318,8 @@ class AutoPolicy:
             st.pending = -1
             return 0
         self.n_drafts_seen += 1
-        last = getattr(loop.engine, "last_proposer", None)
-        proposer = last(loop.slot) if last is not None else 0
+        # -1: a draft of no chain proposer (a prediction's): the shared estimator, no probs
+        proposer = loop.engine.last_proposer(loop.slot)
         st.pending = proposer
         if self.proposer_time and st.draft_ns0 >= 0:
             per_token = (loop.timers.draft_ns - st.draft_ns0) / 1e9 / n
@@ -399,13 +399,6 @@ class AutoPolicy:
                 "drafts": self.n_drafts_seen, "verified": self.n_verified,
                 "truncated": self.n_truncated, "plain": self.n_plain, "probes": self.n_probes,
                 "skipped_calls": self.n_skipped_calls}
-
-
-def _proposer(engine, index: int):
-    props = getattr(engine, "proposers", None)
-    if props is None or not 0 <= index < len(props):
-        return None
-    return props[index]
 
 
 def make_policy(name: str, cost_model: Optional[CostModel] = None, **kwargs):

@@ -198,9 +198,17 @@ def test_the_base_layer_imports_nothing_of_ngramspec():
         assert not deps, (name, deps)
 
 
+# The engine contract and the counter type: plain Python the loop may use (they import nothing
+# of ngramspec themselves).
+CONTRACTS = ("ngramspec.draft_engine", "ngramspec.stats")
+
+
 def test_the_loop_needs_neither_llama_cpp_nor_kernels():
     text = (PKG / "loop.py").read_text(encoding="utf-8")
-    assert {m for m, _, _ in _imports(PKG / "loop.py") if m.startswith("ngramspec")} == set()
+    assert {m for m, _, _ in _imports(PKG / "loop.py") if m.startswith("ngramspec")} \
+        <= set(CONTRACTS)
+    for name in CONTRACTS:
+        assert not [m for m, _, _ in _imports(MODULES[name]) if m.startswith("ngramspec")], name
     assert "llama_cpp" not in re.sub(r'""".*?"""', "", text, flags=re.S)
 
 
@@ -392,4 +400,46 @@ def test_no_function_over_100_lines():
             bad += [f"{rel}: {name} ({n} lines)"
                     for name, n in _long_functions(path, MAX_FUNCTION_LINES)
                     if (rel, name) not in LONG_FUNCTIONS_ALLOWED]
+    assert not bad, bad
+
+
+# -- issue 39: one engine contract ----------------------------------------------------------------
+
+def _engine_probes(tree) -> list:
+    """``(line, call)`` of each getattr/hasattr whose object is an engine (a name or attribute
+    ending in ``engine``): the engine contract (`ngramspec.draft_engine.DraftEngine`) declares
+    every part, so a driver calls it instead of asking."""
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr") and node.args):
+            obj = ast.unparse(node.args[0])
+            if re.search(r"engine\)?$", obj, re.I):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_engine_probes_are_found():
+    code = "a = getattr(loop.engine, 'x', None)\nb = hasattr(engine, 'y')\nc = getattr(p, 'z')\n"
+    assert [line for line, _ in _engine_probes(ast.parse(code))] == [1, 2]
+
+
+def test_no_getattr_probe_of_an_engine():
+    bad = [f"{path.relative_to(ROOT)}:{line}: {call}" for path in MODULES.values()
+           for line, call in _engine_probes(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not bad, bad
+
+
+# The drivers hold an engine, never None: "no speculation" is `NO_DRAFT` (`as_engine` turns a
+# public API's None into it at the boundary).
+ENGINE_HOLDERS = ("ngramspec/loop.py", "ngramspec/policy.py", "ngramspec/engine.py",
+                  "ngramspec/prediction.py", "ngramspec/llama/decoder.py",
+                  "ngramspec/llama/live.py", "ngramspec/llama/scheduler.py")
+
+
+def test_no_none_engine_in_the_drivers():
+    rx = re.compile(r"engine\w*\s+is\s+(not\s+)?None|engine\w*\s+else\s+None|else\s+None\b.*engine")
+    bad = [f"{rel}:{i}: {line.strip()}" for rel in ENGINE_HOLDERS
+           for i, line in enumerate((ROOT / rel).read_text(encoding="utf-8").splitlines(), 1)
+           if rx.search(line)]
     assert not bad, bad

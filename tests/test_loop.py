@@ -204,3 +204,46 @@ def test_run_recorded_with_a_real_engine():
     for out in ([], [7]):
         rec = run_recorded(SpecEngine("ngram-simple"), 0, prompt, np.array(out, np.int32)).record()
         assert rec["n_output"] == len(out) and rec["steps"] == []
+
+
+# -- one engine contract, one counter type (issue 39) ----------------------------------------
+
+def test_the_engines_implement_one_contract():
+    from ngramspec.draft_engine import NO_DRAFT, DraftEngine
+    from ngramspec.prediction import PredictedEngine, PredictionDrafter
+    chain = SpecEngine("ngram-mod")
+    for eng in (chain, PredictedEngine(PredictionDrafter([1, 2, 3]), chain),
+                PredictedEngine(PredictionDrafter([1, 2, 3])), NO_DRAFT):
+        assert isinstance(eng, DraftEngine), eng
+    assert not isinstance(ScriptedEngine(), DraftEngine)   # begin/draft/accept are not all
+    assert (NO_DRAFT.speculates, NO_DRAFT.proposers, NO_DRAFT.stats()) == (False, (), [])
+    assert chain.speculates and chain.accepted_prediction_tokens == 0
+
+
+def test_no_engine_is_the_no_draft_engine():
+    from ngramspec.draft_engine import NO_DRAFT
+    for engine in (None, NO_DRAFT):
+        loop = SlotLoop(engine, 0, [1, 2], 3)
+        assert loop.engine is NO_DRAFT
+        assert loop.propose().tolist() == []
+        loop.verify([4])
+        assert loop.counts.n_draft_calls == 0 and loop.timers.n_begin == 0
+        assert loop.steps == [[0, 0, 0]]
+
+
+def test_the_loop_counts_in_one_draft_counts():
+    from ngramspec.stats import DraftCounts
+    eng = ScriptedEngine([[5, 6, 7], [], [9, 9]])
+    loop = SlotLoop(eng, 0, [1, 2, 3], 4)
+    for target in ([5, 6, 8, 0], [3], [1]):
+        loop.propose()
+        loop.verify(target)
+    assert loop.counts == DraftCounts(n_draft_calls=3, n_drafts=2, n_draft_tokens=5,
+                                      n_acc_drafts=1, n_acc_tokens=2)
+    rec = loop.record()
+    assert {k: rec[k] for k in loop.counts.as_dict()} == loop.counts.as_dict()
+    assert list(rec)[4:10] == ["n_draft_calls", "n_drafts", "n_draft_tokens", "n_acc_drafts",
+                               "n_acc_tokens", "acc_rate"]     # the golden files' order
+    assert rec["acc_rate"] == loop.counts.acc_rate == 0.4
+    total = DraftCounts().add(loop.counts).add(loop.counts)
+    assert total.n_acc_tokens == 4 and total.n_draft_calls == 6 and loop.counts.n_acc_tokens == 2

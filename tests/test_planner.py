@@ -10,11 +10,12 @@ import pytest
 
 from ngramspec.llama import planner
 from ngramspec.llama.planner import PREFILL_RESERVE, plan_step
+from ngramspec.draft_engine import EngineDefaults
 from ngramspec.loop import SlotLoop
 from ngramspec.stop_rules import CANCELLED, CONTEXT
 
 
-class LongDrafts:
+class LongDrafts(EngineDefaults):
     """An engine that drafts as many tokens as it may (100, 101, ...), or none below `least`."""
 
     def __init__(self, least=0):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ngramspec.cost import CostModel
+from ngramspec.draft_engine import EngineDefaults
 from ngramspec.loop import SlotLoop
 from ngramspec.policy import AutoPolicy
 
@@ -56,7 +57,7 @@ def test_cheap_tokens_draft_everything_expensive_ones_nothing():
     assert split([], 1, 0.0, np.ones(1)) == [] and split([np.zeros(0)], 1, 1.0, np.ones(1)) == [0]
 
 
-class Repeating:
+class Repeating(EngineDefaults):
     """Drafts `n` copies of the last token; a recording of one repeated token accepts them all."""
 
     def __init__(self, n):

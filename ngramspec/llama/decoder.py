@@ -13,6 +13,7 @@ from typing import Optional
 
 import numpy as np
 
+from ngramspec.draft_engine import ChecksTarget
 from ngramspec.tokens import token_array
 
 from .batch import MultiSeqBatch
@@ -214,12 +215,9 @@ def check_engine_models(llm, engine) -> None:
     # A draft model must share the target's vocabulary: its tokens are verified as ids. Any
     # proposer with a check_target (DraftModelProposer) is asked: the drivers need not know the
     # draft model's module.
-    for prop in getattr(engine, "proposers", ()) or ():
-        check = getattr(prop, "check_target", None)
-        if check is not None:
-            check(llm)
+    for prop in engine.proposers:
+        if isinstance(prop, ChecksTarget):
+            prop.check_target(llm)
     # So must ngram-cache's files: a cache of another tokenizer is refused (ValueError naming
     # the file and the token), and no draft holds an id the target lacks.
-    set_vocab = getattr(engine, "set_vocab", None)
-    if set_vocab is not None:
-        set_vocab(llm.n_vocab())
+    engine.set_vocab(llm.n_vocab())

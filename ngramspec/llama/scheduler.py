@@ -45,11 +45,13 @@ from .sampling import Sampler
 from .text import TextStream, token_piece_fn
 
 from ngramspec.cost import CostModel
+from ngramspec.draft_engine import NO_DRAFT
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop
 from ngramspec.policy import POLICIES, AutoPolicy
 from ngramspec.prediction import PredictedEngine, PredictionDrafter
 from ngramspec.registry import parse_types
+from ngramspec.stats import DraftCounts
 from ngramspec.stop_rules import CANCELLED, ERROR, LENGTH, STOP, cut_step
 from ngramspec.tokens import token_array
 from ngramspec.validation import (ContextOverflow, OutOfRange, Refused, check_choice,
@@ -90,7 +92,7 @@ class _Request:
         self.text: Optional[TextStream] = None
         self.tokens: List[int] = []
         self.callback_error: Optional[BaseException] = None
-        self.n_draft_tokens = self.n_acc_tokens = 0
+        self.counts = DraftCounts()
         self.t_submit = time.perf_counter()
         self.t_admit = self.t_first = 0.0
 
@@ -189,7 +191,7 @@ class Scheduler:
         self._engine, self.spec_types = self._build_engine(spec_type, spec_params, draft_model)
         self._engines: Dict[tuple, object] = {}
         # draft-simple keeps a p_min per slot: each request sets its own at its start
-        self._draft_proposer = next((p for p in (self._engine.proposers if self._engine else ())
+        self._draft_proposer = next((p for p in self._engine.proposers
                                      if p.name == "draft-simple"), None)
         self._slots = [_Slot(i, self.n_ctx_slot) for i in range(self.n_slots)]
         self._queue: deque = deque()
@@ -208,8 +210,8 @@ class Scheduler:
         self._stats = {"requests_submitted": 0, "requests_finished": 0,
                        "requests_cancelled": 0, "tokens_predicted": 0, "tokens_prompt": 0,
                        "tokens_prompt_cached": 0, "decode_calls": 0, "decode_tokens": 0,
-                       "n_draft_tokens": 0, "n_acc_tokens": 0, "t_decode_s": 0.0,
-                       "t_steps_cpu_s": 0.0}
+                       "t_decode_s": 0.0, "t_steps_cpu_s": 0.0}
+        self._counts = DraftCounts()   # every request's, summed
 
     # -- construction helpers ------------------------------------------------------------------
 
@@ -257,7 +259,7 @@ class Scheduler:
                 types.append("draft-simple")
             params["model_draft"] = draft_model
         if not types:
-            return None, ()
+            return NO_DRAFT, ()
         engine = SpecEngine(types, n_slots=self.n_slots, **params)
         # drafts must be ids of this model: a draft model of another vocabulary, an n-gram
         # cache file of another tokenizer are refused, and drafts stay inside the vocabulary
@@ -267,8 +269,6 @@ class Scheduler:
     def _engine_for(self, types: Optional[tuple]):
         """The engine of a request's proposer subset: the configured chain's own proposer objects
         (so slots, the ngram-mod pool and the ngram-suffix store stay shared), cached per subset."""
-        if self._engine is None:
-            return None
         if types is None or tuple(types) == self.spec_types:
             return self._engine
         key = tuple(t for t in self.spec_types if t in types)
@@ -297,7 +297,7 @@ class Scheduler:
     def _calibrate(self) -> None:
         """The cost model and the joint AutoPolicy of "auto" requests: measured on the idle
         context (sequence 0, then emptied) for ``policy="auto"``, else only a cached one."""
-        if self._engine is None:
+        if not self._engine.speculates:
             return
         if self.cost_model is None:
             self.cost_model = context_calibration(self.llm, self._ctx, self.n_threads,
@@ -503,11 +503,13 @@ class Scheduler:
         """
         with self._cond:
             out = dict(self._stats)
+            times = {key: out.pop(key) for key in ("t_decode_s", "t_steps_cpu_s")}
+            out.update(n_draft_tokens=self._counts.n_draft_tokens,
+                       n_acc_tokens=self._counts.n_acc_tokens, **times)
             out["n_slots"] = self.n_slots
             out["slots_busy"] = sum(1 for s in self._slots if s.req is not None)
             out["queue_length"] = len(self._queue)
-            engines = ([self._engine] if self._engine is not None else []) \
-                + list(self._engines.values())
+            engines = [self._engine, *self._engines.values()]
         per: Dict[str, dict] = {t: dict.fromkeys(PROPOSER_COUNTS, 0) for t in self.spec_types}
         for eng in engines:
             for st in eng.stats():
@@ -645,11 +647,9 @@ class Scheduler:
             r = run.req
             tokens, n_acc = executor.verify(run, out, at)
             m = len(run.draft)
-            r.n_draft_tokens += m
-            r.n_acc_tokens += n_acc
+            r.counts.verified(m, n_acc)
             with self._cond:
-                self._stats["n_draft_tokens"] += m
-                self._stats["n_acc_tokens"] += n_acc
+                self._counts.verified(m, n_acc)
             self._emit(r, tokens)
         for chunk, at in zip(plan.chunks, out.chunk_at):
             chunk.req.n_past = chunk.stop
@@ -663,13 +663,13 @@ class Scheduler:
         r.slot.cached[:r.prompt.size] = r.prompt
         r.slot.n_cached = int(r.prompt.size)
         spec = r.spec
-        engine = self._engine_for(spec.types) if spec.enabled else None
+        engine = self._engine_for(spec.types) if spec.enabled else NO_DRAFT
         if spec.enabled and r.prediction is not None:
             engine = PredictedEngine(r.prediction, engine)
         if self._draft_proposer is not None:
             # the request's own p_min, held by its slot (None: the proposer's)
             self._draft_proposer.set_p_min(r.slot.id, spec.p_min)
-        auto = engine is not None and (spec.policy or self.policy) == "auto"
+        auto = engine.speculates and (spec.policy or self.policy) == "auto"
         r.loop = SlotLoop(engine, r.slot.id, r.prompt, tok, n_ctx=self.n_ctx_slot,
                           n_predict=r.sampling.max_tokens,
                           policy=self.auto_policy if auto else None, capacity=self.n_ctx_slot)
@@ -720,7 +720,7 @@ class Scheduler:
             if reason == CANCELLED:
                 self._stats["requests_cancelled"] += 1
         r.handle.complete(comp, error or r.callback_error)
-        if r.slot is not None and r.loop is not None and self._engine is not None:
+        if r.slot is not None and r.loop is not None:
             self._learn(r.slot.id)
 
     def _learn(self, slot: int) -> None:
@@ -740,14 +740,14 @@ class Scheduler:
         now = time.perf_counter()
         text = r.text.text if r.text is not None else ""
         stop_string = r.text.stop_string if r.text is not None else None
-        engine = r.loop.engine if r.loop is not None else None
+        engine = r.loop.engine if r.loop is not None else NO_DRAFT
         t_first = r.t_first or now
         return Completion(
             tokens=list(r.tokens), text=text, finish_reason=reason, prompt_n=int(r.prompt.size),
             prompt_cached_n=r.n_cached, predicted_n=len(r.tokens),
             prompt_ms=(t_first - r.t_admit) * 1e3 if r.t_admit else 0.0,
             predicted_ms=(now - t_first) * 1e3 if r.t_first else 0.0,
-            n_draft_tokens=r.n_draft_tokens, n_acc_tokens=r.n_acc_tokens, stop_string=stop_string,
+            counts=r.counts.copy(), stop_string=stop_string,
             queued_ms=((r.t_admit or now) - r.t_submit) * 1e3,
-            accepted_prediction_tokens=getattr(engine, "accepted_prediction_tokens", 0),
-            rejected_prediction_tokens=getattr(engine, "rejected_prediction_tokens", 0))
+            accepted_prediction_tokens=engine.accepted_prediction_tokens,
+            rejected_prediction_tokens=engine.rejected_prediction_tokens)
