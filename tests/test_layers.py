@@ -443,3 +443,26 @@ def test_no_none_engine_in_the_drivers():
            for i, line in enumerate((ROOT / rel).read_text(encoding="utf-8").splitlines(), 1)
            if rx.search(line)]
     assert not bad, bad
+
+
+# -- issue 39: the scheduler only schedules -------------------------------------------------------
+
+def _class_lines(path: pathlib.Path, name: str) -> int:
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node.end_lineno - node.lineno + 1
+    raise AssertionError(f"no class {name} in {path}")
+
+
+def test_the_scheduler_class_is_at_most_300_lines():
+    """The llama context, the request checks, the engines, the queue, the slots, the output and
+    the counters live in their own modules (ngramspec.llama.scheduler's docstring lists them)."""
+    assert _class_lines(PKG / "llama" / "scheduler.py", "Scheduler") <= 300
+
+
+def test_the_scheduler_makes_no_llama_call_and_checks_no_request_itself():
+    """llama.cpp's C API only through the slot context and the executor; a request's checks only
+    through ngramspec.llama.request_checks (one wording for the live driver and the scheduler)."""
+    text = (PKG / "llama" / "scheduler.py").read_text(encoding="utf-8")
+    assert not re.search(r"\blc\.llama_|import llama_cpp|def _check_", text)
+    assert "def check_prompt" not in (PKG / "llama" / "decoder.py").read_text(encoding="utf-8")

@@ -14,13 +14,13 @@ from typing import Optional
 import numpy as np
 
 from ngramspec.draft_engine import ChecksTarget
-from ngramspec.tokens import token_array
 
 from .batch import MultiSeqBatch
 from .context import context_params
 from .model import require_llama_cpp
+from .request_checks import Bounds, check_prompt
 
-__all__ = ["Decoder", "check_engine_models", "check_prompt", "context_params", "finish_request", "prompt_pass",
+__all__ = ["Decoder", "check_engine_models", "context_params", "finish_request", "prompt_pass",
            "reset_context", "target_and_prompt", "target_decoder"]
 
 
@@ -115,19 +115,6 @@ class Decoder:
         return bool(self._lc.llama_vocab_is_eog(self.vocab, int(token)))
 
 
-def check_prompt(dec: Decoder, prompt: np.ndarray) -> None:
-    """Refuse ids outside the model's vocabulary and a prompt that leaves no free position.
-
-    ``prompt`` is already an int32 array of valid ids (`ngramspec.tokens.token_array`).
-    """
-    if prompt.min() < 0 or prompt.max() >= dec.n_vocab:
-        raise ValueError(f"prompt token ids must lie in 0 .. {dec.n_vocab - 1}")
-    # One free position is needed to decode the first sampled token.
-    if prompt.size >= dec.n_ctx:
-        raise ValueError(f"the prompt ({prompt.size} tokens) does not fit the context "
-                         f"(n_ctx = {dec.n_ctx}); raise --ctx-size")
-
-
 def target_decoder(llm) -> Decoder:
     """The `Decoder` of a ``llama_cpp.Llama``'s own context, made once and cached on ``llm``.
 
@@ -156,11 +143,10 @@ def target_decoder(llm) -> Decoder:
 
 def target_and_prompt(llm, prompt_tokens):
     """``llm``'s target `Decoder` and ``prompt_tokens`` as an int32 array, checked against the
-    model's vocabulary and context (`check_prompt`)."""
+    model's vocabulary and context (`ngramspec.llama.request_checks.check_prompt`)."""
     dec = target_decoder(llm)
-    prompt = token_array(prompt_tokens, "prompt_tokens", non_empty=True)
-    check_prompt(dec, prompt)
-    return dec, prompt
+    bounds = Bounds(dec.n_vocab, dec.n_ctx, f"the context (n_ctx = {dec.n_ctx}); raise --ctx-size")
+    return dec, check_prompt(bounds, prompt_tokens)
 
 
 def reset_context(llm, dec: Decoder) -> None:

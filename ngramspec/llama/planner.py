@@ -14,22 +14,55 @@ decides, before anything is decoded,
 
 It touches no llama context: the executor (`ngramspec.llama.executor`) decodes the plan in one
 ``llama_decode``, then samples, verifies and trims the KV cache. A request is anything with the
-attributes the planner reads (``cancel_requested``, ``loop``, ``spec.n_max``, ``spec.n_min``,
-``prompt``, ``n_past``, ``slot.id``), so the planner is tested without a model.
+attributes the planner reads (`PlannedRequest`), so the planner is tested without a model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
+from ngramspec.loop import SlotLoop
 from ngramspec.stop_rules import CANCELLED, CONTEXT, context_full
 
-__all__ = ["PREFILL_RESERVE", "PromptChunk", "StepPlan", "Verify", "plan_step"]
+__all__ = ["PREFILL_RESERVE", "PlannedRequest", "PromptChunk", "StepPlan", "Verify", "plan_step"]
 
 #: Prompt tokens a step keeps for admitted prompts when drafts could fill the whole batch.
 PREFILL_RESERVE = 64
+
+
+class _SlotId(Protocol):
+    id: int
+
+
+class _DraftBounds(Protocol):
+    n_max: Optional[int]
+    n_min: Optional[int]
+
+
+class PlannedRequest(Protocol):
+    """What the planner reads of an admitted request (`ngramspec.llama.running.RunningRequest`
+    in the scheduler; plain objects in the tests).
+
+    Attributes
+    ----------
+    cancel_requested : bool
+    loop : SlotLoop or None
+        None while the prompt is being decoded.
+    spec : has ``n_max`` and ``n_min`` (None: no bound of the request's own)
+    prompt : numpy.ndarray
+    n_past : int
+        Prompt tokens already in the slot's KV cache.
+    slot : has ``id`` (the sequence id)
+    """
+
+    cancel_requested: bool
+    loop: Optional[SlotLoop]
+    spec: _DraftBounds
+    prompt: np.ndarray
+    n_past: int
+    slot: _SlotId
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,7 +167,7 @@ def _together(runs: Sequence[Verify], L: int, n_batch: int, n_ctx_slot: int) -> 
     return [(StepPlan((), (r,), ()), 0) for r in runs]
 
 
-def plan_step(active: Sequence, n_batch: int, n_ctx_slot: int, joint=None) -> StepPlan:
+def plan_step(active: Sequence[PlannedRequest], n_batch: int, n_ctx_slot: int, joint=None) -> StepPlan:
     """The plan of the next step over the admitted requests ``active`` (admission order).
 
     Parameters
