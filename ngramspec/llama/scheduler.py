@@ -238,12 +238,11 @@ class Scheduler:
         prompt, sampling, spec, drafter = check_request(
             self._context.bounds, self.spec_types, prompt_tokens, sampling, speculation,
             on_token, prediction)
-        req = self._queue.put(
-            lambda rid: RunningRequest(rid, prompt, sampling, spec, on_token, drafter,
-                                       self.cancel, cache_owner, bool(cache_prompt)),
-            self._slots.n_free)
-        self._stats.add(requests_submitted=1)
-        return req.handle
+        def queued(rid: int) -> RunningRequest:   # under the queue's lock, so counted first
+            self._stats.add(requests_submitted=1)
+            return RunningRequest(rid, prompt, sampling, spec, on_token, drafter, self.cancel,
+                                  cache_owner, bool(cache_prompt))
+        return self._queue.put(queued, self._slots.n_free).handle
 
     def cancel(self, request_id: int) -> None:
         """Ask the decode thread to stop a request (`RequestHandle.cancel`); its slot is free
