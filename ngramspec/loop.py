@@ -98,7 +98,8 @@ class FixedPolicy:
     A policy sees every step of a :class:`SlotLoop`: ``before_draft(loop)`` may return a bound
     lower than ``loop.n_draft_max`` (``None`` keeps it; ``0`` makes the step a plain decode with
     no draft call), ``after_draft(loop, draft)`` returns how many of the draft's tokens to verify,
-    ``observe(loop, n_draft, n_accepted)`` learns from the verified step.
+    ``observe(loop, n_draft, n_accepted)`` learns from the verified step; ``choose(loops,
+    budgets)`` is the one decision of the verified lengths, for one loop or a batched step's.
 
     Notes
     -----
@@ -117,6 +118,11 @@ class FixedPolicy:
 
     def observe(self, loop: "SlotLoop", n_draft: int, n_accepted: int) -> None:
         """Nothing to learn."""
+
+    def choose(self, loops, budgets, n_base=None, e_base=None) -> list:
+        """Every draft is verified whole: the budgets (the policies' one decision, see
+        `ngramspec.policy.AutoPolicy.choose`)."""
+        return list(budgets)
 
 
 class SlotLoop:

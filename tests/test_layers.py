@@ -239,8 +239,10 @@ def test_one_policy_one_writer():
     policies = _defining(r"^\s*class \w*Policy\b")
     assert sorted(policies) == sorted(_defining(r"^class (AutoPolicy|FixedPolicy)\b")), policies
     assert all(p.startswith(("ngramspec/policy.py", "ngramspec/loop.py")) for p in policies)
-    assert not [p for p in _defining(r"StepCost|def \w*choose_lengths\b")
-                if not p.startswith("ngramspec/policy.py")]
+    assert not [p for p in _defining(r"StepCost|def \w*choose_lengths\b")]
+    # the one decision of verified lengths, single or joint: AutoPolicy's (FixedPolicy's keeps all)
+    assert sorted(p.split(":")[0] for p in _defining(r"def choose\b")) == [
+        "ngramspec/loop.py", "ngramspec/policy.py"]
     assert [p.split(":")[0] for p in _defining(r"\bos\.replace\(")] == ["ngramspec/files.py"]
 
 

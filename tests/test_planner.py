@@ -125,7 +125,8 @@ class Joint:
     def observe(self, loop, n_draft, n_accepted):
         pass
 
-    def choose_lengths(self, loops, n_base, e_base):
+    def choose(self, loops, budgets, n_base=None, e_base=None):
+        assert list(budgets) == [len(lp.pending_draft) for lp in loops]
         self.calls.append(([lp.slot for lp in loops], n_base, e_base))
         return [1] * len(loops)
 

@@ -9,7 +9,7 @@ decides, before anything is decoded,
 * each generating slot's run ``[sampled] + draft``: the draft proposed through the request's
   `ngramspec.loop.SlotLoop` (bounded by the batch's share per slot, the request's ``n_max``,
   dropped below its ``n_min``) and, for the requests of the joint cost-aware policy, cut to the
-  lengths `ngramspec.policy.AutoPolicy.choose_lengths` chooses for the whole step;
+  lengths `ngramspec.policy.AutoPolicy.choose` chooses for the whole step;
 * each prompt's next chunk, in the tokens of ``n_batch`` the runs leave.
 
 It touches no llama context: the executor (`ngramspec.llama.executor`) decodes the plan in one
@@ -180,7 +180,7 @@ def plan_step(active: Sequence[PlannedRequest], n_batch: int, n_ctx_slot: int, j
     n_ctx_slot : int
         A slot's share of the KV cache.
     joint : AutoPolicy, optional
-        The policy whose loops' drafts are cut jointly (`AutoPolicy.choose_lengths`).
+        The policy whose loops' drafts are cut jointly (`AutoPolicy.choose`).
 
     Returns
     -------
@@ -243,8 +243,8 @@ def _cut_jointly(gen: Sequence, drafts: List[np.ndarray], pre: Sequence, n_batch
     n_fixed = sum(len(d) for r, d in zip(gen, drafts) if r.loop.policy is not joint)
     n_prompt = min(sum(r.prompt.size - r.n_past for r in pre),
                    max(0, n_batch - len(gen) - n_fixed))
-    ks = joint.choose_lengths([gen[i].loop for i in auto], len(gen) + n_fixed + n_prompt,
-                              float(len(gen)))
+    ks = joint.choose([gen[i].loop for i in auto], [len(drafts[i]) for i in auto],
+                      n_base=len(gen) + n_fixed + n_prompt, e_base=float(len(gen)))
     for i, k in zip(auto, ks):
         drafts[i] = drafts[i][:k]
 
