@@ -33,8 +33,9 @@ import numpy as np
 
 from ngramspec.draft_engine import NoDraftEngine, as_engine
 from ngramspec.stats import DraftCounts
+from ngramspec.validation import OutOfRange
 
-__all__ = ["FixedPolicy", "SlotLoop", "Timers", "common_prefix", "run_recorded"]
+__all__ = ["FixedPolicy", "SlotLoop", "Timers", "common_prefix", "draft_budget", "run_recorded"]
 
 _EMPTY = np.empty(0, dtype=np.int32)
 _EMPTY.setflags(write=False)
@@ -268,16 +269,29 @@ class SlotLoop:
         """The draft `propose` returned that `verify` has not consumed yet (empty if none)."""
         return _EMPTY if self._draft is None else self._draft
 
+    def room(self) -> int | None:
+        """llama-server's bound of the next draft (step 1): ``n_ctx - L - 2`` with a context
+        size, ``n_remaining - 1`` with an output limit, the smaller of both; None: unbounded."""
+        bound = None
+        if self._bounded:
+            if self.n_ctx > 0:
+                bound = self.n_ctx - self._len - 2
+            if self.n_predict >= 0:
+                remaining = self.n_predict - self.n_output - 1
+                bound = remaining if bound is None else min(bound, remaining)
+        return bound
+
     def propose(self, n_max: int | None = None, n_min: int = 0) -> np.ndarray:
-        """Steps 1-2: bound the draft, then draft (timed).
+        """Steps 1-2: draft within the step's budget (timed).
 
         Parameters
         ----------
         n_max : int, optional
-            The driver's own bound of this step's draft (a request's ``speculation.n_max``, a
-            batch's token budget, a host engine's number of speculative tokens), beside the
-            context's and the output's; part of `n_draft_max`. The one way to bound a draft
-            beyond llama-server's rules: a constant bound is passed at every step.
+            The step's draft budget, which the driver computed once (`draft_budget`: its batch
+            share, the request's ``speculation.n_max``, a host engine's number of speculative
+            tokens, and the loop's `room`); the loop only checks it is within `room`
+            (ValueError otherwise). None: the `room` itself (a driver with no bound of its own).
+            It is `n_draft_max`.
         n_min : int
             A draft shorter than this is dropped (llama.cpp's ``n_min``), before the policy
             sees it.
@@ -291,6 +305,8 @@ class SlotLoop:
         ------
         RuntimeError
             The request is done, or the previous draft was not verified yet.
+        ValueError
+            A budget beyond the loop's `room` (the driver skipped `draft_budget`).
         """
         if self.done:
             raise RuntimeError("propose() on a finished request")
@@ -299,12 +315,12 @@ class SlotLoop:
         L = self._len
         bound = n_max
         if self._bounded:
-            if self.n_ctx > 0:
-                room = self.n_ctx - L - 2
-                bound = room if bound is None else min(bound, room)
-            if self.n_predict >= 0:
-                remaining = self.n_predict - self.n_output - 1
-                bound = remaining if bound is None else min(bound, remaining)
+            room = self.room()
+            if bound is None:
+                bound = room
+            elif bound > max(room, 0):
+                raise OutOfRange("n_max", bound, f"<= {max(room, 0)} (the loop's room: "
+                                 "ngramspec.loop.draft_budget)")
         self.n_draft_max = bound
         hooks = self._hooks
         if hooks and (bound is None or bound > 0):
@@ -422,6 +438,18 @@ class SlotLoop:
         return rec
 
 
+def draft_budget(loop: SlotLoop, *caps: int | None) -> int | None:
+    """A step's draft budget, the one computation every driver makes once per step: the
+    smallest of its caps (a batch's share per slot, a request's ``n_max``, a host engine's
+    number of speculative tokens; None: no cap) and the loop's `SlotLoop.room` (context room,
+    output budget). None: unbounded. Drivers pass it to `SlotLoop.propose`."""
+    bound = loop.room()
+    for cap in caps:
+        if cap is not None:
+            bound = cap if bound is None else min(bound, cap)
+    return bound
+
+
 def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=None,
                  record_drafts: bool = False, n_max: int | None = None) -> SlotLoop:
     """One request verified against a recorded output (greedy replay); returns the finished loop.
@@ -450,7 +478,7 @@ def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=No
     propose, verify = loop.propose, loop.verify
     tokens = output.tolist() if isinstance(output, np.ndarray) else list(output)
     while not loop.done and loop.n_output < n_out:
-        n_d = len(propose(n_max))
+        n_d = len(propose(draft_budget(loop, n_max)))
         produced = loop.n_output
         # a list slice is the cheap target of the many steps without a draft; an array slice
         # compares faster with a draft

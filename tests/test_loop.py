@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from ngramspec import SpecEngine
-from ngramspec.loop import FixedPolicy, SlotLoop, run_recorded
+from ngramspec.loop import FixedPolicy, SlotLoop, draft_budget, run_recorded
+from ngramspec.validation import OutOfRange
 
 
 class ScriptedEngine:
@@ -66,8 +67,8 @@ def test_context_bound_and_no_call_when_it_is_not_positive():
 
 
 def test_the_driver_bound_is_per_call_and_joins_the_server_bound():
-    """propose(n_max) is the one extra bound (a host engine's K passes it at every step): it is
-    part of n_draft_max on an unbounded loop too, and the smaller of it and n_ctx - L - 2 wins."""
+    """propose(n_max) takes the step's budget, which the driver computes once (draft_budget: its
+    caps and the loop's room, n_ctx - L - 2); the loop only checks it (issue 39)."""
     eng = ScriptedEngine([[7] * 10] * 3)
     loop = SlotLoop(eng, 0, list(range(10)), 1)
     assert loop.propose(3).tolist() == [7, 7, 7] and loop.n_draft_max == 3
@@ -75,7 +76,11 @@ def test_the_driver_bound_is_per_call_and_joins_the_server_bound():
     assert loop.propose().size == 10 and loop.n_draft_max is None
     loop.verify([0])
     bounded = SlotLoop(ScriptedEngine([[7] * 10]), 0, list(range(10)), 1, n_ctx=16)
-    assert bounded.propose(5).size == 4 and bounded.n_draft_max == 16 - 10 - 2
+    assert bounded.room() == 16 - 10 - 2 and draft_budget(bounded, 5, None) == 4
+    assert draft_budget(bounded, 3) == 3 and draft_budget(loop) is None
+    with pytest.raises(OutOfRange, match=r"^n_max = 5 is out of range: allowed <= 4 \(the loop's"):
+        bounded.propose(5)                         # beyond the room: the driver's mistake
+    assert bounded.propose(draft_budget(bounded, 5)).size == 4 and bounded.n_draft_max == 4
     with pytest.raises(TypeError):
         SlotLoop(eng, 0, [1], 2, n_max=4)          # one way only: the per-call bound
 

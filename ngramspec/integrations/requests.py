@@ -19,7 +19,7 @@ import numpy as np
 from ngramspec import store_log
 from ngramspec.cli.serve import spec_from_flags
 from ngramspec.engine import SpecEngine
-from ngramspec.loop import SlotLoop, common_prefix
+from ngramspec.loop import SlotLoop, common_prefix, draft_budget
 
 __all__ = ["MAX_DRAFT", "SPEC_ENV", "RequestLoops", "engine_from_env", "same_tokens",
            "tree_holds"]
@@ -248,7 +248,7 @@ class RequestLoops:
             req.n += g
             req.tree = None
         req.pending = True
-        return loop.propose(self.n_max)
+        return loop.propose(draft_budget(loop, self.n_max))
 
     def end(self, key) -> None:
         """Forget request `key` (no-op if unknown); its slot is free again, and what the engine

@@ -25,7 +25,7 @@ import numpy as np
 
 from ngramspec.cache_file import as_path, merge_into_dynamic
 from ngramspec.draft_engine import as_engine
-from ngramspec.loop import SlotLoop
+from ngramspec.loop import SlotLoop, draft_budget
 from ngramspec.registry import TYPES
 from ngramspec.stats import DraftCounts
 from ngramspec.stop_rules import CONTEXT, INTERRUPTED, LENGTH, context_full, cut_step
@@ -254,7 +254,7 @@ class _Request:
         loop, dec = self.loop, self.dec
         L = loop.n_context
         sampled = loop.sampled
-        draft = loop.propose()
+        draft = loop.propose(draft_budget(loop))     # a planner of one request: no cap of its own
         m = len(draft)
         t0 = _clock()
         batch = np.empty(m + 1, dtype=np.int32)

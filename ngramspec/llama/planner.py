@@ -23,7 +23,7 @@ from typing import List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
-from ngramspec.loop import SlotLoop
+from ngramspec.loop import SlotLoop, draft_budget
 from ngramspec.stop_rules import CANCELLED, CONTEXT, context_full
 
 __all__ = ["PREFILL_RESERVE", "PlannedRequest", "PromptChunk", "StepPlan", "Verify", "plan_step"]
@@ -228,8 +228,9 @@ def _propose(gen: Sequence, prompts_waiting: bool, n_batch: int) -> List[np.ndar
     cap = max(0, (n_batch - reserve) // max(1, len(gen)) - 1)
     drafts = []
     for r in gen:
-        n_max = cap if r.spec.n_max is None else min(cap, r.spec.n_max)
-        drafts.append(r.loop.propose(n_max, r.spec.n_min or 0))
+        # the slot's one budget: the batch share, the request's n_max, the context's room and
+        # the output's (the loop only checks it)
+        drafts.append(r.loop.propose(draft_budget(r.loop, cap, r.spec.n_max), r.spec.n_min or 0))
     return drafts
 
 
