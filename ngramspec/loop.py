@@ -477,8 +477,10 @@ def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=No
                     capacity=len(prompt) + n_out + 1)
     propose, verify = loop.propose, loop.verify
     tokens = output.tolist() if isinstance(output, np.ndarray) else list(output)
+    # no cap: the budget is the room (propose's default); no room: the cap at every step
+    capped = n_max is not None and loop.room() is not None
     while not loop.done and loop.n_output < n_out:
-        n_d = len(propose(draft_budget(loop, n_max)))
+        n_d = len(propose(draft_budget(loop, n_max) if capped else n_max))
         produced = loop.n_output
         # a list slice is the cheap target of the many steps without a draft; an array slice
         # compares faster with a draft
