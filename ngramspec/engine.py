@@ -9,6 +9,7 @@ from __future__ import annotations
 from ngramspec._engine import Engine
 from ngramspec._mod import ModPool
 from ngramspec._proposer import check_int
+from ngramspec.draft_engine import LearnsAtEnd
 from ngramspec.registry import build_proposers
 from ngramspec.stats import statistics_line
 
@@ -18,7 +19,7 @@ __all__ = ["SpecEngine"]
 class SpecEngine(Engine):
     """A chain of proposers driven as llama-server drives them.
 
-    Methods ``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max=None)`` and
+    A `ngramspec.draft_engine.DraftEngine`. Methods ``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max=None)`` and
     ``accept(slot, n_accepted)`` follow llama-server: begin once per request with the full
     prompt; draft with the tokens in the KV cache and the last sampled token; accept after every
     non-empty draft (also with 0). Token arrays may be any 1-D integer array-like; ids must be
@@ -62,6 +63,9 @@ class SpecEngine(Engine):
     """
 
     __slots__ = ()
+    # `ngramspec.draft_engine.DraftEngine`'s optional parts this engine has not
+    speculates = True
+    accepted_prediction_tokens = rejected_prediction_tokens = 0
 
     def __init__(self, spec_type=None, n_slots=1, pool=None, *, proposers=None, **params):
         if proposers is None:
@@ -82,9 +86,8 @@ class SpecEngine(Engine):
         have nothing to do (llama.cpp's proposers learn at `begin`, as llama-server calls
         them). Same thread rule as `begin`."""
         for p in self.proposers:
-            end = getattr(p, "end", None)
-            if end is not None:
-                end(slot)
+            if isinstance(p, LearnsAtEnd):
+                p.end(slot)
 
     @classmethod
     def from_proposers(cls, proposers, n_slots: int = 1) -> "SpecEngine":

@@ -19,8 +19,9 @@ live llama context (``ngramspec.llama.live``), the llama-cpp-python plug-in, a b
 scheduler that decodes many slots' drafts at once. A draft-length policy (:class:`FixedPolicy`: llama.cpp's behaviour)
 hooks into every step.
 
-This module imports neither llama_cpp nor the compiled kernels: an engine is anything with
-``begin(slot, prompt)``, ``draft(slot, context, sampled, n_max)`` and ``accept(slot, n)``.
+This module imports neither llama_cpp nor the compiled kernels: an engine is a
+`ngramspec.draft_engine.DraftEngine`, of which the loop calls only the required ``begin(slot,
+prompt)``, ``draft(slot, context, sampled, n_max)`` and ``accept(slot, n)``.
 """
 from __future__ import annotations
 
@@ -30,7 +31,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-__all__ = ["FixedPolicy", "SlotLoop", "Timers", "common_prefix", "run_recorded"]
+from ngramspec.draft_engine import NoDraftEngine, as_engine
+from ngramspec.stats import DraftCounts
+from ngramspec.validation import OutOfRange
+
+__all__ = ["FixedPolicy", "SlotLoop", "Timers", "common_prefix", "draft_budget", "run_recorded"]
 
 _EMPTY = np.empty(0, dtype=np.int32)
 _EMPTY.setflags(write=False)
@@ -94,7 +99,8 @@ class FixedPolicy:
     A policy sees every step of a :class:`SlotLoop`: ``before_draft(loop)`` may return a bound
     lower than ``loop.n_draft_max`` (``None`` keeps it; ``0`` makes the step a plain decode with
     no draft call), ``after_draft(loop, draft)`` returns how many of the draft's tokens to verify,
-    ``observe(loop, n_draft, n_accepted)`` learns from the verified step.
+    ``observe(loop, n_draft, n_accepted)`` learns from the verified step; ``choose(loops,
+    budgets)`` is the one decision of the verified lengths, for one loop or a batched step's.
 
     Notes
     -----
@@ -114,6 +120,11 @@ class FixedPolicy:
     def observe(self, loop: "SlotLoop", n_draft: int, n_accepted: int) -> None:
         """Nothing to learn."""
 
+    def choose(self, loops, budgets, n_base=None, e_base=None) -> list:
+        """Every draft is verified whole: the budgets (the policies' one decision, see
+        `ngramspec.policy.AutoPolicy.choose`)."""
+        return list(budgets)
+
 
 class SlotLoop:
     """One request on one engine slot: begin, then ``propose() -> verify(target)`` per step.
@@ -124,10 +135,10 @@ class SlotLoop:
 
     Parameters
     ----------
-    engine : SpecEngine or None
-        Anything with llama-server's ``begin(slot, prompt)``, ``draft(slot, context, sampled,
-        n_max)`` and ``accept(slot, n_accepted)``; ``None`` runs the loop without drafts (plain
-        decoding).
+    engine : DraftEngine or None
+        A `ngramspec.draft_engine.DraftEngine` (the loop calls ``begin``, ``draft``, ``accept``);
+        a `NoDraftEngine` (None stands for `NO_DRAFT`) runs the loop without drafts (plain
+        decoding, no draft call).
     slot : int
         The engine slot (llama-server's ``seq_id``).
     prompt : 1-D int array-like
@@ -166,9 +177,9 @@ class SlotLoop:
         One entry per verified step, as the golden files list them.
     drafts : list of list of int
         The verified drafts (with ``record_drafts``).
-    n_draft_calls, n_drafts, n_draft_tokens, n_acc_drafts, n_acc_tokens : int
+    counts : DraftCounts
         Draft calls made, non-empty drafts, drafted tokens, drafts with an accepted token,
-        accepted tokens.
+        accepted tokens (``n_draft_calls`` ... ``n_acc_tokens`` read them too).
     begin_ns, draft_ns, accept_ns : int
         Nanoseconds spent in the engine's begin, draft and accept calls (`timers` sums them
         up with the call counts).
@@ -184,14 +195,14 @@ class SlotLoop:
 
     __slots__ = ("engine", "slot", "n_ctx", "n_predict", "policy", "record_drafts", "done",
                  "sampled", "n_output", "n_prompt", "n_draft_max", "steps", "drafts",
-                 "n_draft_calls", "n_drafts", "n_draft_tokens", "n_acc_drafts", "n_acc_tokens",
-                 "begin_ns", "draft_ns", "accept_ns", "_buf", "_len", "_draft", "_called",
+                 "counts", "_speculates", "begin_ns", "draft_ns", "accept_ns", "_buf", "_len", "_draft", "_called",
                  "_hooks", "_bounded")
 
     def __init__(self, engine, slot: int, prompt, first_token, *, n_ctx: int = 0,
                  n_predict: int = -1, policy=None, record_drafts: bool = False,
                  capacity: int = 0):
-        self.engine = engine
+        self.engine = engine = as_engine(engine)
+        self._speculates = not isinstance(engine, NoDraftEngine)
         self.slot = slot
         self.n_ctx = int(n_ctx)
         self.n_predict = int(n_predict)
@@ -203,12 +214,11 @@ class SlotLoop:
         self.begin_ns = self.draft_ns = self.accept_ns = 0
         self.steps = []
         self.drafts = []
-        self.n_draft_calls = self.n_drafts = self.n_draft_tokens = 0
-        self.n_acc_drafts = self.n_acc_tokens = 0
+        self.counts = DraftCounts()
         self.n_draft_max = None
         self._draft = None
         self._called = 0
-        if engine is not None:
+        if self._speculates:
             t0 = _clock()
             engine.begin(slot, prompt)      # validates the prompt before it is copied below
             self.begin_ns = _clock() - t0
@@ -230,7 +240,14 @@ class SlotLoop:
     def timers(self) -> Timers:
         """The engine calls' times and counts so far (a new `Timers`)."""
         return Timers(self.begin_ns, self.draft_ns, self.accept_ns,
-                      int(self.engine is not None), self.n_draft_calls, self.n_drafts)
+                      int(self._speculates), self.counts.n_draft_calls, self.counts.n_drafts)
+
+    # the counts under their own names (`counts` holds them)
+    n_draft_calls = property(lambda self: self.counts.n_draft_calls)
+    n_drafts = property(lambda self: self.counts.n_drafts)
+    n_draft_tokens = property(lambda self: self.counts.n_draft_tokens)
+    n_acc_drafts = property(lambda self: self.counts.n_acc_drafts)
+    n_acc_tokens = property(lambda self: self.counts.n_acc_tokens)
 
     @property
     def context(self) -> np.ndarray:
@@ -252,16 +269,29 @@ class SlotLoop:
         """The draft `propose` returned that `verify` has not consumed yet (empty if none)."""
         return _EMPTY if self._draft is None else self._draft
 
+    def room(self) -> int | None:
+        """llama-server's bound of the next draft (step 1): ``n_ctx - L - 2`` with a context
+        size, ``n_remaining - 1`` with an output limit, the smaller of both; None: unbounded."""
+        bound = None
+        if self._bounded:
+            if self.n_ctx > 0:
+                bound = self.n_ctx - self._len - 2
+            if self.n_predict >= 0:
+                remaining = self.n_predict - self.n_output - 1
+                bound = remaining if bound is None else min(bound, remaining)
+        return bound
+
     def propose(self, n_max: int | None = None, n_min: int = 0) -> np.ndarray:
-        """Steps 1-2: bound the draft, then draft (timed).
+        """Steps 1-2: draft within the step's budget (timed).
 
         Parameters
         ----------
         n_max : int, optional
-            The driver's own bound of this step's draft (a request's ``speculation.n_max``, a
-            batch's token budget, a host engine's number of speculative tokens), beside the
-            context's and the output's; part of `n_draft_max`. The one way to bound a draft
-            beyond llama-server's rules: a constant bound is passed at every step.
+            The step's draft budget, which the driver computed once (`draft_budget`: its batch
+            share, the request's ``speculation.n_max``, a host engine's number of speculative
+            tokens, and the loop's `room`); the loop only checks it is within `room`
+            (ValueError otherwise). None: the `room` itself (a driver with no bound of its own).
+            It is `n_draft_max`.
         n_min : int
             A draft shorter than this is dropped (llama.cpp's ``n_min``), before the policy
             sees it.
@@ -275,6 +305,8 @@ class SlotLoop:
         ------
         RuntimeError
             The request is done, or the previous draft was not verified yet.
+        ValueError
+            A budget beyond the loop's `room` (the driver skipped `draft_budget`).
         """
         if self.done:
             raise RuntimeError("propose() on a finished request")
@@ -283,12 +315,12 @@ class SlotLoop:
         L = self._len
         bound = n_max
         if self._bounded:
-            if self.n_ctx > 0:
-                room = self.n_ctx - L - 2
-                bound = room if bound is None else min(bound, room)
-            if self.n_predict >= 0:
-                remaining = self.n_predict - self.n_output - 1
-                bound = remaining if bound is None else min(bound, remaining)
+            room = self.room()
+            if bound is None:
+                bound = room
+            elif bound > max(room, 0):
+                raise OutOfRange("n_max", bound, f"<= {max(room, 0)} (the loop's room: "
+                                 "ngramspec.loop.draft_budget)")
         self.n_draft_max = bound
         hooks = self._hooks
         if hooks and (bound is None or bound > 0):
@@ -296,16 +328,15 @@ class SlotLoop:
             if lower is not None:
                 lower = operator.index(lower)
                 bound = lower if bound is None else min(bound, lower)
-        engine = self.engine
-        if engine is None or (bound is not None and bound <= 0):
+        if not self._speculates or (bound is not None and bound <= 0):
             draft = _EMPTY                  # llama-server makes no draft call then
             self._called = 0
         else:
             context = self._buf[:L]         # the driver's view, made outside the timed call
             t0 = _clock()
-            draft = engine.draft(self.slot, context, self.sampled, bound)
+            draft = self.engine.draft(self.slot, context, self.sampled, bound)
             self.draft_ns += _clock() - t0
-            self.n_draft_calls += 1
+            self.counts.n_draft_calls += 1
             self._called = 1
             if type(draft) is not np.ndarray or draft.dtype is not _INT32:
                 draft = np.asarray(draft, dtype=np.int32)
@@ -359,10 +390,7 @@ class SlotLoop:
             t0 = _clock()
             self.engine.accept(self.slot, n_acc)
             self.accept_ns += _clock() - t0
-            self.n_drafts += 1
-            self.n_draft_tokens += n_d
-            self.n_acc_tokens += n_acc
-            self.n_acc_drafts += n_acc > 0
+            self.counts.verified(n_d, n_acc)
         self.steps.append([n_d, n_acc, self._called])
         if self.record_drafts:
             self.drafts.append(draft.tolist())
@@ -400,11 +428,7 @@ class SlotLoop:
         n_steps = len(self.steps)
         rec = {
             "slot": self.slot, "n_prompt": self.n_prompt, "n_output": self.n_output,
-            "n_steps": n_steps, "n_draft_calls": self.n_draft_calls, "n_drafts": self.n_drafts,
-            "n_draft_tokens": self.n_draft_tokens, "n_acc_drafts": self.n_acc_drafts,
-            "n_acc_tokens": self.n_acc_tokens,
-            "acc_rate": round(self.n_acc_tokens / self.n_draft_tokens, 4)
-            if self.n_draft_tokens else 0.0,
+            "n_steps": n_steps, **self.counts.as_dict(), "acc_rate": self.counts.acc_rate,
             # the first output token comes from the prompt pass, not from a verification step
             "tokens_per_step": round((self.n_output - 1) / n_steps, 4) if n_steps else 0.0,
             "steps": self.steps,
@@ -412,6 +436,18 @@ class SlotLoop:
         if self.record_drafts:
             rec["drafts"] = self.drafts
         return rec
+
+
+def draft_budget(loop: SlotLoop, *caps: int | None) -> int | None:
+    """A step's draft budget, the one computation every driver makes once per step: the
+    smallest of its caps (a batch's share per slot, a request's ``n_max``, a host engine's
+    number of speculative tokens; None: no cap) and the loop's `SlotLoop.room` (context room,
+    output budget). None: unbounded. Drivers pass it to `SlotLoop.propose`."""
+    bound = loop.room()
+    for cap in caps:
+        if cap is not None:
+            bound = cap if bound is None else min(bound, cap)
+    return bound
 
 
 def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=None,
@@ -441,8 +477,10 @@ def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=No
                     capacity=len(prompt) + n_out + 1)
     propose, verify = loop.propose, loop.verify
     tokens = output.tolist() if isinstance(output, np.ndarray) else list(output)
+    # no cap: the budget is the room (propose's default); no room: the cap at every step
+    capped = n_max is not None and loop.room() is not None
     while not loop.done and loop.n_output < n_out:
-        n_d = len(propose(n_max))
+        n_d = len(propose(draft_budget(loop, n_max) if capped else n_max))
         produced = loop.n_output
         # a list slice is the cheap target of the many steps without a draft; an array slice
         # compares faster with a draft

@@ -33,7 +33,7 @@
 
   A driver that decodes several slots' drafts in one batch (the scheduler) makes the policy
   ``joint``: every slot drafts and the estimates learn as above, then
-  :meth:`AutoPolicy.choose_lengths` cuts all the step's drafts together. One step decodes every
+  :meth:`AutoPolicy.choose` cuts all the step's drafts together. One step decodes every
   slot's ``[sampled] + draft`` (and prompt chunks) in one decode, whose cost depends on the total
   token count N, not on how it is split among slots, and yields per slot 1 + the accepted draft
   tokens, so the lengths k_s maximize
@@ -54,6 +54,7 @@ import numpy as np
 from ngramspec.acceptance import (AcceptanceEstimator, DraftOutcomes, expected_accepted,
                                   lean_on_previous)
 from ngramspec.cost import CostModel
+from ngramspec.draft_engine import ReportsDraftProbs
 from ngramspec.loop import FixedPolicy
 from ngramspec.validation import Refused, check_choice, check_int
 
@@ -100,7 +101,7 @@ class AutoPolicy:
         machine that runs the proposer; ``replay`` against a profile turns it off).
     joint : bool
         The driver decodes several slots in one batch and cuts their drafts together with
-        `choose_lengths` after every slot drafted; ``after_draft`` then keeps the whole draft.
+        `choose` after every slot drafted; ``after_draft`` then keeps the whole draft.
 
     Attributes
     ----------
@@ -241,13 +242,12 @@ class AutoPolicy:
     def _probabilities(self, loop, st: _SlotState, proposer: int, n: int) -> np.ndarray:
         """q_1 .. q_n of the draft just made by `proposer`."""
         if self.use_proposer_probs and proposer >= 0:
-            prop = _proposer(loop.engine, proposer)
-            probs = getattr(prop, "draft_probs", None)
-            if probs is not None:
-                p, tried = probs(loop.slot)
+            prop = loop.engine.proposers[proposer]
+            if isinstance(prop, ReportsDraftProbs):
+                p, tried = prop.draft_probs(loop.slot)
                 if len(p) >= n:
                     return lean_on_previous(p[:n], tried[:n], self._est_args["prior_weight"])
-        return self._estimator(st, proposer).conditional(n)
+        return self._estimator(st, max(proposer, 0)).conditional(n)
 
     # -- the loop's hooks ------------------------------------------------------------------
 
@@ -264,7 +264,7 @@ class AutoPolicy:
             0 to skip the call, a bound to ask for a shorter draft, None to keep the
             server's bound.
         """
-        if not self.proposer_time or loop.engine is None:
+        if not self.proposer_time or not loop.engine.speculates:
             return None
         st = self._state(loop.slot)
         st.draft_ns0 = loop.timers.draft_ns
@@ -318,8 +318,8 @@ class AutoPolicy:
             st.pending = -1
             return 0
         self.n_drafts_seen += 1
-        last = getattr(loop.engine, "last_proposer", None)
-        proposer = last(loop.slot) if last is not None else 0
+        # -1: a draft of no chain proposer (a prediction's): the shared estimator, no probs
+        proposer = loop.engine.last_proposer(loop.slot)
         st.pending = proposer
         if self.proposer_time and st.draft_ns0 >= 0:
             per_token = (loop.timers.draft_ns - st.draft_ns0) / 1e9 / n
@@ -329,42 +329,43 @@ class AutoPolicy:
         # the draft's first token predicts the one after [context, sampled]
         st.outcomes.add(loop.n_context + 1, draft, self._estimator(st, max(proposer, 0)))
         if self.joint:
-            return n                      # choose_lengths cuts it with the step's other drafts
-        q = self._probabilities(loop, st, proposer, n)
-        k = self.best_k(expected_accepted(q), self.costs(n + 1, loop.n_context))
-        if k == 0:
-            self.n_plain += 1
-        elif k < n:
-            self.n_truncated += 1
-        return k
+            return n                      # choose cuts it with the step's other drafts
+        return self.choose([loop], [n])[0]
 
-    def choose_lengths(self, loops: Sequence, n_base: int, e_base: float) -> List[int]:
-        """The joint choice: how many of each slot's pending draft one batched step verifies.
+    def choose(self, loops: Sequence, budgets: Sequence[int], n_base: Optional[int] = None,
+               e_base: Optional[float] = None) -> List[int]:
+        """The one decision of a draft's verified length: for one request (a driver of one
+        slot, through `after_draft`) or jointly for every "auto" slot of a batched step (the
+        scheduler's planner).
 
         Parameters
         ----------
         loops : sequence of SlotLoop
-            The slots whose drafts (``pending_draft``, non-empty, after this policy's
-            ``after_draft``) are decoded in the step.
-        n_base : int
+            The slots whose fresh drafts are decoded in the step (this policy's ``after_draft``
+            saw them).
+        budgets : sequence of int
+            Per loop, the draft tokens it may verify (its draft's length, >= 1).
+        n_base : int, optional
             The step's tokens that do not depend on the choice (one sampled token per generating
-            slot, other policies' drafts, prompt chunks), >= 1.
-        e_base : float
+            slot, other policies' drafts, prompt chunks), >= 1. Default: one per loop.
+        e_base : float, optional
             The step's expected output tokens that do not depend on the choice (one per
-            generating slot).
+            generating slot). Default: one per loop.
 
         Returns
         -------
         list of int
-            One length per loop, 0 .. len(its draft) (module docstring).
+            One length per loop, 0 .. its budget (module docstring). For one loop it is
+            `best_k`'s choice: `best_split` of one slot's non-increasing gains is the same.
         """
         if not loops:
             return []
+        n_base = len(loops) if n_base is None else n_base
+        e_base = float(len(loops)) if e_base is None else e_base
         gains = []
-        for loop in loops:
+        for loop, n in zip(loops, budgets):
             st = self._state(loop.slot)
-            q = self._probabilities(loop, st, st.pending, len(loop.pending_draft))
-            gains.append(np.cumprod(q))
+            gains.append(np.cumprod(self._probabilities(loop, st, st.pending, n)))
         # c varies slowly with the KV length: the step's slots are taken at their mean
         n_past = sum(loop.n_context for loop in loops) // len(loops)
         total = n_base + sum(len(g) for g in gains)
@@ -399,13 +400,6 @@ class AutoPolicy:
                 "drafts": self.n_drafts_seen, "verified": self.n_verified,
                 "truncated": self.n_truncated, "plain": self.n_plain, "probes": self.n_probes,
                 "skipped_calls": self.n_skipped_calls}
-
-
-def _proposer(engine, index: int):
-    props = getattr(engine, "proposers", None)
-    if props is None or not 0 <= index < len(props):
-        return None
-    return props[index]
 
 
 def make_policy(name: str, cost_model: Optional[CostModel] = None, **kwargs):

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ngramspec.draft_engine import NO_DRAFT, as_engine
 from ngramspec.tokens import token_array
 from ngramspec.validation import check_int
 
@@ -155,16 +156,15 @@ class PredictionDrafter:
 class PredictedEngine:
     """A request's engine: its prediction drafts first, then the proposer chain.
 
-    Has the engine interface `ngramspec.loop.SlotLoop` drives (``begin``, ``draft``,
-    ``accept``); the chain sees llama-server's calls exactly as without a prediction, except
+    A `ngramspec.draft_engine.DraftEngine` (its optional parts are the chain's); the chain sees llama-server's calls exactly as without a prediction, except
     that it is not asked for a draft on steps the prediction drafts (as a lower-priority
     proposer of llama.cpp's chain is not).
 
     Parameters
     ----------
     drafter : PredictionDrafter
-    engine : SpecEngine or None
-        The request's chain (None: the prediction alone).
+    engine : DraftEngine, optional
+        The request's chain (default `NO_DRAFT`: the prediction alone).
 
     Attributes
     ----------
@@ -181,9 +181,11 @@ class PredictedEngine:
 
     __slots__ = ("drafter", "engine", "_from_prediction", "_n_draft")
 
-    def __init__(self, drafter: PredictionDrafter, engine=None):
+    speculates = True
+
+    def __init__(self, drafter: PredictionDrafter, engine=NO_DRAFT):
         self.drafter = drafter
-        self.engine = engine
+        self.engine = as_engine(engine)
         self._from_prediction = False
         self._n_draft = 0
 
@@ -195,16 +197,36 @@ class PredictedEngine:
     def rejected_prediction_tokens(self) -> int:
         return self.drafter.gen_tokens - self.drafter.acc_tokens
 
+    @property
+    def proposers(self) -> tuple:
+        """The chain's proposers (the prediction is none of them)."""
+        return self.engine.proposers
+
+    def last_proposer(self, slot) -> int:
+        """The chain's last proposer; -1 when the prediction drafted."""
+        return -1 if self._from_prediction else self.engine.last_proposer(slot)
+
+    def end(self, slot) -> None:
+        self.engine.end(slot)
+
+    def set_vocab(self, n_vocab) -> None:
+        self.engine.set_vocab(n_vocab)
+
+    def stats(self) -> list:
+        return self.engine.stats()
+
+    def stats_lines(self) -> list:
+        return self.engine.stats_lines()
+
     def begin(self, slot, prompt) -> None:
         """The chain's ``begin`` (the prediction needs none)."""
-        if self.engine is not None:
-            self.engine.begin(slot, prompt)
+        self.engine.begin(slot, prompt)
 
     def draft(self, slot, context, sampled, n_max=None) -> np.ndarray:
         """The prediction's draft, else the chain's."""
         draft = self.drafter.draft(context, sampled, n_max)
         self._from_prediction = len(draft) > 0
-        if not self._from_prediction and self.engine is not None:
+        if not self._from_prediction and self.engine.speculates:
             draft = self.engine.draft(slot, context, sampled, n_max)
         self._n_draft = len(draft)
         return draft
@@ -215,5 +237,5 @@ class PredictedEngine:
             self.drafter.gen_tokens += self._n_draft
             self.drafter.accept(int(n_accepted))
             self._from_prediction = False
-        elif self.engine is not None:
+        else:
             self.engine.accept(slot, n_accepted)

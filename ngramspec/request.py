@@ -6,6 +6,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional
 
+from ngramspec.stats import DraftCounts
+
 __all__ = ["QueueFull", "Chunk", "Completion", "RequestHandle"]
 
 
@@ -45,9 +47,9 @@ class Completion:
         ``len(tokens)``.
     prompt_ms, predicted_ms : float
         Admission to first token; first token to the end.
-    n_draft_tokens, n_acc_tokens : int
-        Draft tokens verified and accepted (the drivers' names, `ngramspec.stats`; a server
-        response's ``timings.draft_n`` / ``draft_n_accepted``).
+    counts : DraftCounts
+        The request's draft counts (`ngramspec.stats`); ``n_draft_tokens`` / ``n_acc_tokens``
+        (a server response's ``timings.draft_n`` / ``draft_n_accepted``) read it.
     stop_string : str or None
         The stop string that ended the request.
     queued_ms : float
@@ -69,12 +71,14 @@ class Completion:
     predicted_n: int
     prompt_ms: float
     predicted_ms: float
-    n_draft_tokens: int
-    n_acc_tokens: int
+    counts: DraftCounts
     stop_string: Optional[str] = None
     queued_ms: float = 0.0
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+
+    n_draft_tokens = property(lambda self: self.counts.n_draft_tokens)
+    n_acc_tokens = property(lambda self: self.counts.n_acc_tokens)
 
     @property
     def tokens_per_s(self) -> float:

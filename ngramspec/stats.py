@@ -39,6 +39,65 @@ Wire names stay the wire's: a server response's ``timings.draft_n`` / ``draft_n_
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
+__all__ = ["DraftCounts", "acceptance_line", "statistics_line"]
+
+
+@dataclass(slots=True)
+class DraftCounts:
+    """The driver counts of one request or of many (the one type every report embeds).
+
+    Attributes
+    ----------
+    n_draft_calls, n_drafts, n_draft_tokens, n_acc_drafts, n_acc_tokens : int
+        As named above: draft calls made, non-empty drafts verified, draft tokens verified,
+        drafts with an accepted token, draft tokens accepted.
+
+    Notes
+    -----
+    Memory: five integers.
+
+    Thread-safety: not thread-safe; its owner updates it (a loop, the decode thread) and
+    readers of another thread take a copy (`copy`) under the owner's lock.
+    """
+    n_draft_calls: int = 0
+    n_drafts: int = 0
+    n_draft_tokens: int = 0
+    n_acc_drafts: int = 0
+    n_acc_tokens: int = 0
+
+    def verified(self, n_draft: int, n_accepted: int) -> None:
+        """Count one verified draft of `n_draft` tokens, `n_accepted` of them accepted (an
+        empty draft counts nothing)."""
+        if n_draft:
+            self.n_drafts += 1
+            self.n_draft_tokens += n_draft
+            self.n_acc_tokens += n_accepted
+            self.n_acc_drafts += n_accepted > 0
+
+    def add(self, other: "DraftCounts") -> "DraftCounts":
+        """Add `other`'s counts into this one; returns self."""
+        self.n_draft_calls += other.n_draft_calls
+        self.n_drafts += other.n_drafts
+        self.n_draft_tokens += other.n_draft_tokens
+        self.n_acc_drafts += other.n_acc_drafts
+        self.n_acc_tokens += other.n_acc_tokens
+        return self
+
+    def copy(self) -> "DraftCounts":
+        return DraftCounts(self.n_draft_calls, self.n_drafts, self.n_draft_tokens,
+                           self.n_acc_drafts, self.n_acc_tokens)
+
+    @property
+    def acc_rate(self) -> float:
+        """Accepted per verified draft token, rounded to 4 places as the records print it."""
+        return round(self.n_acc_tokens / self.n_draft_tokens, 4) if self.n_draft_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        """The five counts under their names."""
+        return asdict(self)
+
 
 def statistics_line(s: dict) -> str:
     """``statistics <type>: #calls(b,g,a) = ...`` exactly as llama.cpp prints it.

@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from ngramspec.integrations.requests import engine_from_env
-from ngramspec.loop import SlotLoop, common_prefix, run_recorded
+from ngramspec.loop import SlotLoop, common_prefix, draft_budget, run_recorded
 
 
 @dataclass
@@ -310,7 +310,7 @@ def reference_drafts(engine_factory, sims: List[SimRequest], max_model_len: int,
             if j:
                 t = r.targets[j]
                 loops[r.rid].verify(t, n_verified=len(t) - 1)
-            out[r.rid].append(loops[r.rid].propose(k).tolist())
+            out[r.rid].append(loops[r.rid].propose(draft_budget(loops[r.rid], k)).tolist())
     return out
 
 

@@ -198,9 +198,17 @@ def test_the_base_layer_imports_nothing_of_ngramspec():
         assert not deps, (name, deps)
 
 
+# The engine contract and the counter type: plain Python the loop may use (they import nothing
+# of ngramspec themselves).
+CONTRACTS = ("ngramspec.draft_engine", "ngramspec.stats")
+
+
 def test_the_loop_needs_neither_llama_cpp_nor_kernels():
     text = (PKG / "loop.py").read_text(encoding="utf-8")
-    assert {m for m, _, _ in _imports(PKG / "loop.py") if m.startswith("ngramspec")} == set()
+    assert {m for m, _, _ in _imports(PKG / "loop.py") if m.startswith("ngramspec")} \
+        <= set(CONTRACTS + BASE)
+    for name in CONTRACTS:
+        assert not [m for m, _, _ in _imports(MODULES[name]) if m.startswith("ngramspec")], name
     assert "llama_cpp" not in re.sub(r'""".*?"""', "", text, flags=re.S)
 
 
@@ -231,8 +239,10 @@ def test_one_policy_one_writer():
     policies = _defining(r"^\s*class \w*Policy\b")
     assert sorted(policies) == sorted(_defining(r"^class (AutoPolicy|FixedPolicy)\b")), policies
     assert all(p.startswith(("ngramspec/policy.py", "ngramspec/loop.py")) for p in policies)
-    assert not [p for p in _defining(r"StepCost|def \w*choose_lengths\b")
-                if not p.startswith("ngramspec/policy.py")]
+    assert not [p for p in _defining(r"StepCost|def \w*choose_lengths\b")]
+    # the one decision of verified lengths, single or joint: AutoPolicy's (FixedPolicy's keeps all)
+    assert sorted(p.split(":")[0] for p in _defining(r"def choose\b")) == [
+        "ngramspec/loop.py", "ngramspec/policy.py"]
     assert [p.split(":")[0] for p in _defining(r"\bos\.replace\(")] == ["ngramspec/files.py"]
 
 
@@ -247,6 +257,7 @@ def test_integrations_know_only_the_engine_the_loop_and_the_policy():
     allowed = {"ngramspec.engine", "ngramspec.loop", "ngramspec.policy", "ngramspec.config",
                "ngramspec.llama.repack", "ngramspec.validation", "ngramspec.store_log",
                "ngramspec.tokens", "ngramspec.prediction", "ngramspec.request_params",
+               "ngramspec.draft_engine",
                "ngramspec.server.schemas", "ngramspec.server.errors", "ngramspec.server.fields"}
     bad = []
     for name, path in MODULES.items():
@@ -490,3 +501,66 @@ def test_only_the_command_line_imports_the_command_line():
            for module, line, _ in _imports(path)
            if module == "ngramspec.cli" or module.startswith("ngramspec.cli.")]
     assert not bad, bad
+# -- issue 39: one engine contract ----------------------------------------------------------------
+
+def _engine_probes(tree) -> list:
+    """``(line, call)`` of each getattr/hasattr whose object is an engine (a name or attribute
+    ending in ``engine``): the engine contract (`ngramspec.draft_engine.DraftEngine`) declares
+    every part, so a driver calls it instead of asking."""
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr") and node.args):
+            obj = ast.unparse(node.args[0])
+            if re.search(r"engine\)?$", obj, re.I):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_engine_probes_are_found():
+    code = "a = getattr(loop.engine, 'x', None)\nb = hasattr(engine, 'y')\nc = getattr(p, 'z')\n"
+    assert [line for line, _ in _engine_probes(ast.parse(code))] == [1, 2]
+
+
+def test_no_getattr_probe_of_an_engine():
+    bad = [f"{path.relative_to(ROOT)}:{line}: {call}" for path in MODULES.values()
+           for line, call in _engine_probes(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not bad, bad
+
+
+# The drivers hold an engine, never None: "no speculation" is `NO_DRAFT` (`as_engine` turns a
+# public API's None into it at the boundary).
+ENGINE_HOLDERS = ("ngramspec/loop.py", "ngramspec/policy.py", "ngramspec/engine.py",
+                  "ngramspec/prediction.py", "ngramspec/llama/decoder.py",
+                  "ngramspec/llama/live.py", "ngramspec/llama/scheduler.py")
+
+
+def test_no_none_engine_in_the_drivers():
+    rx = re.compile(r"engine\w*\s+is\s+(not\s+)?None|engine\w*\s+else\s+None|else\s+None\b.*engine")
+    bad = [f"{rel}:{i}: {line.strip()}" for rel in ENGINE_HOLDERS
+           for i, line in enumerate((ROOT / rel).read_text(encoding="utf-8").splitlines(), 1)
+           if rx.search(line)]
+    assert not bad, bad
+
+
+# -- issue 39: the scheduler only schedules -------------------------------------------------------
+
+def _class_lines(path: pathlib.Path, name: str) -> int:
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node.end_lineno - node.lineno + 1
+    raise AssertionError(f"no class {name} in {path}")
+
+
+def test_the_scheduler_class_is_at_most_300_lines():
+    """The llama context, the request checks, the engines, the queue, the slots, the output and
+    the counters live in their own modules (ngramspec.llama.scheduler's docstring lists them)."""
+    assert _class_lines(PKG / "llama" / "scheduler.py", "Scheduler") <= 300
+
+
+def test_the_scheduler_makes_no_llama_call_and_checks_no_request_itself():
+    """llama.cpp's C API only through the slot context and the executor; a request's checks only
+    through ngramspec.llama.request_checks (one wording for the live driver and the scheduler)."""
+    text = (PKG / "llama" / "scheduler.py").read_text(encoding="utf-8")
+    assert not re.search(r"\blc\.llama_|import llama_cpp|def _check_", text)
+    assert "def check_prompt" not in (PKG / "llama" / "decoder.py").read_text(encoding="utf-8")

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from ngramspec import SpecEngine
-from ngramspec.loop import FixedPolicy, SlotLoop, run_recorded
+from ngramspec.loop import FixedPolicy, SlotLoop, draft_budget, run_recorded
+from ngramspec.validation import OutOfRange
 
 
 class ScriptedEngine:
@@ -66,8 +67,8 @@ def test_context_bound_and_no_call_when_it_is_not_positive():
 
 
 def test_the_driver_bound_is_per_call_and_joins_the_server_bound():
-    """propose(n_max) is the one extra bound (a host engine's K passes it at every step): it is
-    part of n_draft_max on an unbounded loop too, and the smaller of it and n_ctx - L - 2 wins."""
+    """propose(n_max) takes the step's budget, which the driver computes once (draft_budget: its
+    caps and the loop's room, n_ctx - L - 2); the loop only checks it (issue 39)."""
     eng = ScriptedEngine([[7] * 10] * 3)
     loop = SlotLoop(eng, 0, list(range(10)), 1)
     assert loop.propose(3).tolist() == [7, 7, 7] and loop.n_draft_max == 3
@@ -75,7 +76,11 @@ def test_the_driver_bound_is_per_call_and_joins_the_server_bound():
     assert loop.propose().size == 10 and loop.n_draft_max is None
     loop.verify([0])
     bounded = SlotLoop(ScriptedEngine([[7] * 10]), 0, list(range(10)), 1, n_ctx=16)
-    assert bounded.propose(5).size == 4 and bounded.n_draft_max == 16 - 10 - 2
+    assert bounded.room() == 16 - 10 - 2 and draft_budget(bounded, 5, None) == 4
+    assert draft_budget(bounded, 3) == 3 and draft_budget(loop) is None
+    with pytest.raises(OutOfRange, match=r"^n_max = 5 is out of range: allowed <= 4 \(the loop's"):
+        bounded.propose(5)                         # beyond the room: the driver's mistake
+    assert bounded.propose(draft_budget(bounded, 5)).size == 4 and bounded.n_draft_max == 4
     with pytest.raises(TypeError):
         SlotLoop(eng, 0, [1], 2, n_max=4)          # one way only: the per-call bound
 
@@ -204,3 +209,46 @@ def test_run_recorded_with_a_real_engine():
     for out in ([], [7]):
         rec = run_recorded(SpecEngine("ngram-simple"), 0, prompt, np.array(out, np.int32)).record()
         assert rec["n_output"] == len(out) and rec["steps"] == []
+
+
+# -- one engine contract, one counter type (issue 39) ----------------------------------------
+
+def test_the_engines_implement_one_contract():
+    from ngramspec.draft_engine import NO_DRAFT, DraftEngine
+    from ngramspec.prediction import PredictedEngine, PredictionDrafter
+    chain = SpecEngine("ngram-mod")
+    for eng in (chain, PredictedEngine(PredictionDrafter([1, 2, 3]), chain),
+                PredictedEngine(PredictionDrafter([1, 2, 3])), NO_DRAFT):
+        assert isinstance(eng, DraftEngine), eng
+    assert not isinstance(ScriptedEngine(), DraftEngine)   # begin/draft/accept are not all
+    assert (NO_DRAFT.speculates, NO_DRAFT.proposers, NO_DRAFT.stats()) == (False, (), [])
+    assert chain.speculates and chain.accepted_prediction_tokens == 0
+
+
+def test_no_engine_is_the_no_draft_engine():
+    from ngramspec.draft_engine import NO_DRAFT
+    for engine in (None, NO_DRAFT):
+        loop = SlotLoop(engine, 0, [1, 2], 3)
+        assert loop.engine is NO_DRAFT
+        assert loop.propose().tolist() == []
+        loop.verify([4])
+        assert loop.counts.n_draft_calls == 0 and loop.timers.n_begin == 0
+        assert loop.steps == [[0, 0, 0]]
+
+
+def test_the_loop_counts_in_one_draft_counts():
+    from ngramspec.stats import DraftCounts
+    eng = ScriptedEngine([[5, 6, 7], [], [9, 9]])
+    loop = SlotLoop(eng, 0, [1, 2, 3], 4)
+    for target in ([5, 6, 8, 0], [3], [1]):
+        loop.propose()
+        loop.verify(target)
+    assert loop.counts == DraftCounts(n_draft_calls=3, n_drafts=2, n_draft_tokens=5,
+                                      n_acc_drafts=1, n_acc_tokens=2)
+    rec = loop.record()
+    assert {k: rec[k] for k in loop.counts.as_dict()} == loop.counts.as_dict()
+    assert list(rec)[4:10] == ["n_draft_calls", "n_drafts", "n_draft_tokens", "n_acc_drafts",
+                               "n_acc_tokens", "acc_rate"]     # the golden files' order
+    assert rec["acc_rate"] == loop.counts.acc_rate == 0.4
+    total = DraftCounts().add(loop.counts).add(loop.counts)
+    assert total.n_acc_tokens == 4 and total.n_draft_calls == 6 and loop.counts.n_acc_tokens == 2

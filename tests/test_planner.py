@@ -10,11 +10,12 @@ import pytest
 
 from ngramspec.llama import planner
 from ngramspec.llama.planner import PREFILL_RESERVE, plan_step
+from ngramspec.draft_engine import EngineDefaults
 from ngramspec.loop import SlotLoop
 from ngramspec.stop_rules import CANCELLED, CONTEXT
 
 
-class LongDrafts:
+class LongDrafts(EngineDefaults):
     """An engine that drafts as many tokens as it may (100, 101, ...), or none below `least`."""
 
     def __init__(self, least=0):
@@ -124,7 +125,8 @@ class Joint:
     def observe(self, loop, n_draft, n_accepted):
         pass
 
-    def choose_lengths(self, loops, n_base, e_base):
+    def choose(self, loops, budgets, n_base=None, e_base=None):
+        assert list(budgets) == [len(lp.pending_draft) for lp in loops]
         self.calls.append(([lp.slot for lp in loops], n_base, e_base))
         return [1] * len(loops)
 

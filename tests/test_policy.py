@@ -5,6 +5,7 @@ import pytest
 from ngramspec import SpecEngine
 from ngramspec.acceptance import AcceptanceEstimator, DraftOutcomes, expected_accepted
 from ngramspec.cost import PROFILES, CostModel
+from ngramspec.draft_engine import EngineDefaults
 from ngramspec.loop import FixedPolicy, run_recorded
 from ngramspec.policy import AutoPolicy, make_policy
 
@@ -19,7 +20,7 @@ def flat_cost():
     return CostModel([1, 64], [0], [[1.0, 1.0]], name="flat", source="test")
 
 
-class ScriptedEngine:
+class ScriptedEngine(EngineDefaults):
     """Drafts the recorded continuation, n tokens, the first `wrong_at(rng)` of them right."""
 
     def __init__(self, prompt_len, output, n, wrong_at, seed=0):

@@ -1,11 +1,12 @@
 """The auto policy's batch method: all slots' draft lengths of one batched step chosen jointly
-(`AutoPolicy.best_split`, `AutoPolicy.choose_lengths`), as the scheduler uses it."""
+(`AutoPolicy.best_split`, `AutoPolicy.choose`), as the scheduler uses it."""
 import itertools
 
 import numpy as np
 import pytest
 
 from ngramspec.cost import CostModel
+from ngramspec.draft_engine import EngineDefaults
 from ngramspec.loop import SlotLoop
 from ngramspec.policy import AutoPolicy
 
@@ -56,7 +57,7 @@ def test_cheap_tokens_draft_everything_expensive_ones_nothing():
     assert split([], 1, 0.0, np.ones(1)) == [] and split([np.zeros(0)], 1, 1.0, np.ones(1)) == [0]
 
 
-class Repeating:
+class Repeating(EngineDefaults):
     """Drafts `n` copies of the last token; a recording of one repeated token accepts them all."""
 
     def __init__(self, n):
@@ -75,7 +76,7 @@ class Repeating:
 def step(policy, loops, n_base):
     drafts = [loop.propose() for loop in loops]
     assert all(len(d) == 8 for d in drafts)     # joint: after_draft keeps the whole draft
-    ks = policy.choose_lengths(loops, n_base, float(len(loops)))
+    ks = policy.choose(loops, [len(d) for d in drafts], n_base, float(len(loops)))
     for loop, k in zip(loops, ks):
         loop.verify(np.full(k + 1, 7, np.int32), n_verified=k)
     return ks
@@ -83,7 +84,7 @@ def step(policy, loops, n_base):
 
 @pytest.mark.parametrize("cost, long", [(linear_cost(10.0, 0.01), True),
                                         (linear_cost(1e-9, 1.0), False)])
-def test_choose_lengths_learns_and_cuts_every_slot(cost, long):
+def test_choose_learns_and_cuts_every_slot(cost, long):
     policy = AutoPolicy(cost, joint=True, proposer_time=False)
     engine = Repeating(8)
     loops = [SlotLoop(engine, s, np.arange(10, dtype=np.int32), 7, policy=policy)
@@ -104,3 +105,29 @@ def test_scheduler_takes_a_cost_model_only():
     from ngramspec.llama.scheduler import Scheduler
     with pytest.raises(TypeError, match="cost_model must be a CostModel, got str"):
         Scheduler(None, n_threads=1, cost_model="gpu")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_decision_for_one_slot_and_for_a_batch(seed):
+    """`AutoPolicy.choose` is the policy's one decision: a driver of one request reaches it
+    through ``after_draft``, the scheduler's planner for the whole step; for one slot both are
+    the same choice, step after step, while the estimates learn."""
+    rng = np.random.default_rng(seed)
+    cost = linear_cost(1.0, 0.08)
+    single = AutoPolicy(cost, proposer_time=False)
+    joint = AutoPolicy(cost, joint=True, proposer_time=False)
+    engine = Repeating(12)
+    a = SlotLoop(engine, 0, np.arange(10, dtype=np.int32), 7, policy=single)
+    b = SlotLoop(engine, 1, np.arange(10, dtype=np.int32), 7, policy=joint)
+    chosen = []
+    for _ in range(60):
+        cut = a.propose()
+        full = b.propose()
+        k = joint.choose([b], [len(full)])[0]
+        assert k == len(cut)
+        chosen.append(k)
+        p = rng.uniform(0.3, 1.0)
+        target = np.where(rng.random(len(full) + 1) < p, a.sampled, 3).astype(np.int32)
+        assert a.verify(target) == b.verify(target, n_verified=k)
+    assert len(set(chosen)) > 1                  # the choice moved with what was learned
+    assert single.summary() == joint.summary()

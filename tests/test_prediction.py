@@ -114,3 +114,17 @@ def test_bad_arguments_name_the_field():
         PredictionDrafter([1, 2, 3], n_max=8, n_start=9)
     with pytest.raises(RuntimeError, match="accept"):
         PredictionDrafter([1, 2, 3]).accept(0)
+
+
+def test_the_proposer_of_a_draft_is_the_chains_or_none():
+    """`last_proposer` (the policy's estimator key): -1 for the prediction's draft, the chain's
+    index for the chain's."""
+    chain = SpecEngine("ngram-mod", ngram_mod_n_min=2, ngram_mod_n_max=8, ngram_mod_n_match=2)
+    eng = PredictedEngine(PredictionDrafter(np.arange(100, 140, dtype=np.int32)), chain)
+    prompt = np.array([7, 8, 9, 7, 8, 9, 7, 8], dtype=np.int32)
+    eng.begin(0, prompt)
+    assert len(eng.draft(0, prompt, 100)) > 0 and eng.last_proposer(0) == -1
+    eng.accept(0, 0)
+    assert len(eng.draft(0, prompt, 9)) > 0 and eng.last_proposer(0) == 0
+    eng.accept(0, 1)
+    assert eng.proposers == chain.proposers and eng.stats() == chain.stats()

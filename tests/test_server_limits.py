@@ -294,9 +294,11 @@ def test_docs_and_schema_need_the_key(inproc):
 
 def test_repeat_last_n_minus_one_is_the_slot_context(inproc):
     from ngramspec.llama import SamplingParams
-    resolved = inproc._check_sampling(SamplingParams(repeat_last_n=-1, repeat_penalty=1.5))
+    from ngramspec.llama.request_checks import check_sampling
+    bounds = inproc._context.bounds      # what the scheduler checks a request against
+    resolved = check_sampling(bounds, SamplingParams(repeat_last_n=-1, repeat_penalty=1.5))
     assert resolved.repeat_last_n == inproc.n_ctx_slot == 512
-    assert inproc._check_sampling(SamplingParams(repeat_last_n=7)).repeat_last_n == 7
+    assert check_sampling(bounds, SamplingParams(repeat_last_n=7)).repeat_last_n == 7
     with pytest.raises(ValueError, match=r"^repeat_last_n = 513 is out of range: allowed -1 "):
         inproc.submit([1, 2], SamplingParams(repeat_last_n=513))
 

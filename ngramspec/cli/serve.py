@@ -187,7 +187,7 @@ def build_scheduler(args):
                        draft_model=draft, queue_size=args.queue_size, policy=spec.policy,
                        cost_model=cost_model, deterministic=args.deterministic)
     if args.store:
-        store_log.attach(target._engine, args.store, model=os.path.basename(model),
+        store_log.attach(target._chain.engine, args.store, model=os.path.basename(model),
                          n_vocab=target.n_vocab)
     for name, llm in others.items():
         # the small model alone, as if it were a separate one: plain decoding in its own

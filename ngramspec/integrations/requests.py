@@ -18,8 +18,9 @@ import numpy as np
 
 from ngramspec import store_log
 from ngramspec.config import SpecConfig
+from ngramspec.draft_engine import NO_DRAFT
 from ngramspec.engine import SpecEngine
-from ngramspec.loop import SlotLoop, common_prefix
+from ngramspec.loop import SlotLoop, common_prefix, draft_budget
 from ngramspec.policy import AutoPolicy
 from ngramspec.prediction import PredictedEngine, PredictionDrafter
 
@@ -232,7 +233,7 @@ class RequestLoops:
         if control is not None:
             engine, n_max, n_min, policy = self._controlled(control)
         loop = SlotLoop(engine, slot, prompt, int(first_token), n_ctx=self.n_ctx,
-                        policy=policy if engine is not None else None,
+                        policy=policy,
                         capacity=len(prompt) + 256)
         req = Request(key, loop, self._seq, self.step, n_max, n_min)
         self._seq += 1
@@ -249,7 +250,7 @@ class RequestLoops:
         n_max, n_min, engine, policy = self.n_max, 0, self.engine, self.policy
         if spec is not None:
             if not spec.enabled:
-                return None, n_max, 0, None
+                return NO_DRAFT, n_max, 0, None
             engine = self._engine_for(spec.types)
             if spec.n_max is not None:
                 n_max = spec.n_max if n_max is None else min(n_max, spec.n_max)
@@ -305,7 +306,7 @@ class RequestLoops:
             req.n += g
             req.tree = None
         req.pending = True
-        return loop.propose(req.n_max, req.n_min)
+        return loop.propose(draft_budget(loop, req.n_max), req.n_min)
 
     def end(self, key) -> None:
         """Forget request `key` (no-op if unknown); its slot is free again, and what the engine

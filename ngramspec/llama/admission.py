@@ -29,7 +29,7 @@ import numpy as np
 
 from ngramspec.loop import common_prefix
 
-__all__ = ["MIN_GAIN", "best_slot", "may_reuse", "plan"]
+__all__ = ["MIN_GAIN", "SlotTable", "best_slot", "may_reuse", "plan"]
 
 #: Cached prompt tokens a busy slot must offer beyond the best free slot before a request waits.
 MIN_GAIN = 16
@@ -100,3 +100,45 @@ def plan(queue: Iterable, free: Sequence, running: Sequence[np.ndarray], now: fl
         owners.append(getattr(req, "cache_owner", None))
         out.append((req, slot, lcp))
     return out
+
+
+class SlotTable:
+    """The scheduler's slots (`ngramspec.llama.running.Slot`): which request each runs, and the
+    admission pass that fills the free ones (`plan`).
+
+    Parameters
+    ----------
+    slots : sequence of Slot
+
+    Notes
+    -----
+    Memory: the slots. Thread-safety: the scheduler's lock guards it (the decode thread changes
+    it, `n_free` and `n_busy` are read from any thread under that lock).
+    """
+
+    def __init__(self, slots: Sequence):
+        self.slots = list(slots)
+        self._use = 0
+
+    def n_free(self) -> int:
+        return sum(1 for s in self.slots if s.req is None)
+
+    def n_busy(self) -> int:
+        return len(self.slots) - self.n_free()
+
+    def admit(self, waiting, now: float, prompt_seconds: Callable[[int], float],
+              context) -> List[tuple]:
+        """Move the requests `plan` admits from `waiting` (a deque) into their free slots
+        (``RunningRequest.admit`` on `context`); returns ``(request, cached prefix kept)``."""
+        free = [s for s in self.slots if s.req is None]
+        if not waiting or not free:
+            return []
+        busy = [s.req for s in self.slots if s.req is not None]
+        out = []
+        for req, slot, lcp in plan(waiting, free, [r.prompt for r in busy], now, prompt_seconds,
+                                   [r.cache_owner for r in busy]):
+            waiting.remove(req)
+            self._use += 1
+            slot.last_used = self._use
+            out.append((req, req.admit(slot, lcp, context)))
+        return out

@@ -13,13 +13,14 @@ from typing import Optional
 
 import numpy as np
 
-from ngramspec.tokens import token_array
+from ngramspec.draft_engine import ChecksTarget
 
 from .batch import MultiSeqBatch
 from .context import context_params
 from .model import require_llama_cpp
+from .request_checks import Bounds, check_prompt
 
-__all__ = ["Decoder", "check_engine_models", "check_prompt", "context_params", "finish_request", "prompt_pass",
+__all__ = ["Decoder", "check_engine_models", "context_params", "finish_request", "prompt_pass",
            "reset_context", "target_and_prompt", "target_decoder"]
 
 
@@ -114,19 +115,6 @@ class Decoder:
         return bool(self._lc.llama_vocab_is_eog(self.vocab, int(token)))
 
 
-def check_prompt(dec: Decoder, prompt: np.ndarray) -> None:
-    """Refuse ids outside the model's vocabulary and a prompt that leaves no free position.
-
-    ``prompt`` is already an int32 array of valid ids (`ngramspec.tokens.token_array`).
-    """
-    if prompt.min() < 0 or prompt.max() >= dec.n_vocab:
-        raise ValueError(f"prompt token ids must lie in 0 .. {dec.n_vocab - 1}")
-    # One free position is needed to decode the first sampled token.
-    if prompt.size >= dec.n_ctx:
-        raise ValueError(f"the prompt ({prompt.size} tokens) does not fit the context "
-                         f"(n_ctx = {dec.n_ctx}); raise --ctx-size")
-
-
 def target_decoder(llm) -> Decoder:
     """The `Decoder` of a ``llama_cpp.Llama``'s own context, made once and cached on ``llm``.
 
@@ -155,11 +143,10 @@ def target_decoder(llm) -> Decoder:
 
 def target_and_prompt(llm, prompt_tokens):
     """``llm``'s target `Decoder` and ``prompt_tokens`` as an int32 array, checked against the
-    model's vocabulary and context (`check_prompt`)."""
+    model's vocabulary and context (`ngramspec.llama.request_checks.check_prompt`)."""
     dec = target_decoder(llm)
-    prompt = token_array(prompt_tokens, "prompt_tokens", non_empty=True)
-    check_prompt(dec, prompt)
-    return dec, prompt
+    bounds = Bounds(dec.n_vocab, dec.n_ctx, f"the context (n_ctx = {dec.n_ctx}); raise --ctx-size")
+    return dec, check_prompt(bounds, prompt_tokens)
 
 
 def reset_context(llm, dec: Decoder) -> None:
@@ -214,12 +201,9 @@ def check_engine_models(llm, engine) -> None:
     # A draft model must share the target's vocabulary: its tokens are verified as ids. Any
     # proposer with a check_target (DraftModelProposer) is asked: the drivers need not know the
     # draft model's module.
-    for prop in getattr(engine, "proposers", ()) or ():
-        check = getattr(prop, "check_target", None)
-        if check is not None:
-            check(llm)
+    for prop in engine.proposers:
+        if isinstance(prop, ChecksTarget):
+            prop.check_target(llm)
     # So must ngram-cache's files: a cache of another tokenizer is refused (ValueError naming
     # the file and the token), and no draft holds an id the target lacks.
-    set_vocab = getattr(engine, "set_vocab", None)
-    if set_vocab is not None:
-        set_vocab(llm.n_vocab())
+    engine.set_vocab(llm.n_vocab())

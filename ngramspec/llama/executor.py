@@ -64,7 +64,18 @@ class StepExecutor:
         self._ctx = ctx
         self._mem = lc.llama_get_memory(ctx)
         self._batch = MultiSeqBatch(n_batch, min_run=min_run)
+        self.n_batch, self.min_run = n_batch, min_run
         self._eog = eog
+
+    def decode_all(self, plan: StepPlan, n_ctx_slot: int):
+        """The plan's decodes, each with its output: ``(part, StepOutput)`` per ``llama_decode``
+        (one, or with ``min_run > 1`` the deterministic mode's runs of one length or one
+        sequence, `StepPlan.split`); an empty part is not decoded."""
+        parts = plan.split(self.n_batch, n_ctx_slot, self.min_run) if self.min_run > 1 \
+            else ((plan, 0),)
+        for part, pad_to in parts:
+            if part.n_tokens:
+                yield part, self.decode(part, pad_to)
 
     def decode(self, plan: StepPlan, pad_to: int = 0) -> StepOutput:
         """One ``llama_decode`` of the plan's runs, logits at every draft position and at each

@@ -24,8 +24,10 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ngramspec.cache_file import as_path, merge_into_dynamic
-from ngramspec.loop import SlotLoop
+from ngramspec.draft_engine import as_engine
+from ngramspec.loop import SlotLoop, draft_budget
 from ngramspec.registry import TYPES
+from ngramspec.stats import DraftCounts
 from ngramspec.stop_rules import CONTEXT, INTERRUPTED, LENGTH, context_full, cut_step
 
 from .decoder import check_engine_models, finish_request, prompt_pass, target_and_prompt
@@ -65,9 +67,9 @@ class GenerationResult:
         and every other proposer (engine calls minus the draft model).
     n_target_decodes : int
         ``llama_decode`` calls of the generation phase (one per step).
-    n_draft_tokens, n_acc_tokens : int
-        Draft tokens verified and accepted by the driver (after the ``n_draft_max`` bound;
-        `ngramspec.stats` lists every statistic's one name).
+    counts : DraftCounts
+        The driver's draft counts (after the ``n_draft_max`` bound; `ngramspec.stats` lists
+        every statistic's one name); ``n_draft_tokens`` and ``n_acc_tokens`` read it.
     stats : list of dict
         The engine's per-proposer counters after the run (cumulative, as llama.cpp keeps them).
     stats_lines : list of str
@@ -95,13 +97,15 @@ class GenerationResult:
     t_draft_model_s: float = 0.0
     t_proposers_s: float = 0.0
     n_target_decodes: int = 0
-    n_draft_tokens: int = 0
-    n_acc_tokens: int = 0
+    counts: DraftCounts = field(default_factory=DraftCounts)
     stats: List[Dict[str, Any]] = field(default_factory=list)
     stats_lines: List[str] = field(default_factory=list)
     steps: Optional[List[tuple]] = None
     prompt_reused: bool = False
     dynamic_cache_ngrams: Optional[int] = None
+
+    n_draft_tokens = property(lambda self: self.counts.n_draft_tokens)
+    n_acc_tokens = property(lambda self: self.counts.n_acc_tokens)
 
     @property
     def n_output(self) -> int:
@@ -168,7 +172,7 @@ class LiveTarget:
     llm : llama_cpp.Llama
         Target model (see :func:`ngramspec.llama.model.load_model`). Its context is taken over
         for each request.
-    engine : ngramspec.SpecEngine or None
+    engine : DraftEngine or None
         Proposer chain; ``None`` runs the same loop without drafts (plain decoding).
 
     Raises
@@ -185,10 +189,9 @@ class LiveTarget:
     """
 
     def __init__(self, llm, engine=None):
-        if engine is not None:
-            check_engine_models(llm, engine)
+        self.engine = engine = as_engine(engine)
+        check_engine_models(llm, engine)
         self.llm = llm
-        self.engine = engine
 
     def generate(self, prompt_tokens, *, n_predict: int = -1, slot: int = 0,
                  record_steps: bool = False, update_dynamic_cache=None, policy=None,
@@ -200,7 +203,8 @@ class LiveTarget:
         dec, prompt = target_and_prompt(self.llm, prompt_tokens)
         if n_predict == 0:      # nothing to generate: not even the prompt pass
             res = GenerationResult([], "", int(prompt.size), LENGTH, 0.0, 0.0, 0.0,
-                                   stats=_stats(self.engine), stats_lines=_lines(self.engine))
+                                   stats=self.engine.stats(),
+                                   stats_lines=list(self.engine.stats_lines()))
         else:
             req = _Request(self, dec, prompt, n_predict, slot, policy, record_steps)
             res = req.run(on_tokens)
@@ -233,7 +237,7 @@ class _Request:
         self.loop = SlotLoop(self.engine, slot, prompt, sampled, n_ctx=dec.n_ctx,
                              n_predict=n_predict, policy=policy, capacity=dec.n_ctx)
         self.t_prompt = _clock() - t0
-        self.stats0 = _stats(self.engine)
+        self.stats0 = self.engine.stats()
         self.finish_reason: Optional[str] = None
         self.emit([sampled])
 
@@ -250,7 +254,7 @@ class _Request:
         loop, dec = self.loop, self.dec
         L = loop.n_context
         sampled = loop.sampled
-        draft = loop.propose()
+        draft = loop.propose(draft_budget(loop))     # a planner of one request: no cap of its own
         m = len(draft)
         t0 = _clock()
         batch = np.empty(m + 1, dtype=np.int32)
@@ -286,7 +290,7 @@ class _Request:
 
     def result(self, t_gen: float) -> GenerationResult:
         loop, engine = self.loop, self.engine
-        stats = _stats(engine)
+        stats = engine.stats()
         t_engine = (loop.draft_ns + loop.accept_ns) / 1e9
         t_draft_model = (_draft_time_us(stats) - _draft_time_us(self.stats0)) / 1e6
         return GenerationResult(
@@ -294,17 +298,9 @@ class _Request:
             finish_reason=self.finish_reason, t_prompt_s=self.t_prompt, t_gen_s=t_gen,
             t_target_s=self.t_target, t_draft_model_s=t_draft_model,
             t_proposers_s=max(0.0, t_engine - t_draft_model), n_target_decodes=self.n_decodes,
-            n_draft_tokens=loop.n_draft_tokens, n_acc_tokens=loop.n_acc_tokens,
-            stats=stats, stats_lines=_lines(engine), steps=self.steps,
+            counts=loop.counts.copy(), stats=stats, stats_lines=list(engine.stats_lines()),
+            steps=self.steps,
             prompt_reused=self.reused)
-
-
-def _stats(engine) -> List[Dict[str, Any]]:
-    return engine.stats() if engine is not None else []
-
-
-def _lines(engine) -> List[str]:
-    return list(engine.stats_lines()) if engine is not None else []
 
 
 def _draft_time_us(stats) -> int:
@@ -323,7 +319,7 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         Target model (see :func:`load_model`). Its context is taken over for the request.
     prompt_tokens : sequence of int
         Full prompt; ``engine.begin(slot, prompt)`` receives it once.
-    engine : ngramspec.SpecEngine or None
+    engine : DraftEngine or None
         Proposer chain; ``None`` runs the same loop without drafts (`generate_plain`).
     n_predict : int
         Output token limit; < 0 (-1) = until EOS or a full context

@@ -9,27 +9,60 @@ decides, before anything is decoded,
 * each generating slot's run ``[sampled] + draft``: the draft proposed through the request's
   `ngramspec.loop.SlotLoop` (bounded by the batch's share per slot, the request's ``n_max``,
   dropped below its ``n_min``) and, for the requests of the joint cost-aware policy, cut to the
-  lengths `ngramspec.policy.AutoPolicy.choose_lengths` chooses for the whole step;
+  lengths `ngramspec.policy.AutoPolicy.choose` chooses for the whole step;
 * each prompt's next chunk, in the tokens of ``n_batch`` the runs leave.
 
 It touches no llama context: the executor (`ngramspec.llama.executor`) decodes the plan in one
 ``llama_decode``, then samples, verifies and trims the KV cache. A request is anything with the
-attributes the planner reads (``cancel_requested``, ``loop``, ``spec.n_max``, ``spec.n_min``,
-``prompt``, ``n_past``, ``slot.id``), so the planner is tested without a model.
+attributes the planner reads (`PlannedRequest`), so the planner is tested without a model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
+from ngramspec.loop import SlotLoop, draft_budget
 from ngramspec.stop_rules import CANCELLED, CONTEXT, context_full
 
-__all__ = ["PREFILL_RESERVE", "PromptChunk", "StepPlan", "Verify", "plan_step"]
+__all__ = ["PREFILL_RESERVE", "PlannedRequest", "PromptChunk", "StepPlan", "Verify", "plan_step"]
 
 #: Prompt tokens a step keeps for admitted prompts when drafts could fill the whole batch.
 PREFILL_RESERVE = 64
+
+
+class _SlotId(Protocol):
+    id: int
+
+
+class _DraftBounds(Protocol):
+    n_max: Optional[int]
+    n_min: Optional[int]
+
+
+class PlannedRequest(Protocol):
+    """What the planner reads of an admitted request (`ngramspec.llama.running.RunningRequest`
+    in the scheduler; plain objects in the tests).
+
+    Attributes
+    ----------
+    cancel_requested : bool
+    loop : SlotLoop or None
+        None while the prompt is being decoded.
+    spec : has ``n_max`` and ``n_min`` (None: no bound of the request's own)
+    prompt : numpy.ndarray
+    n_past : int
+        Prompt tokens already in the slot's KV cache.
+    slot : has ``id`` (the sequence id)
+    """
+
+    cancel_requested: bool
+    loop: Optional[SlotLoop]
+    spec: _DraftBounds
+    prompt: np.ndarray
+    n_past: int
+    slot: _SlotId
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,7 +167,7 @@ def _together(runs: Sequence[Verify], L: int, n_batch: int, n_ctx_slot: int) -> 
     return [(StepPlan((), (r,), ()), 0) for r in runs]
 
 
-def plan_step(active: Sequence, n_batch: int, n_ctx_slot: int, joint=None) -> StepPlan:
+def plan_step(active: Sequence[PlannedRequest], n_batch: int, n_ctx_slot: int, joint=None) -> StepPlan:
     """The plan of the next step over the admitted requests ``active`` (admission order).
 
     Parameters
@@ -147,7 +180,7 @@ def plan_step(active: Sequence, n_batch: int, n_ctx_slot: int, joint=None) -> St
     n_ctx_slot : int
         A slot's share of the KV cache.
     joint : AutoPolicy, optional
-        The policy whose loops' drafts are cut jointly (`AutoPolicy.choose_lengths`).
+        The policy whose loops' drafts are cut jointly (`AutoPolicy.choose`).
 
     Returns
     -------
@@ -195,8 +228,9 @@ def _propose(gen: Sequence, prompts_waiting: bool, n_batch: int) -> List[np.ndar
     cap = max(0, (n_batch - reserve) // max(1, len(gen)) - 1)
     drafts = []
     for r in gen:
-        n_max = cap if r.spec.n_max is None else min(cap, r.spec.n_max)
-        drafts.append(r.loop.propose(n_max, r.spec.n_min or 0))
+        # the slot's one budget: the batch share, the request's n_max, the context's room and
+        # the output's (the loop only checks it)
+        drafts.append(r.loop.propose(draft_budget(r.loop, cap, r.spec.n_max), r.spec.n_min or 0))
     return drafts
 
 
@@ -210,8 +244,8 @@ def _cut_jointly(gen: Sequence, drafts: List[np.ndarray], pre: Sequence, n_batch
     n_fixed = sum(len(d) for r, d in zip(gen, drafts) if r.loop.policy is not joint)
     n_prompt = min(sum(r.prompt.size - r.n_past for r in pre),
                    max(0, n_batch - len(gen) - n_fixed))
-    ks = joint.choose_lengths([gen[i].loop for i in auto], len(gen) + n_fixed + n_prompt,
-                              float(len(gen)))
+    ks = joint.choose([gen[i].loop for i in auto], [len(drafts[i]) for i in auto],
+                      n_base=len(gen) + n_fixed + n_prompt, e_base=float(len(gen)))
     for i, k in zip(auto, ks):
         drafts[i] = drafts[i][:k]
 

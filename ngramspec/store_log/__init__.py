@@ -60,7 +60,7 @@ def open_log(spec: str, field: str = "--store"):
 
 def suffix_proposer(engine, field: str = "--store") -> SuffixProposer:
     """The engine's ngram-suffix proposer (the one with a global store), or `Refused`."""
-    found = [p for p in getattr(engine, "proposers", ()) if isinstance(p, SuffixProposer)]
+    found = [p for p in engine.proposers if isinstance(p, SuffixProposer)]
     if not found or found[0].global_stats()["budget"] < 2:
         raise Refused(field, "shares ngram-suffix's global store: the engine has no "
                              "ngram-suffix proposer with a global store (--spec-type "
