@@ -20,6 +20,9 @@ requests of ../shared/traces:
   requests at a time), greedy tree verification. SGLang's ``NgramCorpus`` (its defaults, a tree
   of --d tokens) next to ``NgramspecCorpus`` in the same --d budget: a chain for every type but
   ngram-suffix, whose tree (the chain, then its next-best branches) is shown beside its chain.
+- The trees table (issue 37): ``python bench trees``' rows (its harness, its requests), run in
+  SGLang's environment: SGLang's ``NgramCorpus`` as its worker drives it and with each prompt
+  also in its trie, next to ngram-suffix's chain and its best-first ``draft_tree``.
 - The "+ prediction" rows (issue 37): each request carries a prediction in its engine arguments
   (vLLM's ``extra_args``, SGLang's ``custom_params``), cut from its prompt as ``python bench
   prediction`` cuts it (the last user message from where the output's first tokens occur): on
@@ -183,6 +186,8 @@ def part_sglang(args):
             done = h.run_ngram_worker(worker, corpus, trace, args.d, depth, params=params)
             table[f"{fam}|{name}"] = _row(done, h, gpu)
             print(f"  sglang {fam} {name}: {table[f'{fam}|{name}']}", file=sys.stderr)
+    import suffix_tree_report
+    table["trees"] = suffix_tree_report.measure()
     return table
 
 
@@ -227,6 +232,19 @@ def render(result, p=print):
                 cells.append(f"{r['tokens_per_step']:.2f}, {r['gpu_speedup']:.2f}x")
             p(f"| {name} | " + " | ".join(cells) + " |")
         p("")
+        if engine == "sglang" and table.get("trees"):
+            render_trees(table["trees"], p)
+
+
+def render_trees(rows, p) -> None:
+    """The issue-37 trees table (``python bench trees``' harness and table) under SGLang's."""
+    import suffix_tree_report as t
+    p(f"### Trees against SGLang's trie with the prompts (issue 37, `python bench trees`' "
+      f"harness: first {t.LIMIT} requests, {t.IN_FLIGHT} in flight, tokens/step; median µs "
+      "per `draft_tree` call, timed on this machine)\n")
+    for line in t.table(rows):
+        p(line)
+    p("")
 
 
 def main(argv=None):

@@ -141,66 +141,88 @@ def run_sglang(requests, d: int, in_flight: int, with_prompts: bool) -> float:
     return h.tokens_per_step(done)
 
 
+# The issue's harness (issue 37): the first 24 requests of each family, 4 in flight, d = 12, 16.
+FAMILIES, LIMIT, IN_FLIGHT, DS = "agentic,code-edit", 24, 4, (12, 16)
+# (row key, label), in table order; the SGLang rows only where SGLang is importable
+ROWS = [("sglang", "SGLang NgramCorpus, as its worker drives it"),
+        ("sglang+prompts", "SGLang NgramCorpus with each prompt in its trie"),
+        (False, "ngram-suffix chain (<= d - 1 tokens)"),
+        (True, "ngram-suffix draft_tree (d - 1 tokens, best first)")]
+
+
+def has_sglang() -> bool:
+    try:
+        import sglang  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def measure(families=FAMILIES.split(","), ds=DS, limit=LIMIT, in_flight=IN_FLIGHT) -> list:
+    """Every row of the table (SGLang's where it is importable): one dict per (family, d,
+    row key), with tokens_per_step and us_per_tree (None for SGLang's rows)."""
+    rows = []
+    sg = has_sglang()
+    for fam in families:
+        requests = read_requests(str(benchlib.TRACES / f"{fam}.jsonl.gz"), limit)
+        for d in ds:
+            for tree in (False, True):
+                rows.append(dict(run_family(requests, d, in_flight, tree), family=fam, d=d,
+                                 tree=tree))
+            for how in ("sglang", "sglang+prompts") if sg else ():
+                rows.append(dict(tokens_per_step=run_sglang(requests, d, in_flight,
+                                                            how == "sglang+prompts"),
+                                 us_per_tree=None, family=fam, d=d, tree=how))
+        print(f"  trees: {fam} done", file=sys.stderr)
+    return rows
+
+
+def table(rows) -> list:
+    """`measure`'s rows as a Markdown table (lines): a row per drafter, a column per (family,
+    d), µs per draft_tree call beside ngram-suffix's tree."""
+    by = {(r["family"], r["d"], r["tree"]): r for r in rows}
+    cols = list(dict.fromkeys((r["family"], r["d"]) for r in rows))
+    lines = ["| row | " + " | ".join(f"{f} d = {d}" for f, d in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    for key, label in ROWS:
+        if (cols[0][0], cols[0][1], key) not in by:
+            continue
+        cells = []
+        for f, d in cols:
+            r = by[(f, d, key)]
+            us = f" ({r['us_per_tree']:.1f} µs)" if r["us_per_tree"] is not None else ""
+            cells.append(f"{r['tokens_per_step']:.3f}{us}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv=None):
     ap = benchlib.argument_parser(__doc__)
-    ap.add_argument("--families", default="agentic,code-edit")
-    ap.add_argument("--limit", type=int, default=24, help="first N requests of each family")
-    ap.add_argument("--in-flight", type=int, default=4)
-    ap.add_argument("--d", default="12,16", help="tree sizes, the root included")
+    ap.add_argument("--families", default=FAMILIES)
+    ap.add_argument("--limit", type=int, default=LIMIT, help="first N requests of each family")
+    ap.add_argument("--in-flight", type=int, default=IN_FLIGHT)
+    ap.add_argument("--d", default=",".join(map(str, DS)), help="tree sizes, the root included")
     ap.add_argument("--json", metavar="FILE", default=benchlib.result_path("trees.json"))
     ap.add_argument("--md", metavar="FILE", default=benchlib.result_path("trees.md"))
     args = ap.parse_args(argv)
-    ds = [int(x) for x in args.d.split(",")]
-    families = args.families.split(",")
     info = benchlib.machine(with_cpp=False)
-    try:
+    if has_sglang():
         import sglang
-        has_sglang = True
         info["sglang"] = sglang.__version__
-    except ImportError:
-        has_sglang = False
-    rows = {}
-    for fam in families:
-        requests = read_requests(str(benchlib.TRACES / f"{fam}.jsonl.gz"), args.limit)
-        for d in ds:
-            for tree in (False, True):
-                rows[(fam, d, tree)] = run_family(requests, d, args.in_flight, tree)
-            if has_sglang:
-                for how in ("sglang", "sglang+prompts"):
-                    rows[(fam, d, how)] = dict(tokens_per_step=run_sglang(
-                        requests, d, args.in_flight, how == "sglang+prompts"), us_per_tree=None)
-        print(f"  {fam} done", file=sys.stderr)
-    lines = []
-
-    def p(text=""):
-        print(text)
-        lines.append(text)
-    p("Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items()) + "\n")
-    p(f"Tokens per verification step, first {args.limit} requests, {args.in_flight} in flight, "
-      f"greedy tree verification against the recorded outputs (µs per draft_tree call):\n")
-    p("| row | " + " | ".join(f"{f} d = {d}" for f in families for d in ds) + " |")
-    p("|---|" + "---|" * (len(families) * len(ds)))
-    labels = [(False, "ngram-suffix chain (<= d - 1 tokens)"),
-              (True, "ngram-suffix draft_tree (d - 1 tokens, best first)")]
-    if has_sglang:
-        labels[:0] = [("sglang", "SGLang NgramCorpus, as its worker drives it"),
-                      ("sglang+prompts", "SGLang NgramCorpus with each prompt in its trie")]
-    for tree, label in labels:
-        cells = []
-        for f in families:
-            for d in ds:
-                r = rows[(f, d, tree)]
-                us = f" ({r['us_per_tree']:.1f} µs)" if r["us_per_tree"] is not None else ""
-                cells.append(f"{r['tokens_per_step']:.3f}{us}")
-        p(f"| {label} | " + " | ".join(cells) + " |")
+    rows = measure(args.families.split(","), [int(x) for x in args.d.split(",")], args.limit,
+                   args.in_flight)
+    lines = ["Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items()) + "\n",
+             f"Tokens per verification step, first {args.limit} requests, {args.in_flight} in "
+             f"flight, greedy tree verification against the recorded outputs (µs per draft_tree "
+             f"call):\n", *table(rows)]
+    print("\n".join(lines))
     if args.md:
         with open(args.md, "w") as f:
             f.write("\n".join(lines) + "\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": info, "limit": args.limit, "in_flight": args.in_flight,
-                       "rows": [dict(r, family=f, d=d, tree=t)
-                                for (f, d, t), r in rows.items()]}, f, indent=1)
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

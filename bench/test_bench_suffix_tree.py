@@ -48,3 +48,19 @@ def test_trees_accept_more_than_chains():
     assert chain["n_output"] == tree["n_output"] == sum(len(r.output) - 1 for r in requests)
     assert tree["tokens_per_step"] > chain["tokens_per_step"] > 1.0
     assert tree["us_per_tree"] > 0 and chain["us_per_tree"] is None
+
+
+def test_table_and_engines_section_show_the_measured_rows():
+    """`measure`'s rows become one table line per drafter (SGLang's only where it is
+    importable), and `python bench engines` prints the same table under SGLang's."""
+    import engines_report
+    rows = tree_report.measure(["agentic"], [6], limit=3, in_flight=2)
+    lines = tree_report.table(rows)
+    by = {r["tree"]: r for r in rows}
+    assert lines[0] == "| row | agentic d = 6 |"
+    assert lines[-1] == (f"| ngram-suffix draft_tree (d - 1 tokens, best first) | "
+                         f"{by[True]['tokens_per_step']:.3f} ({by[True]['us_per_tree']:.1f} µs) |")
+    assert len(lines) == 2 + len(by) and len(by) == (4 if tree_report.has_sglang() else 2)
+    out = []
+    engines_report.render_trees(rows, out.append)
+    assert out[0].startswith("### Trees against SGLang's trie") and out[1:-1] == lines

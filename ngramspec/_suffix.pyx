@@ -71,7 +71,8 @@ largest expected accepted length: nodes best first by estimated path probability
 root (the draft's tokens scored by the calibration, other continuations by their counts),
 over both sources (one best-first tree each, merged by path probability). The chain
 is not forced first: where the next token is uncertain, siblings near the root are worth
-more than the chain's tail. llama.cpp's paths never ask for one.
+more than the chain's tail; where the last token was never seen before, the slot's tree
+starts from the request's most frequent tokens. llama.cpp's paths never ask for one.
 
 Memory
 ------
@@ -448,7 +449,10 @@ cdef class SuffixProposer(Proposer):
         scored as the walk scores a token; another child of count a gets ``min(p_ref * a /
         a_ref, (1 - p_ref) * a / (n - a_ref))``, with p_ref and a_ref its most frequent
         sibling's (on the chain: the chain token's) probability and count, n the count of all
-        the children. Ties go to the node added first. No threshold: the engine verifies the
+        the children. Where the last token occurs nowhere before in the request, the slot's
+        tree starts from the empty context: the request's 16 most frequent tokens at most,
+        scored the same way (a budget the engine verifies anyway, at no cost when no source
+        has a match). Ties go to the node added first. No threshold: the engine verifies the
         whole budget anyway. The chain itself, what `draft` returns, is unchanged.
 
         Parameters

@@ -160,7 +160,6 @@ cdef inline void tree_offer(TreeNode* u, const Sam* S) noexcept nogil:
     first. An other child of count a gets the probability mass the reference leaves, shared in
     proportion to counts, and never more than the reference's in proportion to counts."""
     cdef int32_t e, a
-    cdef uint64_t p, q
     u.has_cand = False
     if u.ref < 0:
         return
@@ -178,6 +177,13 @@ cdef inline void tree_offer(TreeNode* u, const Sam* S) noexcept nogil:
         return
     u.below_cnt = a
     u.below_pos = S.spos[S.eto[e]]
+    tree_sibling(u, S, e, a)
+
+
+cdef inline void tree_sibling(TreeNode* u, const Sam* S, int32_t e, int32_t a) noexcept nogil:
+    """Make transition e, a child of u's state of count a other than the reference, u's
+    candidate (probability as tree_offer says)."""
+    cdef uint64_t p, q
     p = (<uint64_t>(ONE - u.ref_p) * <uint64_t>a) // <uint64_t>(u.n_tot - u.ref_cnt)
     if u.ref_cnt > 0:
         q = (<uint64_t>u.ref_p * <uint64_t>a) // <uint64_t>u.ref_cnt
@@ -187,6 +193,58 @@ cdef inline void tree_offer(TreeNode* u, const Sam* S) noexcept nogil:
     u.cand_v = S.eto[e]
     u.cand_p = <uint32_t>((<uint64_t>u.P * p) >> 16)
     u.has_cand = True
+
+
+cdef int32_t top_children(const Sam* S, int32_t v, int32_t* out, int32_t k,
+                          int32_t* tot) noexcept nogil:
+    """v's k best children (their transitions, separators left out) in top_child's order, in
+    one pass over v's transitions (for a state with very many: the empty context's); returns
+    how many, tot = the sum of all the children's counts."""
+    cdef int32_t f = S.sedge[v], n = 0, i, c, p, sum = 0
+    while f >= 0:
+        c = S.scnt[S.eto[f]]
+        p = S.spos[S.eto[f]]
+        if S.etok[f] >= 0:
+            sum += c
+            i = n if n < k else k
+            while i > 0 and (c > S.scnt[S.eto[out[i - 1]]]
+                             or (c == S.scnt[S.eto[out[i - 1]]] and p > S.spos[S.eto[out[i - 1]]])):
+                if i < k:
+                    out[i] = out[i - 1]
+                i -= 1
+            if i < k:
+                out[i] = f
+                if n < k:
+                    n += 1
+        f = S.enext[f]
+    tot[0] = sum
+    return n
+
+
+cdef inline void tree_root_unmatched(TreeNode* u, const Sam* S, int src, const int32_t* top,
+                                     int32_t n_top, const uint32_t* acc, const uint32_t* tried,
+                                     bint streak) noexcept nogil:
+    """The root when no earlier occurrence of the last token is known (the empty context):
+    its children are the request's most frequent tokens, top[0 .. n_top), the first scored
+    as the walk scores a token, the others as tree_offer's other children."""
+    if n_top == 0:
+        return
+    u.ref = S.etok[top[0]]
+    u.ref_cnt = S.scnt[S.eto[top[0]]]
+    u.ref_p = cal_prob(acc, tried, cell_index(src, 0, freq_bucket(u.ref_cnt, u.n_tot),
+                                              stage_of(0, streak), False))
+    u.ref_pending = True
+    u.below_pos = 1
+    tree_offer(u, S)
+
+
+cdef inline void tree_offer_top(TreeNode* u, const Sam* S, const int32_t* top,
+                                int32_t n_top) noexcept nogil:
+    """tree_offer for tree_root_unmatched's root: its next child from `top`."""
+    u.has_cand = False
+    if u.below_pos < n_top and u.n_tot > u.ref_cnt:
+        tree_sibling(u, S, top[u.below_pos], S.scnt[S.eto[top[u.below_pos]]])
+        u.below_pos += 1
 
 
 cdef inline void tree_node(TreeNode* u, int32_t parent, token_t tok, int32_t v, int32_t l,
@@ -228,6 +286,10 @@ cdef inline void tree_refs(TreeNode* u, const Sam* S, int src, const token_t* ch
     tree_offer(u, S)
 
 
+# The most children a root without a match (tree_root_unmatched) offers.
+DEF ROOT_TOP = 16
+
+
 cdef int32_t tree_build(TreeNode* T, const Sam* S, int src, int32_t v0, int32_t l0,
                         const token_t* chain, const uint16_t* cells, int32_t n_chain,
                         int32_t budget, const uint32_t* acc, const uint32_t* tried,
@@ -238,20 +300,28 @@ cdef int32_t tree_build(TreeNode* T, const Sam* S, int src, int32_t v0, int32_t 
     Contract: T has room for budget + 1 nodes; chain / cells hold the slot's last draft (as
     drafted, and their calibration cells), 0 <= n_chain <= its length; S is the automaton that
     draft came from (source `src`), unchanged since, and (v0, l0) the walk's start in it (S may
-    be NULL: no alternatives, the tree is at most the chain).
+    be NULL: no alternatives, the tree is at most the chain). v0 = 0 (no earlier occurrence
+    of the last token) in the slot's own automaton (src 0): the root is the empty context
+    (tree_root_unmatched); in the store's, whose empty context has the whole vocabulary as
+    children, no tree.
     Rule: best first from the root: repeatedly the candidate with the likeliest path, each node
     offering its best child not in the tree yet (tree_offer; ties: the node added first). The
     sum of the nodes' path probabilities is the expected accepted length, and a child is never
     likelier than its parent, so taking the likeliest frontier node each time maximises it
     for the estimates. O(budget * (budget + out-degree)), no allocation, no lock taken."""
-    cdef int32_t m, u, best
+    cdef int32_t m, u, best, n_top = 0
+    cdef int32_t top[ROOT_TOP]
     cdef bint on_chain
     cdef TreeNode* t
-    if S == NULL or v0 <= 0 or l0 <= 0:
+    if S == NULL or v0 < 0 or (v0 == 0 and src != 0) or (v0 > 0 and l0 <= 0):
         v0 = -1
     tree_node(&T[0], -1, -1, v0, l0, 0, ONE)
-    T[0].chain_j = 0
-    tree_refs(&T[0], S, src, chain, cells, n_chain, acc, tried, streak)
+    if v0 == 0:
+        n_top = top_children(S, 0, top, budget if budget < ROOT_TOP else ROOT_TOP, &T[0].n_tot)
+        tree_root_unmatched(&T[0], S, src, top, n_top, acc, tried, streak)
+    else:
+        T[0].chain_j = 0
+        tree_refs(&T[0], S, src, chain, cells, n_chain, acc, tried, streak)
     m = 1
     while m <= budget:
         best = -1
@@ -267,7 +337,10 @@ cdef int32_t tree_build(TreeNode* T, const Sam* S, int src, int32_t v0, int32_t 
             T[m].chain_j = t.chain_j + 1
         tree_refs(&T[m], S, src, chain, cells, n_chain, acc, tried, streak)
         t.ref_pending = False
-        tree_offer(t, S)
+        if best == 0 and v0 == 0:
+            tree_offer_top(t, S, top, n_top)
+        else:
+            tree_offer(t, S)
         m += 1
     return m
 

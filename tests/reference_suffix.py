@@ -20,6 +20,7 @@ GAIN_CAP = 8
 MAX_GLOBAL_MATCH = 512
 COUNT_DEPTH = 32
 SEP = -1
+ROOT_TOP = 16          # the most children a root without a match offers
 
 
 class Sam:
@@ -441,8 +442,9 @@ class ReferenceSuffix:
     def _tree(self, s, src, S, v0, l0, n_chain, budget):
         """One source's best-first tree: its nodes, the root first."""
         chain, cells = s.pred[src], s.pred_cells[src]
-        if S is None or v0 <= 0 or l0 <= 0:
+        if S is None or v0 < 0 or (v0 == 0 and src != 0) or (v0 > 0 and l0 <= 0):
             v0 = -1
+        self._root_top = min(budget, ROOT_TOP)
         # a node: [token, parent, state, length, depth, path probability, chain position]
         nodes = [[None, -1, v0, l0, 0, ONE, 0]]
         while len(nodes) - 1 < budget:
@@ -465,6 +467,19 @@ class ReferenceSuffix:
 
     def _children(self, s, src, S, v, l, depth, cj, chain, cells, n_chain):
         """A node's children, best first: (token, probability given the node, state)."""
+        if v == 0:              # the local root without a match: the empty context's best
+            kids = sorted(((S.cnt[t], S.pos[t], c, t) for c, t in S.next[0].items() if c >= 0),
+                          reverse=True)
+            if not kids:
+                return
+            n, a_ref = sum(k[0] for k in kids), kids[0][0]
+            p_ref = cal_prob(self.acc, self.tried, cell_index(src, 0, freq_bucket(a_ref, n),
+                                                              stage_of(0, s.streak), False))
+            yield kids[0][2], p_ref, kids[0][3]
+            for a, _, c, t in kids[1:self._root_top] if n > a_ref else ():
+                p = ((ONE - p_ref) * a) // (n - a_ref)
+                yield c, min(p, (p_ref * a) // a_ref) if a_ref else p, t
+            return
         if 0 <= cj < n_chain:
             ref, p_ref = chain[cj], cal_prob(self.acc, self.tried, cells[cj])
         elif v >= 0 and S.next[v]:

@@ -211,6 +211,24 @@ def test_tree_spends_the_budget_on_siblings():
     assert tokens.tolist() == [3, 4] and parents.tolist() == [-1, -1]
 
 
+def test_tree_without_a_match_starts_from_the_most_frequent_tokens():
+    """The last token (42) occurs nowhere before it: no draft, no context to go on from. The
+    engine verifies the whole budget anyway, so the tree starts from the empty context: the
+    request's tokens by count (5 three times, 6 twice, then the latest first), each going on as
+    anywhere else. With a fresh calibration (1/2): 5 (path 1/2), its latest continuation 8
+    (1/4), then 6 (min(1/2 * 2 / 6, 1/2 * 2 / 3) = 1/6)."""
+    prop = SuffixProposer(1, max_draft=4, min_prob=0.0, gain_cost=0.0, draft_cost=0.0,
+                          global_tokens=0)
+    text = [5, 6, 5, 7, 5, 8, 6, 9, 42]
+    prop.begin(0, text)
+    assert prop.draft(0, text[:-1], 42).tolist() == []
+    tokens, parents = prop.draft_tree(0, 0, 3)
+    assert tokens.tolist() == [5, 8, 6] and parents.tolist() == [-1, 0, -1]
+    tokens, parents = prop.draft_tree(0, 0, 20)
+    assert len(tokens) == 20
+    assert [t for t, p in zip(tokens.tolist(), parents.tolist()) if p == -1] == [5, 6, 42, 9, 8, 7]
+
+
 def test_draft_tree_checks_its_arguments():
     p = SuffixProposer(2)
     p.begin(1, [5, 6, 7, 5, 6])
