@@ -151,8 +151,8 @@ def render(result, p=print):
       "brackets the first step, every request's first sight. Lower is better. A drafter's "
       "background work (SGLang's NgramCorpus inserts on a thread of its own) is waited for "
       "after its step, untimed there so that it does not run during the next drafter's step, "
-      "and shown in the row below it (the median wait: on the scheduler's core it overlaps "
-      "the GPU's step, but takes a core).\n")
+      "and shown in the row below it (the median wait: inside SGLang it runs beside the "
+      "scheduler's other work until the next step waits for it, on a core of its own).\n")
     for engine, rows in (("vllm", VLLM_ROWS), ("sglang", SGLANG_ROWS)):
         table = result.get(engine)
         if not table:
