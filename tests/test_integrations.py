@@ -220,8 +220,17 @@ def test_tree_batch_rows_are_each_requests_own_layout():
         want_flat, want_mask = tree_layout(root, np.array(toks), par, d)
         assert flat[i * d:(i + 1) * d].tolist() == want_flat.tolist()
         assert mask[i * d * d:(i + 1) * d * d].reshape(d, d).tolist() == want_mask.tolist()
+    # the roots given at once (batch_get reads a step's in one call), each row's tokens after
+    at_once = TreeBatch(len(rows), d, [root for root, _, _ in rows])
+    for i, (_, toks, parents) in enumerate(rows):
+        at_once.add(i, np.array(toks, dtype=np.int32),
+                    None if parents is None else np.array(parents, dtype=np.int32))
+    flat2, mask2 = at_once.finish()
+    assert flat2.tolist() == flat.tolist() and mask2.tolist() == mask.tolist()
     with pytest.raises(ValueError, match=r"len\(tokens\) = 5 is out of range: allowed 0 \.\. 4"):
         batch.set(0, 1, np.arange(5))
+    with pytest.raises(ValueError, match=r"len\(tokens\) = 5 is out of range: allowed 0 \.\. 4"):
+        at_once.add(0, np.arange(5))
 
 
 def _tree_run(corpus, reqs, d):
@@ -403,3 +412,17 @@ def test_llama_cpp_draft_model_refuses_wide_ids():
     assert draft.tolist() == want.tolist() and len(want) and model.n_requests == 1
     with pytest.raises(ValueError, match=r"slot = 2 is out of range: allowed 0 \.\. 1"):
         NgramspecDraftModel(engine=SpecEngine("ngram-simple", 2), slot=2)
+
+
+@pytest.mark.parametrize("args, plain", [
+    (None, True), ({"speculative": {"n_max": 7}}, True), ({"speculative": {"n_max": 3}}, False),
+    ({"speculative": {"enabled": False}}, False), ({"prediction": [1, 2, 3]}, False)])
+def test_a_request_is_plain_without_its_own_engine_or_bound(args, plain):
+    """`Request.plain` (what SGLang's trees build on): the host's engine and n_max, a request's
+    own n_max at or above the host's included; a lower bound, speculation off or a prediction
+    is the request's own."""
+    from ngramspec.integrations.request_args import checked_args, control_of
+    corpus = NgramspecCorpus(draft_token_num=8, spec="--spec-type ngram-suffix")
+    control = None if args is None else control_of(checked_args(args), corpus.chain)
+    req = corpus.requests.begin("r", np.arange(40, dtype=np.int32) % 9, 3, control)
+    assert req.plain is plain

@@ -82,6 +82,10 @@ class Request:
     n_max, n_min : int
         Every step's `SlotLoop.propose` bounds: the host's ``n_max`` or the request's own
         ``speculative.n_max`` below it, and its ``speculative.n_min``.
+    plain : bool
+        Whether it drafts with the host's engine and ``n_max`` (no prediction, proposer
+        subset or bound of its own): what a host's extras beyond the chain (SGLang's trees)
+        may build on.
     tree : (tokens, parents) or None
         The draft tree the host verifies next, when it is more than the pending chain (the
         chain is its first path; ``parents[i]`` < i, -1 for the root). Set by the host's
@@ -94,10 +98,11 @@ class Request:
     Thread-safety: not thread-safe; owned by one `RequestLoops`.
     """
 
-    __slots__ = ("key", "loop", "seq", "n", "last_step", "pending", "tree", "n_max", "n_min")
+    __slots__ = ("key", "loop", "seq", "n", "last_step", "pending", "tree", "n_max", "n_min",
+                 "plain")
 
     def __init__(self, key, loop: SlotLoop, seq: int, step: int, n_max: Optional[int] = None,
-                 n_min: int = 0):
+                 n_min: int = 0, plain: bool = True):
         self.key = key
         self.loop = loop
         self.seq = seq
@@ -107,6 +112,7 @@ class Request:
         self.tree = None
         self.n_max = n_max        # every step's draft bound: the host's, the request's below it
         self.n_min = n_min
+        self.plain = plain        # drafts with the host's engine and n_max (no own subset, bound)
 
     def continues(self, new_tokens) -> bool:
         """Whether `new_tokens` (after the known ones) are the pending draft's accepted prefix
@@ -235,7 +241,8 @@ class RequestLoops:
         loop = SlotLoop(engine, slot, prompt, int(first_token), n_ctx=self.n_ctx,
                         policy=policy,
                         capacity=len(prompt) + 256)
-        req = Request(key, loop, self._seq, self.step, n_max, n_min)
+        req = Request(key, loop, self._seq, self.step, n_max, n_min,
+                      plain=engine is self.engine and n_max == self.n_max)
         self._seq += 1
         self.requests[key] = req
         return req
@@ -283,7 +290,7 @@ class RequestLoops:
         Parameters
         ----------
         req : Request
-        new_tokens : 1-D int array
+        new_tokens : 1-D int array (or a list of one int)
             The tokens after the known ones: the accepted draft prefix and the target's token
             (`Request.continues` must hold).
         """
@@ -292,7 +299,12 @@ class RequestLoops:
         req.last_step = self.step
         if req.pending and not g:       # asked again before the target verified
             return loop.pending_draft
-        if g:
+        if g == 1:
+            # the target's token alone (the common step): nothing accepted, no slicing
+            loop.verify(new_tokens, n_verified=0)
+            req.n += 1
+            req.tree = None
+        elif g:
             # n_verified: the host may have verified only part of the draft (a token budget);
             # the token after the accepted prefix is the target's, even if it equals the draft's
             k = g - 1

@@ -97,19 +97,20 @@ def chain_tree(root: int, draft, d: int) -> Tuple[np.ndarray, np.ndarray]:
 class TreeBatch:
     """A step's draft trees, laid out for SGLang at once (`tree_layout` for every request).
 
-    `set` only keeps a row's root, tokens and parents; `finish` writes all rows in a few
-    vectorized operations (one concatenation, one scatter of tokens and parents) and builds the
-    ``bs x d x d`` ancestor masks in ``d`` passes over the whole batch (a node's row is its
-    parent's plus itself; parents come before children): no numpy call per request, which at
-    64-256 requests was a tenth of the step.
+    `roots`: every row's root, given at once (a step's are read in one numpy call); `set`
+    gives one row's root with its tokens, `add` the tokens alone. Both only keep them;
+    `finish` writes all rows in a few vectorized operations (one concatenation, one scatter
+    of tokens and parents) and builds the ``bs x d x d`` ancestor masks in ``d`` passes over
+    the whole batch (a node's row is its parent's plus itself; parents come before children):
+    no numpy call per request, which at 64-256 requests was a tenth of the step.
 
     Thread-safety: not thread-safe; one step's scratch.
     """
 
-    def __init__(self, bs: int, d: int):
+    def __init__(self, bs: int, d: int, roots: Optional[List[int]] = None):
         self.d = d
         self.bs = bs
-        self._roots = [0] * bs
+        self._roots = [0] * bs if roots is None else roots
         self._rows: List[int] = []
         self._tokens: list = []
         self._parents: list = []
@@ -118,10 +119,14 @@ class TreeBatch:
     def set(self, i: int, root: int, tokens, parents=None) -> None:
         """Row i: `root`, then `tokens` (at most ``d - 1``) under `parents` (indices into
         `tokens`, -1 the root); None: a chain, each token under the one before."""
+        self._roots[i] = root
+        self.add(i, tokens, parents)
+
+    def add(self, i: int, tokens, parents=None) -> None:
+        """Row i's `tokens` and `parents` under the root it was built with (`set`'s)."""
         n = len(tokens)
         if n >= self.d:
             raise OutOfRange("len(tokens)", n, f"0 .. {self.d - 1} (the tree's size less the root)")
-        self._roots[i] = root
         if n:
             self._rows.append(i)
             self._tokens.append(tokens)
@@ -230,7 +235,7 @@ class NgramspecCorpus:
         """How many of request `req_id`'s last tokens the next `batch_get` needs, when its full
         length is `total_len`: the tokens it has not seen (at least the root), or `total_len`
         for a request it does not follow (first sight)."""
-        req = self.requests.get(req_id)
+        req = self.requests.requests.get(req_id)
         if req is None:
             return total_len
         g = total_len - req.n
@@ -269,7 +274,6 @@ class NgramspecCorpus:
         TypeError
             A token that is not an integer.
         """
-        d = self.draft_token_num
         rl = self.requests
         bs = len(req_ids)
         if len(batch_tokens) != bs or len(total_lens) != bs:
@@ -277,52 +281,54 @@ class NgramspecCorpus:
                           f"{len(total_lens)} total_lens for {bs} req_ids: one each")
         rl.step += 1
         flat, ends = batch_tails(batch_tokens)
-        layout = TreeBatch(bs, d)
+        # every root at once, as Python ints: no numpy scalar per row
+        roots = flat[np.asarray(ends, dtype=np.intp) - 1].tolist() if bs else []
+        layout = TreeBatch(bs, self.draft_token_num, roots)
+        known = rl.requests
         start = 0
         for i, rid in enumerate(req_ids):
             end = ends[i]
-            tail = flat[start:end]
-            start = end
             total = total_lens[i]
-            if type(total) is not int or total < len(tail):
-                total = check_int(f"total_lens[{i}]", total, len(tail))
-            req, new = self._follow(rid, tail, total, full_tokens, args_of, i)
-            self._draft_row(layout, i, req, new, int(flat[end - 1]))
+            if type(total) is not int or total < end - start:
+                total = check_int(f"total_lens[{i}]", total, end - start)
+            req = known.get(rid)
+            g = -1 if req is None else total - req.n
+            if g == 1:                  # the common step: the target's token alone
+                new = roots[i:i + 1]
+            elif not (0 <= g <= end - start and req.continues(new := flat[end - g:end])):
+                req, new = self._begin_row(rid, flat[start:end], total, full_tokens, args_of,
+                                           i)
+            start = end
+            self._draft_row(layout, i, req, new)
         return layout.finish()
 
-    def _follow(self, rid, tail, total: int, full_tokens, args_of, i: int):
-        """Request `rid` and its new tokens (the end of `tail`), or a request begun anew with
-        no new tokens: first sight, or tokens that do not continue what the corpus knows (its
-        ``custom_params`` read then, once)."""
+    def _begin_row(self, rid, tail, total: int, full_tokens, args_of, i: int):
+        """Request `rid` begun anew, with no new tokens: first sight, or tokens that do not
+        continue what the corpus knows (its whole sequence asked for when `tail` is shorter,
+        its ``custom_params`` read then, once)."""
         rl = self.requests
-        req = rl.get(rid)
-        if req is not None:
-            g = total - req.n
-            if 0 <= g <= len(tail):
-                new = tail[len(tail) - g:]
-                if req.continues(new):
-                    return req, new
         if len(tail) < total and full_tokens is not None:
             tail = token_array(full_tokens(i), f"batch_tokens[{i}]", non_empty=True)
         control = None if args_of is None else control_of(
             args_of(i), self.chain, auto=rl.auto, key=rid)
         return rl.begin(rid, tail[:-1], int(tail[-1]), control), tail[:0]
 
-    def _draft_row(self, layout: TreeBatch, i: int, req, new, root: int) -> None:
+    def _draft_row(self, layout: TreeBatch, i: int, req, new) -> None:
         """Request `req` verifies its pending draft against `new` and drafts; its tree (or
-        chain) goes to `layout`'s row i. A tree is rebuilt only after a new draft call."""
-        calls = req.loop.n_draft_calls
+        chain) goes to `layout`'s row i. A tree is rebuilt only after a new draft call, and
+        only for a request drafting with the whole configured engine (its prediction or
+        proposer subset drafts chains)."""
+        loop = req.loop
+        calls = loop.n_draft_calls
         draft = self.requests.advance(req, new)
-        d = self.draft_token_num
-        # trees only for a request drafting with the whole configured engine (its prediction or
-        # proposer subset drafts chains)
-        if self.tree_proposer is not None and req.loop.n_draft_calls != calls \
-                and req.loop.engine is self.requests.engine and req.n_max == d - 1:
-            req.tree = self.tree_proposer.draft_tree(req.loop.slot, len(draft), d - 1)
-        if req.tree is not None:
-            layout.set(i, root, *req.tree)
+        tp = self.tree_proposer
+        if tp is not None and req.plain and loop.n_draft_calls != calls:
+            req.tree = tp.draft_tree(loop.slot, len(draft), self.draft_token_num - 1)
+        tree = req.tree
+        if tree is not None:
+            layout.add(i, tree[0], tree[1])
         else:
-            layout.set(i, root, draft)
+            layout.add(i, draft)
 
     def batch_put(self, batch_tokens) -> None:
         """Nothing: the requests' loops learn from `batch_get`'s growing tokens."""
@@ -363,9 +369,14 @@ def stage_accepted_tokens(worker, batch):
     return worker.prev_token_ids, worker.prev_accept_lens
 
 
-def last_tokens(req, extra, m: int) -> List[int]:
+def last_tokens(req, extra, m: int):
     """The last `m` tokens of an SGLang request's ``origin_input_ids_unpadded + output_ids +
-    extra``, copying only those `m` (O(m), whatever the request's length)."""
+    extra``, copying only those `m` (O(m), whatever the request's length): a list, or a slice
+    of ``output_ids`` when they hold all `m` (sync scheduling's common step)."""
+    if not extra:
+        ids = req.output_ids
+        if m <= len(ids):
+            return ids[len(ids) - m:]
     out = list(extra[len(extra) - m:]) if m < len(extra) else list(extra)
     m -= len(out)
     if m > 0:
