@@ -106,6 +106,21 @@ class SpecEngine(Engine):
         """
         return cls(None, n_slots, proposers=proposers)
 
+    def subset(self, types, cache: dict) -> "SpecEngine":
+        """The engine of this chain's proposers named in `types` (None, or every type: this
+        engine itself): the same proposer objects, so a request drafting with a subset shares
+        the slots' state and the stores with the whole chain. Built once per subset into
+        `cache`, the caller's dict keyed by the subset (the caller guards it where several
+        threads read it)."""
+        if types is None or tuple(types) == tuple(self.types):
+            return self
+        key = tuple(t for t in self.types if t in types)
+        eng = cache.get(key)
+        if eng is None:
+            props = [p for p in self.proposers if p.name in key]
+            eng = cache[key] = SpecEngine.from_proposers(props, n_slots=self.n_slots)
+        return eng
+
     def stats_lines(self) -> list[str]:
         """llama.cpp's ``statistics <type>: ...`` lines, one per proposer."""
         return [statistics_line(s) for s in self.stats()]

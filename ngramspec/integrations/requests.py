@@ -258,7 +258,7 @@ class RequestLoops:
         if spec is not None:
             if not spec.enabled:
                 return NO_DRAFT, n_max, 0, None
-            engine = self._engine_for(spec.types)
+            engine = self.engine.subset(spec.types, self._engines)
             if spec.n_max is not None:
                 n_max = spec.n_max if n_max is None else min(n_max, spec.n_max)
             n_min = spec.n_min or 0
@@ -272,17 +272,6 @@ class RequestLoops:
     def auto(self) -> bool:
         """Whether the host's draft-length policy is ``auto`` (requests may ask for it)."""
         return isinstance(self.policy, AutoPolicy)
-
-    def _engine_for(self, types):
-        """The engine of a subset of the chain's types (cached per subset)."""
-        if types is None or tuple(types) == tuple(self.engine.types):
-            return self.engine
-        key = tuple(t for t in self.engine.types if t in types)
-        eng = self._engines.get(key)
-        if eng is None:
-            props = [p for p in self.engine.proposers if p.name in key]
-            eng = self._engines[key] = SpecEngine.from_proposers(props, n_slots=self.n_slots)
-        return eng
 
     def advance(self, req: Request, new_tokens) -> np.ndarray:
         """Verify the pending draft against `new_tokens` (when any), then draft; returns the draft.

@@ -89,14 +89,8 @@ class ChainEngines:
         """The engine of a proposer subset (None: the whole chain)."""
         if types is None or tuple(types) == self.types or not self.engine.speculates:
             return self.engine
-        key = tuple(t for t in self.types if t in types)
-        eng = self._subsets.get(key)
-        if eng is None:
-            props = [p for p in self.engine.proposers if p.name in key]
-            eng = SpecEngine.from_proposers(props, n_slots=self.n_slots)
-            with self._lock:
-                self._subsets[key] = eng
-        return eng
+        with self._lock:        # `stats` reads the cache from other threads
+            return self.engine.subset(types, self._subsets)
 
     def for_request(self, spec: SpeculationParams, prediction: Optional[PredictionDrafter],
                     slot: int) -> DraftEngine:
