@@ -564,3 +564,29 @@ def test_the_scheduler_makes_no_llama_call_and_checks_no_request_itself():
     text = (PKG / "llama" / "scheduler.py").read_text(encoding="utf-8")
     assert not re.search(r"\blc\.llama_|import llama_cpp|def _check_", text)
     assert "def check_prompt" not in (PKG / "llama" / "decoder.py").read_text(encoding="utf-8")
+
+
+# -- issue 39: configuration below the CLI -------------------------------------------------
+
+# The speculation's parts that `ngramspec.config.SpecConfig` carries as one object.
+SPEC_PARTS = ("spec_type", "spec_params", "draft_model", "policy", "cost_model")
+
+
+def _init_parameters(path: pathlib.Path, name: str) -> dict:
+    """``{parameter: annotation}`` of class `name`'s ``__init__``."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            init = next(f for f in node.body
+                        if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+            a = init.args
+            return {p.arg: ast.unparse(p.annotation) if p.annotation else ""
+                    for p in a.posonlyargs + a.args + a.kwonlyargs}
+    raise AssertionError(f"no class {name} in {path}")
+
+
+def test_the_scheduler_takes_a_spec_config():
+    """The scheduler's speculation is one `SpecConfig` (serve, run-batch and the library build
+    it from their flags or keywords), never its parts keyword by keyword."""
+    params = _init_parameters(PKG / "llama" / "scheduler.py", "Scheduler")
+    assert "SpecConfig" in params.get("spec", ""), params
+    assert not set(params) & set(SPEC_PARTS), sorted(set(params) & set(SPEC_PARTS))
