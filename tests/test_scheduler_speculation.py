@@ -91,7 +91,7 @@ def test_a_finished_request_teaches_every_slot_at_once(llm, prompts):
     p, n = prompts[0]
     with Scheduler(llm, SpecConfig("ngram-suffix"), n_slots=2, n_ctx=2 * N_CTX_SLOT,
                    n_threads=1) as s:
-        suffix = s._chain.engine.proposers[0]
+        suffix = s.engine.proposers[0]
         assert suffix.global_stats()["tokens"] == 0
         done = s.submit(p, SamplingParams(max_tokens=n)).result(timeout=120)
         # stored by the decode thread right after it answered (before it admits anything else)

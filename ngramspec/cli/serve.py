@@ -183,7 +183,7 @@ def build_scheduler(args):
                  deterministic=args.deterministic)
     target = Scheduler(model, spec, **sizes)
     if args.store:
-        store_log.attach(target._chain.engine, args.store, model=os.path.basename(model),
+        store_log.attach(target.engine, args.store, model=os.path.basename(model),
                          n_vocab=target.n_vocab)
     for name, llm in others.items():
         # the small model alone, as if it were a separate one: plain decoding in its own

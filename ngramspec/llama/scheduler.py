@@ -48,6 +48,7 @@ from .scheduler_stats import SchedulerStats
 from .slot_context import SlotContext
 
 from ngramspec.config import SpecConfig
+from ngramspec.draft_engine import DraftEngine
 from ngramspec.policy import AutoPolicy
 from ngramspec.stop_rules import CANCELLED, ERROR
 from ngramspec.validation import check_int
@@ -148,6 +149,12 @@ class Scheduler:
         #: the one AutoPolicy of all "auto" requests (set by `start`; None without a cost model)
         self.auto_policy: Optional[AutoPolicy] = None
         self._stats = SchedulerStats()
+
+    @property
+    def engine(self) -> DraftEngine:
+        """The whole chain's engine, shared by every slot (`NO_DRAFT` without speculation):
+        what a store log replicates (`ngramspec.store_log.attach`)."""
+        return self._chain.engine
 
     def start(self) -> None:
         """Start the decode thread (once)."""
