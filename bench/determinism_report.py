@@ -244,11 +244,13 @@ def cost_run(llm, prompts, det: bool, slots: int, spec: str, n_predict: int,
     """The prompts submitted at once to a scheduler of ``slots`` slots; aggregate tokens/s by
     wall clock and per CPU second of the decode thread (llama.cpp computes on it with one
     thread, so other processes on the machine do not inflate it); the greedy outputs."""
+    from ngramspec.config import SpecConfig
     from ngramspec.llama import Scheduler
     from ngramspec.request_params import SamplingParams, SpeculationParams
     sampling = SamplingParams(temperature=0.0, max_tokens=n_predict)
-    s = Scheduler(llm, n_slots=slots, n_ctx=slots * 2048, n_batch=N_BATCH, n_threads=threads,
-                  spec_type="ngram-mod,ngram-simple", deterministic=det, queue_size=64)
+    s = Scheduler(llm, SpecConfig.from_keywords("ngram-mod,ngram-simple"), n_slots=slots,
+                  n_ctx=slots * 2048, n_batch=N_BATCH, n_threads=threads, deterministic=det,
+                  queue_size=64)
     try:
         s.start()
         t0 = time.perf_counter()

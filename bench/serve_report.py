@@ -32,6 +32,7 @@ import time
 
 import benchlib  # first: it puts the measured checkout's ngramspec on sys.path
 from e2e_report import load_prompts, machine
+from ngramspec.config import SpecConfig
 from ngramspec.llama import SamplingParams, Scheduler, SpeculationParams, load_model
 
 MOD = dict(ngram_mod_n_min=8, ngram_mod_n_max=32)
@@ -43,8 +44,8 @@ CONFIGS = {
 
 
 def run(llm, prompts, clients, n_requests, n_predict, n_slots, n_ctx_slot, config, warm):
-    sched = Scheduler(llm, n_slots=n_slots, n_ctx=n_slots * n_ctx_slot, n_threads=1,
-                      spec_type="ngram-mod", spec_params=MOD, policy=config["policy"],
+    spec = SpecConfig.from_keywords("ngram-mod", policy=config["policy"], **MOD)
+    sched = Scheduler(llm, spec, n_slots=n_slots, n_ctx=n_slots * n_ctx_slot, n_threads=1,
                       queue_size=max(64, clients * n_requests))
     spec = SpeculationParams(enabled=config["spec"])
     done = []

@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Union
 
 from ngramspec.cache_file import NgramCache, load_cache
-from ngramspec.cost import load_cost_model
+from ngramspec.cost import CostModel, load_cost_model
 from ngramspec.policy import POLICIES, make_policy
 from ngramspec.registry import TYPES, check_values, parse_types
 from ngramspec.validation import OutOfRange, check_choice, check_int, check_real, range_text
@@ -120,8 +120,10 @@ def load_cache_files(spec_type: str, params: Mapping) -> tuple:
     file must exist. A corrupt or truncated file raises `CacheFileError` (a ValueError naming
     the file and the byte offset).
     """
-    given = [name for name in CACHE_FILE_PARAMS if params.get(name) is not None]
-    if not given:
+    # a cache already loaded (a configuration whose files were loaded once) stays as it is
+    given = [name for name in CACHE_FILE_PARAMS
+             if params.get(name) is not None and not isinstance(params[name], NgramCache)]
+    if not any(params.get(name) is not None for name in CACHE_FILE_PARAMS):
         return spec_type, dict(params)
     types = parse_types(spec_type)
     if "ngram-cache" not in types:
@@ -156,14 +158,15 @@ class SpecConfig:
         as paths (`engine_parts` loads them). Read-only when built by the class methods.
     policy : str
         ``fixed`` or ``auto`` (`ngramspec.policy.POLICIES`).
-    cost_model : str, optional
-        auto's verify-cost curve: a JSON file or a profile name (`ngramspec.cost`).
+    cost_model : str or CostModel, optional
+        auto's verify-cost curve: a JSON file or a profile name (`ngramspec.cost`), or a
+        curve already loaded or measured.
     """
 
     spec_type: str = "ngram-mod"
     params: Mapping = field(default_factory=dict)
     policy: str = "fixed"
-    cost_model: Optional[str] = None
+    cost_model: Optional[Union[str, CostModel]] = None
 
     @classmethod
     def from_keywords(cls, spec_type: str = "ngram-mod", *, profile: str = "llama.cpp",
@@ -173,6 +176,9 @@ class SpecConfig:
         ngram_mod_n_max=16)``); errors name the keyword."""
         policy = _profile(profile).policy if policy is None else policy
         check_choice("policy", policy, POLICIES)
+        if cost_model is not None and not isinstance(cost_model, (str, CostModel)):
+            raise TypeError(f"cost_model must be a file path, a profile name or a CostModel, "
+                            f"got {type(cost_model).__name__}")
         return cls(spec_type, MappingProxyType(profile_params(spec_type, params, profile)),
                    policy, cost_model)
 
@@ -212,6 +218,41 @@ class SpecConfig:
             config = cls(config.spec_type, config.params, config.policy, default_cost_model)
         return config
 
+    @property
+    def types(self) -> tuple:
+        """The chain's proposer types in llama.cpp's order: `spec_type`'s (``none`` dropped),
+        ``draft-simple`` added when a draft model is given (``model_draft``), as
+        ``--model-draft`` adds it on the command line."""
+        types = parse_types(self.spec_type)
+        if self.params.get("model_draft") is not None and "draft-simple" not in types:
+            types = parse_types(types + ["draft-simple"])
+        return tuple(types)
+
+    def with_params(self, **changes) -> "SpecConfig":
+        """This configuration with `changes` to its engine keywords (checked, named by
+        keyword): e.g. ``model_draft=`` a draft model already loaded."""
+        params = {**self.params, **changes}
+        check_values(self.spec_type, params)
+        return replace(self, params=MappingProxyType(params))
+
+    def with_files_loaded(self) -> "SpecConfig":
+        """This configuration with its files loaded once, before any model (a bad file fails
+        fast): the n-gram cache files (`load_cache_files`: every engine built from it shares
+        them; ``ngram-cache`` added to the types when a file is given) and the cost model (a
+        `CostModel`, from a profile name or a file: `ngramspec.cost.load_cost_model`).
+
+        Raises
+        ------
+        ValueError, OSError
+            A corrupt cache file, a missing static one, an unknown or malformed cost model.
+        """
+        spec_type, params = load_cache_files(self.spec_type, self.params)
+        cost = self.cost_model
+        if cost is not None and not isinstance(cost, CostModel):
+            cost = load_cost_model(cost)
+        return replace(self, spec_type=spec_type, params=MappingProxyType(params),
+                       cost_model=cost)
+
     def engine_parts(self, prog: Optional[str] = None) -> tuple:
         """``(spec_type, params, make)`` for `ngramspec.engine.SpecEngine` and its policy:
         cache files loaded, ``make()`` a new policy (`ngramspec.policy.make_policy`; auto's
@@ -224,12 +265,13 @@ class SpecConfig:
             A corrupt cache file, a missing static one, an unknown cost model.
         """
         try:
-            spec_type, params = load_cache_files(self.spec_type, self.params)
-            cost = load_cost_model(self.cost_model) if self.policy == "auto" else None
+            loaded = self.with_files_loaded()
         except (ValueError, TypeError, OSError) as exc:
             if prog is None:
                 raise
             raise ValueError(f"{prog}: {exc}") from None
+        spec_type, params = loaded.spec_type, dict(loaded.params)
+        cost = loaded.cost_model if self.policy == "auto" else None
         extra = {"proposer_time": False} if self.policy == "auto" else {}
         policy = self.policy
         make: Callable = lambda: make_policy(policy, cost, **extra)  # noqa: E731

@@ -39,7 +39,8 @@ Wire names stay the wire's: a server response's ``timings.draft_n`` / ``draft_n_
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Mapping
 
 __all__ = ["DraftCounts", "acceptance_line", "statistics_line"]
 
@@ -84,6 +85,17 @@ class DraftCounts:
         self.n_acc_drafts += other.n_acc_drafts
         self.n_acc_tokens += other.n_acc_tokens
         return self
+
+    @classmethod
+    def of(cls, stats: Mapping) -> "DraftCounts":
+        """The counts a report holds under their names (``Scheduler.stats()``: the token
+        counts); a count it does not hold is 0."""
+        return cls(**{f.name: stats[f.name] for f in fields(cls) if f.name in stats})
+
+    def minus(self, earlier: "DraftCounts") -> "DraftCounts":
+        """The counts made since `earlier` (a snapshot of the same counter), as a new object."""
+        return DraftCounts(*(getattr(self, f.name) - getattr(earlier, f.name)
+                             for f in fields(self)))
 
     def copy(self) -> "DraftCounts":
         return DraftCounts(self.n_draft_calls, self.n_drafts, self.n_draft_tokens,

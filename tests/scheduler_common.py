@@ -14,6 +14,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 import ngramspec  # noqa: E402
 from ngramspec.llama import Scheduler, load_model, tokenize_prompt  # noqa: E402
+from ngramspec.config import SpecConfig  # noqa: E402
 from ngramspec.llama.model import default_model_path  # noqa: E402
 
 EXAMPLE = pathlib.Path(ngramspec.__file__).parent / "examples" / "code_edit_prompt.txt"
@@ -28,10 +29,10 @@ def llm():
 
 @pytest.fixture(scope="module")
 def sched(llm):
-    s = Scheduler(llm, n_slots=4, n_ctx=4 * N_CTX_SLOT, n_threads=1, queue_size=512,
-                  spec_type="ngram-simple,ngram-mod",
-                  spec_params=dict(ngram_simple_size_n=3, ngram_simple_size_m=8,
-                                   ngram_mod_n_match=8, ngram_mod_n_min=2, ngram_mod_n_max=16))
+    spec = SpecConfig.from_keywords("ngram-simple,ngram-mod", ngram_simple_size_n=3,
+                                    ngram_simple_size_m=8, ngram_mod_n_match=8,
+                                    ngram_mod_n_min=2, ngram_mod_n_max=16)
+    s = Scheduler(llm, spec, n_slots=4, n_ctx=4 * N_CTX_SLOT, n_threads=1, queue_size=512)
     s.start()
     yield s
     s.stop(cancel=True, timeout=60)

@@ -20,6 +20,7 @@ import ngramspec  # noqa: E402
 from clitools import cli  # noqa: E402
 from ngramspec.llama.backend import LlamaBackend  # noqa: E402
 from ngramspec.llama.scheduler import Scheduler  # noqa: E402
+from ngramspec.config import SpecConfig  # noqa: E402
 from ngramspec.request_params import SamplingParams  # noqa: E402
 from ngramspec.server import create_app  # noqa: E402
 
@@ -179,8 +180,8 @@ def test_kill_9_mid_batch_then_a_rerun_completes_without_duplicates(tmp_path, ca
 
 @pytest.fixture(scope="module")
 def sched():
-    s = Scheduler(None, n_slots=2, n_ctx=2048, n_threads=1, spec_type="ngram-mod",
-                  spec_params={"ngram_mod_n_min": 8, "ngram_mod_n_max": 32})
+    s = Scheduler(None, SpecConfig.from_keywords("ngram-mod", profile="serve"), n_slots=2,
+                  n_ctx=2048, n_threads=1)
     s.start()
     yield s
     s.stop()
@@ -240,7 +241,7 @@ THINK = _SAY_HI * 4 + [{"role": "user", "content": "Say hi."}]
 
 
 def _chat(reasoning_format, **extra):
-    s = Scheduler(None, n_slots=1, n_ctx=1024, n_threads=1, spec_type="ngram-mod")
+    s = Scheduler(None, SpecConfig("ngram-mod"), n_slots=1, n_ctx=1024, n_threads=1)
     app = create_app(LlamaBackend(s), reasoning_format=reasoning_format)
     r, _ = _post(app, "/v1/chat/completions", {"messages": THINK, "temperature": 0,
                                                "max_tokens": 32, **extra})
@@ -277,8 +278,8 @@ def test_reasoning_content_splits_the_models_own_think_block():
 
 
 def test_the_draft_model_answers_alone_in_its_own_context():
-    target = Scheduler(None, n_slots=1, n_ctx=1024, n_threads=1, spec_type="ngram-mod")
-    draft = Scheduler(target.llm, n_slots=1, n_ctx=1024, n_threads=1, spec_type="none")
+    target = Scheduler(None, SpecConfig("ngram-mod"), n_slots=1, n_ctx=1024, n_threads=1)
+    draft = Scheduler(target.llm, SpecConfig("none"), n_slots=1, n_ctx=1024, n_threads=1)
     app = create_app(LlamaBackend(target), model_name="target",
                      models={"small": LlamaBackend(draft)})
     r, models = _post(app, "/v1/completions", {"model": "small", "prompt": "Once upon a time",

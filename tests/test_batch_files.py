@@ -196,3 +196,23 @@ def test_limit_flags_are_serves(capsys):
     assert "--max-body-size BYTES" in flat and "--escape-special-in-input" in flat
     r = cli(capsys, "run-batch", "-i", "x", "-o", "y", "--max-body-size", "10")
     assert r.returncode == 2 and "--max-body-size: 10 is out of range" in r.stderr
+
+
+def test_the_summary_line_reads_the_runs_draft_counts():
+    """The summary embeds the one counter type (`DraftCounts`): the run's counts are the
+    scheduler's after the run minus before it, and the line states them as it always did."""
+    from ngramspec.server.batch import BatchSummary
+    from ngramspec.stats import DraftCounts
+    before = {"n_draft_tokens": 2, "n_acc_tokens": 1, "requests_finished": 4}
+    after = {"n_draft_tokens": 10, "n_acc_tokens": 7, "requests_finished": 9}
+    run = DraftCounts.of(after).minus(DraftCounts.of(before))
+    assert (run.n_draft_tokens, run.n_acc_tokens, run.n_drafts) == (8, 6, 0)
+    summary = BatchSummary(lines=5, skipped=1, done=4, errors=1, prompt_tokens=30,
+                           completion_tokens=20, seconds=2.0, counts=run,
+                           accepted_prediction_tokens=3, rejected_prediction_tokens=2)
+    assert (summary.n_draft_tokens, summary.n_acc_tokens) == (8, 6)
+    assert summary.line() == (
+        "5 lines: 4 done (1 errors), 1 already in the output; 30 prompt + 20 completion "
+        "tokens in 2.0 s (10.0 tokens/s); 6/8 draft tokens accepted (75.0%), prediction "
+        "tokens 3 accepted / 2 rejected")
+    assert BatchSummary().line().endswith("(0.0 tokens/s); no drafts")

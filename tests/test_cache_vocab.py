@@ -157,10 +157,11 @@ def test_the_batched_scheduler_refuses_a_foreign_cache(llm, tmp_path):
     does: a foreign cache stops the scheduler at construction, naming file and token."""
     from ngramspec.llama import tokenize_prompt
     from ngramspec.llama import Scheduler
+    from ngramspec.config import SpecConfig
     prompt = tokenize_prompt(llm, "def add(a, b):\n    return a + b\n\ndef add(a, b):\n")
     path = foreign_static_cache(tmp_path / "foreign.bin", prompt)
     with pytest.raises(ValueError) as info:
-        Scheduler(llm, n_slots=1, n_ctx=256, spec_type="ngram-cache",
-                  spec_params={"lookup_cache_static": path})
+        Scheduler(llm, SpecConfig.from_keywords("ngram-cache", lookup_cache_static=path),
+                  n_slots=1, n_ctx=256)
     msg = str(info.value)
     assert str(path) in msg and "token id 60000" in msg, msg

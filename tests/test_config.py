@@ -3,6 +3,7 @@ keywords, flags in a string (an embedding engine's $NGRAMSPEC_SPEC) and the comm
 help rendered from it."""
 import argparse
 
+import numpy as np
 import pytest
 
 from ngramspec.config import (SPEC_PROFILES, SpecConfig, add_policy_arguments,
@@ -67,3 +68,39 @@ def test_the_help_states_the_profiles_defaults():
     assert "(default: 64, 0..1024)" in text and "shorter than" not in text
     assert helped("generate")[1].parse_args([]).spec_policy == "auto"
     assert SPEC_PROFILES["generate"].params == SPEC_PROFILES["serve"].params
+
+
+def test_the_scheduler_reads_its_chain_and_files_from_the_config(tmp_path):
+    """What `ngramspec.llama.Scheduler` takes of a `SpecConfig`: its chain (a draft model adds
+    draft-simple, as ``--model-draft`` does), changed keywords (checked), and its files loaded
+    once before any model (a cache file adds ngram-cache; loading again keeps the objects)."""
+    from ngramspec.cache_file import save_cache
+    from ngramspec.cost import CostModel
+    from ngramspec.engine import SpecEngine
+    from ngramspec import NgramCache
+
+    base = SpecConfig.from_keywords("ngram-mod,ngram-simple")
+    assert base.types == ("ngram-simple", "ngram-mod")
+    assert SpecConfig("none").types == ()
+    drafted = base.with_params(model_draft="small.gguf", spec_draft_n_max=4)
+    assert drafted.types == ("ngram-simple", "ngram-mod", "draft-simple")
+    assert drafted.params["spec_draft_n_max"] == 4 and base.params.get("model_draft") is None
+    with pytest.raises(OutOfRange, match=r"^ngram_mod_n_max = 5000 is out of range"):
+        base.with_params(ngram_mod_n_max=5000)
+
+    path = tmp_path / "static.bin"
+    cache = NgramCache()
+    cache.update(np.asarray(list(range(40)) * 3, dtype=np.int32), 1, 2)
+    save_cache(cache, path)
+    config = SpecConfig.from_keywords("ngram-mod", lookup_cache_static=str(path),
+                                      cost_model="gpu")
+    loaded = config.with_files_loaded()
+    assert loaded.spec_type == "ngram-mod,ngram-cache" and config.cost_model == "gpu"
+    assert isinstance(loaded.params["lookup_cache_static"], NgramCache)
+    assert isinstance(loaded.cost_model, CostModel)
+    again = loaded.with_files_loaded()
+    assert again.params["lookup_cache_static"] is loaded.params["lookup_cache_static"]
+    assert again.cost_model is loaded.cost_model and again.spec_type == loaded.spec_type
+    SpecEngine(list(loaded.types), **loaded.params)         # what ChainEngines builds
+    with pytest.raises(ValueError, match="--cost-model nope: neither a file nor a profile"):
+        SpecConfig(cost_model="nope").with_files_loaded()

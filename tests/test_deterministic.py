@@ -20,11 +20,12 @@ from ngramspec.request_params import SamplingParams, SpeculationParams  # noqa: 
 from ngramspec.llama.repack import load_llama  # noqa: E402
 from ngramspec.llama.model import default_model_path  # noqa: E402
 from ngramspec import SpecEngine  # noqa: E402
+from ngramspec.config import SpecConfig  # noqa: E402
 
 N_PREDICT = 24
-SPEC = dict(spec_type="ngram-simple,ngram-mod",
-            spec_params=dict(ngram_simple_size_n=3, ngram_simple_size_m=8, ngram_mod_n_match=8,
-                             ngram_mod_n_min=2, ngram_mod_n_max=16))
+SPEC = SpecConfig.from_keywords("ngram-simple,ngram-mod", ngram_simple_size_n=3,
+                                ngram_simple_size_m=8, ngram_mod_n_match=8, ngram_mod_n_min=2,
+                                ngram_mod_n_max=16)
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +50,11 @@ def plain(llm, prompts):
 
 
 def _run(llm, prompts, n_slots, n_batch=64, speculation=None, sampling=None, predictions=None,
-         **kw):
+         spec=SPEC):
     """Every prompt submitted at once to a deterministic scheduler; the outputs in order."""
-    kw = {**SPEC, **kw}
     sampling = sampling or SamplingParams(temperature=0.0, max_tokens=N_PREDICT)
-    with Scheduler(llm, n_slots=n_slots, n_ctx=n_slots * 1024, n_batch=n_batch, n_threads=1,
-                   queue_size=64, deterministic=True, **kw) as s:
+    with Scheduler(llm, spec, n_slots=n_slots, n_ctx=n_slots * 1024, n_batch=n_batch,
+                   n_threads=1, queue_size=64, deterministic=True) as s:
         handles = [s.submit(p, sampling, speculation,
                             prediction=None if predictions is None else predictions[i])
                    for i, p in enumerate(prompts)]
@@ -102,8 +102,8 @@ def test_prompt_cache_reuse_gives_plain_output(llm, prompts, plain):
     # extends an earlier prompt keeps its prefix, a repeated prompt re-decodes one token
     longer = np.concatenate([prompts[1], prompts[3][1:]])
     ref_longer = generate_plain(llm, longer, n_predict=N_PREDICT).output_tokens
-    with Scheduler(llm, n_slots=1, n_ctx=1024, n_batch=64, n_threads=1, deterministic=True,
-                   **SPEC) as s:
+    with Scheduler(llm, SPEC, n_slots=1, n_ctx=1024, n_batch=64, n_threads=1,
+                   deterministic=True) as s:
         greedy = SamplingParams(temperature=0.0, max_tokens=N_PREDICT)
         got = []
         for p in [prompts[1], longer, prompts[1], prompts[1]]:
@@ -193,7 +193,7 @@ def test_run_batch_twice_and_without_speculation(capsys, tmp_path):
 
 def test_draft_model_gives_plain_output(llm, prompts, plain):
     # the embedded model as its own draft model (draft-simple ends the chain)
-    outs, stats = _run(llm, prompts[:3], 4, draft_model=llm)
+    outs, stats = _run(llm, prompts[:3], 4, spec=SPEC.with_params(model_draft=llm))
     assert outs == plain[:3]
     assert stats["proposers"]["draft-simple"]["gen_drafts"] > 0
 
@@ -225,8 +225,8 @@ def test_full_slot_context_ends_cleanly(llm, prompts):
     small = load_model(n_ctx=256, n_batch=64, n_threads=1, deterministic=True)
     p = prompts[4]
     ref = generate_plain(small, p, n_predict=-1)
-    with Scheduler(llm, n_slots=2, n_ctx=512, n_batch=64, n_threads=1, deterministic=True,
-                   **SPEC) as s:
+    with Scheduler(llm, SPEC, n_slots=2, n_ctx=512, n_batch=64, n_threads=1,
+                   deterministic=True) as s:
         c = s.submit(p, SamplingParams(temperature=0.0, max_tokens=-1, ignore_eos=True)
                      ).result(timeout=600)
         assert s.n_ctx_slot == 255          # a stream of 256 cells, one kept for a pad

@@ -564,3 +564,80 @@ def test_the_scheduler_makes_no_llama_call_and_checks_no_request_itself():
     text = (PKG / "llama" / "scheduler.py").read_text(encoding="utf-8")
     assert not re.search(r"\blc\.llama_|import llama_cpp|def _check_", text)
     assert "def check_prompt" not in (PKG / "llama" / "decoder.py").read_text(encoding="utf-8")
+
+
+# -- issue 39: configuration below the CLI, one counter type --------------------------------------
+
+# The speculation's parts that `ngramspec.config.SpecConfig` carries as one object.
+SPEC_PARTS = ("spec_type", "spec_params", "draft_model", "policy", "cost_model")
+
+
+def _init_parameters(path: pathlib.Path, name: str) -> dict:
+    """``{parameter: annotation}`` of class `name`'s ``__init__``."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            init = next(f for f in node.body
+                        if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+            a = init.args
+            return {p.arg: ast.unparse(p.annotation) if p.annotation else ""
+                    for p in a.posonlyargs + a.args + a.kwonlyargs}
+    raise AssertionError(f"no class {name} in {path}")
+
+
+def test_the_scheduler_takes_a_spec_config():
+    """The scheduler's speculation is one `SpecConfig` (serve, run-batch and the library build
+    it from their flags or keywords), never its parts keyword by keyword."""
+    params = _init_parameters(PKG / "llama" / "scheduler.py", "Scheduler")
+    assert "SpecConfig" in params.get("spec", ""), params
+    assert not set(params) & set(SPEC_PARTS), sorted(set(params) & set(SPEC_PARTS))
+
+
+def _draft_counter_names() -> tuple:
+    for node in ast.parse((PKG / "stats.py").read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == "DraftCounts":
+            return tuple(n.target.id for n in node.body if isinstance(n, ast.AnnAssign))
+    raise AssertionError("no DraftCounts in ngramspec/stats.py")
+
+
+def _own_draft_counters(tree, names) -> list:
+    """``(line, code)`` of each draft counter a class keeps itself: a field or class attribute
+    of one of `names` (a ``property`` reading an embedded `DraftCounts` is fine), or an
+    assignment to ``self.<name>``."""
+    found = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for node in cls.body:
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AnnAssign) else [])
+            is_property = (isinstance(getattr(node, "value", None), ast.Call)
+                           and ast.unparse(node.value.func) == "property")
+            if not is_property and any(isinstance(t, ast.Name) and t.id in names
+                                       for t in targets):
+                found.append((node.lineno, ast.unparse(node)))
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        if any(isinstance(t, ast.Attribute) and t.attr in names and isinstance(t.value, ast.Name)
+               and t.value.id == "self" for t in targets):
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_own_draft_counters_are_found():
+    code = ("class A:\n    n_acc_tokens: int = 0\n"
+            "class B:\n    n_drafts = property(lambda self: self.counts.n_drafts)\n"
+            "    def f(self):\n        self.n_draft_tokens += 1\n        self.counts.n_drafts += 1\n")
+    names = _draft_counter_names()
+    assert "n_acc_tokens" in names and "n_draft_tokens" in names
+    assert [line for line, _ in _own_draft_counters(ast.parse(code), names)] == [2, 6]
+
+
+def test_one_draft_counter_type():
+    """Every report (the loop, the live result, a completion, the scheduler's counters,
+    run-batch's summary) embeds `ngramspec.stats.DraftCounts` instead of declaring the counts
+    again."""
+    names = _draft_counter_names()
+    bad = [f"{path.relative_to(ROOT)}:{line}: {code}" for path in MODULES.values()
+           if path != PKG / "stats.py"
+           for line, code in _own_draft_counters(ast.parse(path.read_text(encoding="utf-8")),
+                                                 names)]
+    assert not bad, bad

@@ -98,13 +98,17 @@ def test_choose_learns_and_cuts_every_slot(cost, long):
     assert s["drafts"] == 90 and (s["plain"] == 0 if long else s["plain"] == 90)
 
 
-def test_scheduler_takes_a_cost_model_only():
-    """Scheduler(cost_model=) replaces the context's calibration: a name or path is refused
-    before the model loads (serve resolves --cost-model with load_cost_model)."""
+def test_the_schedulers_cost_model_is_loaded_before_the_model():
+    """A configuration's cost model (a profile name, a file or a CostModel) replaces the
+    context's calibration; an unknown one is refused before the model loads."""
     pytest.importorskip("llama_cpp")
+    from ngramspec.config import SpecConfig
     from ngramspec.llama.scheduler import Scheduler
-    with pytest.raises(TypeError, match="cost_model must be a CostModel, got str"):
-        Scheduler(None, n_threads=1, cost_model="gpu")
+    with pytest.raises(ValueError, match="--cost-model nonsense: neither a file nor a profile"):
+        Scheduler(None, SpecConfig(cost_model="nonsense"), n_threads=1)
+    with pytest.raises(TypeError, match="cost_model must be a file path, a profile name or a "
+                                        "CostModel, got int"):
+        SpecConfig.from_keywords(cost_model=3)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -9,6 +9,7 @@ from greedy import assert_same_greedy, assert_same_greedy_prefix
 from scheduler_common import N_CTX_SLOT, llm, prompts, sched  # noqa: F401
 from ngramspec.llama import QueueFull, SamplingParams, Scheduler, generate_plain
 from ngramspec.llama import tokenize_prompt
+from ngramspec.config import SpecConfig
 
 
 def test_prompt_cache_decodes_only_the_new_turn(llm, sched, prompts):
@@ -25,7 +26,7 @@ def test_prompt_cache_decodes_only_the_new_turn(llm, sched, prompts):
 def test_request_waits_for_the_busy_slot_that_holds_its_prompt(llm, prompts):
     code, _ = prompts[0]
     other, _ = prompts[3]
-    with Scheduler(llm, n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1, spec_type="none") as s:
+    with Scheduler(llm, SpecConfig("none"), n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1) as s:
         for p in (code, other):           # slot 0 holds the code prompt, slot 1 the other one
             s.submit(p, SamplingParams(max_tokens=1)).result(timeout=300)
         running = s.submit(code, SamplingParams(max_tokens=6))
@@ -38,7 +39,7 @@ def test_request_waits_for_the_busy_slot_that_holds_its_prompt(llm, prompts):
 
 
 def test_bounded_queue_and_submission_from_many_threads(llm):
-    s = Scheduler(llm, n_slots=2, n_ctx=512, n_threads=1, queue_size=6, spec_type="ngram-mod")
+    s = Scheduler(llm, SpecConfig("ngram-mod"), n_slots=2, n_ctx=512, n_threads=1, queue_size=6)
     try:
         p = s.tokenize("Hello")
         errors, handles = [], []

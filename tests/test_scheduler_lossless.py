@@ -13,6 +13,7 @@ from scheduler_common import (COPY_TEXT, EXAMPLE, N_CTX_SLOT, llm, prompts,  # n
                               sched)
 from ngramspec.llama import SamplingParams, Scheduler, SpeculationParams, divergence_report
 from ngramspec.llama import generate_plain
+from ngramspec.config import SpecConfig
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -50,7 +51,7 @@ def test_plain_scheduler_gives_plain_greedy_output_on_a_long_prompt(llm):
     rated a prompt-pass difference as noise-free)."""
     p = llm.tokenize(EXAMPLE.read_text(encoding="utf-8")[:2500].encode(), add_bos=True)
     want = generate_plain(llm, p, n_predict=8).output_tokens
-    with Scheduler(llm, n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1, spec_type="none") as s:
+    with Scheduler(llm, SpecConfig("none"), n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1) as s:
         got = s.submit(p, SamplingParams(max_tokens=8)).result(timeout=300).tokens
     assert_same_greedy(llm, p, got, want)
     # A difference at the very first token is measured along the paths that decode the prompt
@@ -93,9 +94,8 @@ def _chi2_p(a, b):
 def test_speculative_sampling_has_the_plain_distribution(llm):
     """Many short sampled continuations of a text the proposers can copy: speculative (drafts
     accepted while the sample equals them) and plain sampling, disjoint fixed seeds."""
-    with Scheduler(llm, n_slots=8, n_ctx=8 * 128, n_threads=1, queue_size=512,
-                   spec_type="ngram-simple",
-                   spec_params=dict(ngram_simple_size_n=3, ngram_simple_size_m=8)) as sched:
+    spec = SpecConfig.from_keywords("ngram-simple", ngram_simple_size_n=3, ngram_simple_size_m=8)
+    with Scheduler(llm, spec, n_slots=8, n_ctx=8 * 128, n_threads=1, queue_size=512) as sched:
         _check_sampling_distribution(sched)
 
 

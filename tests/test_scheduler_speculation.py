@@ -6,6 +6,7 @@ from greedy import assert_same_greedy
 from scheduler_common import N_CTX_SLOT, llm, prompts, sched  # noqa: F401
 from ngramspec.llama import SamplingParams, Scheduler, SpeculationParams, generate_plain
 from ngramspec.llama.model import default_model_path
+from ngramspec.config import SpecConfig
 
 import pytest
 
@@ -38,9 +39,9 @@ def test_speculation_per_request(sched, prompts):
 def test_draft_model_alongside(llm, prompts):
     """A draft model (the same GGUF: its greedy drafts are the target's) ends the chain; greedy
     output is unchanged and the draft model's tokens are accepted."""
-    with Scheduler(llm, n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1, spec_type="ngram-mod",
-                   draft_model=default_model_path(),
-                   spec_params=dict(spec_draft_n_max=4)) as s:
+    spec = SpecConfig.from_keywords("ngram-mod", model_draft=default_model_path(),
+                                    spec_draft_n_max=4)
+    with Scheduler(llm, spec, n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1) as s:
         assert s.spec_types == ("ngram-mod", "draft-simple")
         ps = [prompts[1], prompts[3]]
         hs = [s.submit(p, SamplingParams(max_tokens=n)) for p, n in ps]
@@ -65,11 +66,10 @@ def test_draft_model_alongside(llm, prompts):
 
 def test_auto_policy_keeps_greedy_output(llm, prompts):
     """policy "auto": drafts cut to the joint cost-aware lengths; the output is unchanged."""
-    with Scheduler(llm, n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1, policy="auto",
-                   spec_type="ngram-simple,ngram-mod",
-                   spec_params=dict(ngram_simple_size_n=3, ngram_simple_size_m=8,
-                                    ngram_mod_n_match=8, ngram_mod_n_min=2,
-                                    ngram_mod_n_max=16)) as s:
+    spec = SpecConfig.from_keywords("ngram-simple,ngram-mod", policy="auto",
+                                    ngram_simple_size_n=3, ngram_simple_size_m=8,
+                                    ngram_mod_n_match=8, ngram_mod_n_min=2, ngram_mod_n_max=16)
+    with Scheduler(llm, spec, n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1) as s:
         assert s.cost_model is not None  # measured (or found cached) at start
         ps = [prompts[4], prompts[3]]
         hs = [s.submit(p, SamplingParams(max_tokens=n)) for p, n in ps]
@@ -89,9 +89,9 @@ def test_a_finished_request_teaches_every_slot_at_once(llm, prompts):
     when its slot's next request begins: with several slots, the next request may never land on
     the same slot."""
     p, n = prompts[0]
-    with Scheduler(llm, n_slots=2, n_ctx=2 * N_CTX_SLOT, n_threads=1,
-                   spec_type="ngram-suffix") as s:
-        suffix = s._chain.engine.proposers[0]
+    with Scheduler(llm, SpecConfig("ngram-suffix"), n_slots=2, n_ctx=2 * N_CTX_SLOT,
+                   n_threads=1) as s:
+        suffix = s.engine.proposers[0]
         assert suffix.global_stats()["tokens"] == 0
         done = s.submit(p, SamplingParams(max_tokens=n)).result(timeout=120)
         # stored by the decode thread right after it answered (before it admits anything else)

@@ -7,6 +7,8 @@ import pytest
 from greedy import assert_same_greedy_prefix
 from scheduler_common import N_CTX_SLOT, llm, prompts, sched  # noqa: F401
 from ngramspec.llama import SamplingParams, Scheduler, SpeculationParams
+from ngramspec.config import SpecConfig
+from ngramspec.validation import OutOfRange
 
 
 def test_streaming_chunks_add_up_to_the_completion(sched, prompts):
@@ -52,7 +54,7 @@ def test_cancel_frees_the_slot(sched, prompts):
 
 
 def test_full_context_stops_cleanly(llm):
-    with Scheduler(llm, n_slots=2, n_ctx=256, n_threads=1, spec_type="ngram-simple") as s:
+    with Scheduler(llm, SpecConfig("ngram-simple"), n_slots=2, n_ctx=256, n_threads=1) as s:
         p = s.tokenize("Count from one to one thousand: one, two, three,")
         res = s.submit(p, SamplingParams(max_tokens=-1, ignore_eos=True)).result(timeout=300)
         assert res.finish_reason == "context"
@@ -88,5 +90,10 @@ def test_bad_parameters_are_refused(llm, sched):
         sched.submit([1, 2], SamplingParams(logit_bias={10**6: 1.0}))
     with pytest.raises(ValueError, match="n_slots"):
         Scheduler(llm, n_slots=0)
+    # the configuration is checked before the context: its unknown type, its policy
     with pytest.raises(ValueError, match="spec type"):
-        Scheduler(llm, n_slots=1, n_ctx=64, spec_type="ngram-bogus")
+        Scheduler(llm, SpecConfig("ngram-bogus"), n_slots=1, n_ctx=64)
+    with pytest.raises(OutOfRange, match=r"^policy = 'best' is out of range: allowed auto"):
+        Scheduler(llm, SpecConfig("ngram-mod", policy="best"), n_slots=1, n_ctx=64)
+    with pytest.raises(TypeError, match="spec must be a SpecConfig, got str"):
+        Scheduler(llm, "ngram-mod", n_slots=1, n_ctx=64)

@@ -216,8 +216,9 @@ def test_create_app_refuses_n_predict_beyond_a_slot(inproc_scheduler):
 def inproc_scheduler():
     """The llama.cpp scheduler (not started) as the server's backend."""
     from ngramspec.llama import Scheduler
+    from ngramspec.config import SpecConfig
     from ngramspec.llama.backend import LlamaBackend
-    return LlamaBackend(Scheduler(n_slots=1, n_ctx=512, n_threads=1, spec_type="none"))
+    return LlamaBackend(Scheduler(None, SpecConfig("none"), n_slots=1, n_ctx=512, n_threads=1))
 
 
 def test_cache_owner_is_the_key_else_the_client_address(inproc_scheduler):

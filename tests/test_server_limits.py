@@ -249,7 +249,8 @@ def test_simultaneous_requests_up_to_slots_plus_queue_are_served(server, http, b
 
 def test_scheduler_queue_counts_only_what_no_free_slot_takes():
     from ngramspec.llama import QueueFull, Scheduler
-    sched = Scheduler(n_slots=2, n_ctx=256, n_threads=1, queue_size=1, spec_type="none")
+    from ngramspec.config import SpecConfig
+    sched = Scheduler(None, SpecConfig("none"), n_slots=2, n_ctx=256, n_threads=1, queue_size=1)
     try:
         # Not started: nothing is admitted, so the submits stay in the queue.
         handles = [sched.submit([1, 2, 3]) for _ in range(3)]   # 2 free slots + 1 waiting
@@ -267,7 +268,8 @@ def test_scheduler_queue_counts_only_what_no_free_slot_takes():
 def inproc():
     """An in-process scheduler for apps built by the tests (not started)."""
     from ngramspec.llama import Scheduler
-    sched = Scheduler(n_slots=1, n_ctx=512, n_threads=1, spec_type="none")
+    from ngramspec.config import SpecConfig
+    sched = Scheduler(None, SpecConfig("none"), n_slots=1, n_ctx=512, n_threads=1)
     yield sched
 
 

@@ -175,6 +175,12 @@ def test_the_setting_names_the_flag_and_the_forms(tmp_path):
             Replica(p, MemoryLog(), **bad)
     with pytest.raises(TypeError, match="SuffixProposer"):
         Replica(SpecEngine("ngram-mod").proposers[0], MemoryLog())
+    # a backend declares its name (the warnings' and the metrics'): one without it is refused
+    with pytest.raises(TypeError, match=r"^log must be a store log \(append, read, close and a "
+                                        r"name"):
+        Replica(p, object())
+    assert open_log("memory:x").name == "memory:x"
+    assert open_log(f"dir:{tmp_path}").name == str(tmp_path)
 
 
 # -- replicas ------------------------------------------------------------------------------------

@@ -16,9 +16,7 @@ from ngramspec.cli.common import (add_context_flags, add_deterministic_flag, add
                                   add_slots_flag, add_store_flag, amend_help, check_model_file,
                                   int_arg, positive_int)
 from ngramspec.cli.live_flags import profile_defaults_text, spec_types
-from ngramspec.config import (SpecConfig, add_policy_arguments, add_spec_arguments,
-                              load_cache_files, number_arg)
-from ngramspec.cost import load_cost_model
+from ngramspec.config import SpecConfig, add_policy_arguments, add_spec_arguments, number_arg
 from ngramspec.llama.backend import LlamaBackend
 from ngramspec.llama.model import default_model_path, load_model
 from ngramspec.llama.scheduler import Scheduler
@@ -161,41 +159,36 @@ def build_scheduler(args):
     -------
     (model path, Scheduler, dict of model id to Scheduler)
     """
-    spec = SpecConfig.from_args(args, "serve")
-    args.spec_type, params = load_cache_files(spec.spec_type, spec.params)
-    types = spec_types(args)
+    # flags, files and the cost model first: each fails before any model loads
+    spec = SpecConfig.from_args(args, "serve").with_files_loaded()
+    spec_types(args)        # draft-simple needs --model-draft
     check_model_file("--model", args.model)
     check_model_file("--model-draft", args.model_draft)
-    # a named profile or file replaces the context's own calibration
-    cost_model = load_cost_model(spec.cost_model) if spec.cost_model is not None else None
     model = args.model
     if model is None:
         model = default_model_path()
-    chain = ",".join(types) or "none"   # the scheduler puts draft-simple on the draft model
     draft, others = args.model_draft, {}
     if draft is not None:
         draft = load_model(args.model_draft, n_ctx=64, n_batch=64,
-                           n_threads=params.get("threads_draft") or args.threads,
-                           repack=params.get("repack_draft", "auto"),
+                           n_threads=spec.params.get("threads_draft") or args.threads,
+                           repack=spec.params.get("repack_draft", "auto"),
                            deterministic=args.deterministic)
+        spec = spec.with_params(model_draft=draft)   # its weights shared with its own server
         name = os.path.basename(args.model_draft)
         # the embedded model as its own draft (or two files of one name): the draft's id differs
         others[name if name != (args.alias or os.path.basename(model)) else name + "-draft"] \
             = draft
-    target = Scheduler(model, n_slots=args.slots, n_ctx=args.ctx_size, n_batch=args.batch_size,
-                       n_threads=args.threads, spec_type=chain, spec_params=params,
-                       draft_model=draft, queue_size=args.queue_size, policy=spec.policy,
-                       cost_model=cost_model, deterministic=args.deterministic)
+    sizes = dict(n_slots=args.slots, n_ctx=args.ctx_size, n_batch=args.batch_size,
+                 n_threads=args.threads, queue_size=args.queue_size,
+                 deterministic=args.deterministic)
+    target = Scheduler(model, spec, **sizes)
     if args.store:
-        store_log.attach(target._chain.engine, args.store, model=os.path.basename(model),
+        store_log.attach(target.engine, args.store, model=os.path.basename(model),
                          n_vocab=target.n_vocab)
     for name, llm in others.items():
         # the small model alone, as if it were a separate one: plain decoding in its own
         # context (its n-gram caches would otherwise share the target's files)
-        others[name] = Scheduler(llm, n_slots=args.slots, n_ctx=args.ctx_size,
-                                 n_batch=args.batch_size, n_threads=args.threads,
-                                 spec_type="none", queue_size=args.queue_size,
-                                 deterministic=args.deterministic)
+        others[name] = Scheduler(llm, SpecConfig.from_keywords("none"), **sizes)
     return model, target, others
 
 

@@ -75,7 +75,6 @@ def has_control(args: Optional[Mapping]) -> bool:
 
 def _options(args: Mapping):
     """The ``speculative`` object with its flat keys merged in, as ``serve``'s model."""
-    from ngramspec.server.errors import _validation_message
     from ngramspec.server.schemas import SpeculativeOptions
     obj = args.get(SPECULATIVE)
     if obj is not None and not isinstance(obj, Mapping):
@@ -96,11 +95,18 @@ def _options(args: Mapping):
     try:
         return SpeculativeOptions.model_validate(merged)
     except ValueError as exc:       # pydantic's ValidationError
-        err = dict(exc.errors(include_url=False)[0])
-        err["loc"] = (SPECULATIVE,) + tuple(err.get("loc", ()))
-        param, message = _validation_message(err)
-        raise Refused(param or SPECULATIVE, message[len(param or ""):].lstrip(": "),
-                      value=err.get("input")) from None
+        raise _schema_error(exc, SPECULATIVE) from None
+
+
+def _schema_error(exc, key: str) -> Refused:
+    """pydantic's first error on the request's `key` object, named and worded as ``serve``
+    names and words it (`ngramspec.server.errors`)."""
+    from ngramspec.server.errors import _validation_message
+    err = dict(exc.errors(include_url=False)[0])
+    err["loc"] = (key,) + tuple(err.get("loc", ()))
+    param, message = _validation_message(err)
+    return Refused(param or key, message[len(param or ""):].lstrip(": "),
+                   value=err.get("input"))
 
 
 def _speculation(opts):
@@ -128,10 +134,7 @@ def _prediction_tokens(value, tokenize: Optional[Callable], n_vocab: Optional[in
         try:
             value = Prediction.model_validate(dict(value)).text()
         except ValueError as exc:       # pydantic's ValidationError
-            err = exc.errors(include_url=False)[0]
-            loc = ".".join(str(x) for x in err.get("loc", ()))
-            raise Refused(PREDICTION + (f".{loc}" if loc else ""), err.get("msg", "invalid"),
-                          value=err.get("input")) from None
+            raise _schema_error(exc, PREDICTION) from None
     if isinstance(value, str):
         if tokenize is None:
             raise Refused(PREDICTION, "text needs the model's tokenizer, which this process "

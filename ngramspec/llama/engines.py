@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Tuple
 
+from ngramspec.config import SpecConfig
 from ngramspec.cost import CostModel
 from ngramspec.draft_engine import NO_DRAFT, DraftEngine
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop
-from ngramspec.policy import AutoPolicy
+from ngramspec.policy import POLICIES, AutoPolicy
 from ngramspec.prediction import PredictedEngine, PredictionDrafter
-from ngramspec.registry import parse_types
 
 from .calibration import context_calibration
 from .decoder import check_engine_models
 from ngramspec.request_params import SpeculationParams
+from ngramspec.validation import check_choice
 
-__all__ = ["ChainEngines", "PROPOSER_COUNTS", "joint_policy"]
+__all__ = ["ChainEngines", "PROPOSER_COUNTS", "checked_spec", "joint_policy"]
 
 log = logging.getLogger("ngramspec.scheduler")
 
@@ -41,12 +42,10 @@ class ChainEngines:
     llm : llama_cpp.Llama
         The target: drafts must be ids of its vocabulary (`check_engine_models`).
     n_slots : int
-    spec_type : str or sequence of str
-        The chain (``"none"``: no speculation, the engine is `NO_DRAFT`).
-    spec_params : dict, optional
-        `SpecEngine` keywords.
-    draft_model : str or llama_cpp.Llama, optional
-        Ends the chain with ``draft-simple`` on this model.
+    spec : SpecConfig
+        The chain (`SpecConfig.types`: none is no speculation, the engine is `NO_DRAFT`; a
+        ``model_draft`` ends it with ``draft-simple`` on that model) and its `SpecEngine`
+        keywords, cache files loaded (`SpecConfig.with_files_loaded`).
 
     Attributes
     ----------
@@ -63,17 +62,11 @@ class ChainEngines:
     from any thread (the subset cache is guarded by a lock).
     """
 
-    def __init__(self, llm, n_slots: int, spec_type: Union[str, Sequence[str]],
-                 spec_params: Optional[dict] = None, draft_model=None):
-        types = [t for t in parse_types(spec_type) if t != "none"]
-        params = dict(spec_params or {})
-        if draft_model is not None:
-            if "draft-simple" not in types:
-                types.append("draft-simple")
-            params["model_draft"] = draft_model
+    def __init__(self, llm, n_slots: int, spec: SpecConfig):
+        types = spec.types
         self.engine: DraftEngine = NO_DRAFT
         if types:
-            self.engine = SpecEngine(types, n_slots=n_slots, **params)
+            self.engine = SpecEngine(list(types), n_slots=n_slots, **spec.params)
             # drafts must be ids of this model: a draft model of another vocabulary, an n-gram
             # cache file of another tokenizer are refused, and drafts stay inside the vocabulary
             check_engine_models(llm, self.engine)
@@ -141,6 +134,29 @@ class ChainEngines:
                 for key in PROPOSER_COUNTS:
                     d[key] += st[key]
         return per
+
+
+def checked_spec(spec: Optional[SpecConfig]) -> Tuple[SpecConfig, Optional[CostModel]]:
+    """The scheduler's configuration checked, its cache files and cost model loaded, before
+    any model (a bad value or file fails fast): ``(spec, cost model or None)``; None is
+    ngram-mod with llama.cpp's parameters.
+
+    Raises
+    ------
+    TypeError
+        Not a `SpecConfig`.
+    ValueError, OSError
+        A policy out of `POLICIES` (`OutOfRange` naming ``policy``), an unknown spec type, a
+        corrupt or missing cache file, an unknown cost model.
+    """
+    if spec is None:
+        spec = SpecConfig.from_keywords()
+    if not isinstance(spec, SpecConfig):
+        raise TypeError(f"spec must be a SpecConfig, got {type(spec).__name__}")
+    check_choice("policy", spec.policy, POLICIES)
+    spec.types      # noqa: B018  (the chain's names checked)
+    spec = spec.with_files_loaded()
+    return spec, spec.cost_model
 
 
 def joint_policy(cost_model: Optional[CostModel], llm, ctx, n_threads: int, n_batch: int, *,

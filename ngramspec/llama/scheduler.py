@@ -31,10 +31,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, List, Optional
 
 from . import admission
-from .engines import ChainEngines, joint_policy
+from .engines import ChainEngines, checked_spec, joint_policy
 from .executor import StepOutput
 from .model import default_threads
 from .output import emit
@@ -47,10 +47,11 @@ from .running import RunningRequest, Slot, completion
 from .scheduler_stats import SchedulerStats
 from .slot_context import SlotContext
 
-from ngramspec.cost import CostModel
-from ngramspec.policy import POLICIES, AutoPolicy
+from ngramspec.config import SpecConfig
+from ngramspec.draft_engine import DraftEngine
+from ngramspec.policy import AutoPolicy
 from ngramspec.stop_rules import CANCELLED, ERROR
-from ngramspec.validation import check_choice, check_int
+from ngramspec.validation import check_int
 
 __all__ = ["Scheduler", "RequestHandle", "Completion", "Chunk", "QueueFull"]
 
@@ -82,23 +83,19 @@ class Scheduler:
         Tokens per ``llama_decode`` (all slots together; drafts are bounded to fit).
     n_threads : int, optional
         Decode threads (default: half the cores, see ``ngramspec.llama.model.default_threads``).
-    spec_type : str or sequence of str
-        The proposer chain (``SpecEngine``'s ``spec_type``); ``"none"`` = no speculation.
-    spec_params : dict, optional
-        ``SpecEngine`` keywords (``ngram_mod_n_match``, ...).
-    draft_model : str or llama_cpp.Llama, optional
-        Ends the chain with ``draft-simple`` on this model.
+    spec : SpecConfig, optional
+        The speculation (`ngramspec.config.SpecConfig`, e.g. ``SpecConfig.from_keywords(
+        "ngram-mod,ngram-simple")``; default: ngram-mod with llama.cpp's parameters): the
+        proposer chain (``"none"`` = no speculation; a ``model_draft``, a path or a loaded
+        ``Llama``, ends it with ``draft-simple``), its ``SpecEngine`` keywords (cache files
+        loaded before the model), the requests' default policy ("fixed": llama.cpp's; "auto":
+        `AutoPolicy` choosing all slots' draft lengths of a step jointly) and its cost model
+        (default: this context's calibration, cached per model, threads and n_batch,
+        `ngramspec.llama.calibration.context_calibration`, measured at `start` with "auto";
+        with "fixed" a cached one when there is one, else "auto" requests keep whole drafts).
     queue_size : int, >= 1
         Requests that may wait for a slot (beyond those the free slots take); one more raises
         :class:`QueueFull`.
-    policy : "fixed" or "auto"
-        Default draft-length policy ("fixed": llama.cpp's behaviour; "auto": the cost-aware
-        `ngramspec.policy.AutoPolicy`, choosing all slots' draft lengths of a step jointly).
-    cost_model : CostModel, optional
-        The verify-cost curve of "auto". Default: this context's calibration, cached per model,
-        threads and n_batch (`ngramspec.llama.calibration.context_calibration`), measured at
-        `start` when ``policy="auto"``; with ``"fixed"`` a cached one is used when there is
-        one, and requests asking for "auto" without any cost model keep their drafts whole.
     deterministic : bool
         Greedy output byte-identical to plain decoding of the same prompt (a seeded sampled
         request's too) on a model loaded with ``load_model(deterministic=True)``, whatever the
@@ -119,18 +116,16 @@ class Scheduler:
     (an exception in one fails that request).
     """
 
-    def __init__(self, llm_or_path=None, *, n_slots: int = 4, n_ctx: int = 4096,
-                 n_batch: int = 512, n_threads: Optional[int] = None,
-                 spec_type: Union[str, Sequence[str]] = "ngram-mod",
-                 spec_params: Optional[dict] = None, draft_model=None, queue_size: int = 64,
-                 policy: str = "fixed", cost_model=None, deterministic: bool = False):
+    def __init__(self, llm_or_path=None, spec: Optional[SpecConfig] = None, *,
+                 n_slots: int = 4, n_ctx: int = 4096, n_batch: int = 512,
+                 n_threads: Optional[int] = None, queue_size: int = 64,
+                 deterministic: bool = False):
         self.n_slots = check_int("n_slots", n_slots, 1, MAX_SLOTS)
         n_ctx = check_int("n_ctx", n_ctx, 8 * self.n_slots)
         self.n_batch = check_int("n_batch", n_batch, 8)
         self.queue_size = check_int("queue_size", queue_size, 1)
-        self.policy = check_choice("policy", policy, POLICIES)
-        if cost_model is not None and not isinstance(cost_model, CostModel):
-            raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
+        spec, cost_model = checked_spec(spec)   # its files and cost model: before the model
+        self.policy = spec.policy
         self.n_threads = check_int("n_threads", n_threads, 1) if n_threads is not None \
             else default_threads()
         if not isinstance(deterministic, bool):
@@ -142,7 +137,7 @@ class Scheduler:
         self.llm, self.vocab, self.n_vocab, self.n_ctx = c.llm, c.vocab, c.n_vocab, c.n_ctx
         self.n_ctx_slot = c.n_ctx_slot
         self.tokenize, self.detokenize = c.tokenize, c.detokenize   # thread-safe
-        self._chain = ChainEngines(c.llm, self.n_slots, spec_type, spec_params, draft_model)
+        self._chain = ChainEngines(c.llm, self.n_slots, spec)
         self.spec_types = self._chain.types
         self._slots = admission.SlotTable(Slot(i, self.n_ctx_slot) for i in range(self.n_slots))
         self._queue = RequestQueue(self.queue_size)
@@ -154,6 +149,12 @@ class Scheduler:
         #: the one AutoPolicy of all "auto" requests (set by `start`; None without a cost model)
         self.auto_policy: Optional[AutoPolicy] = None
         self._stats = SchedulerStats()
+
+    @property
+    def engine(self) -> DraftEngine:
+        """The whole chain's engine, shared by every slot (`NO_DRAFT` without speculation):
+        what a store log replicates (`ngramspec.store_log.attach`)."""
+        return self._chain.engine
 
     def start(self) -> None:
         """Start the decode thread (once)."""

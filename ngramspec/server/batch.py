@@ -34,6 +34,7 @@ import httpx     # the serve extra's: requests go through the app in process (AS
 from ngramspec.files import open_regular
 from ngramspec.server.batch_files import LineTooLong, ResultFile, request_lines
 from ngramspec.server.limits import MAX_BODY_SIZE
+from ngramspec.stats import DraftCounts
 from ngramspec.validation import check_int
 
 __all__ = ["BatchFiles", "BatchSummary", "URLS", "open_batch", "run_batch", "scan_input"]
@@ -62,8 +63,10 @@ class BatchSummary:
         Over this run's successful requests.
     seconds : float
         Wall time of this run's requests.
-    n_draft_tokens, n_acc_tokens : int
-        Drafted tokens verified and accepted (every proposer, the predictions included).
+    counts : DraftCounts
+        This run's draft counts (`ngramspec.stats`): the scheduler's (`Backend.stats`) draft
+        tokens verified and accepted, every proposer and the predictions included;
+        ``n_draft_tokens`` / ``n_acc_tokens`` read them.
     accepted_prediction_tokens, rejected_prediction_tokens : int
         Predicted Outputs' counts summed over the requests that gave a prediction.
     """
@@ -76,11 +79,13 @@ class BatchSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
-    n_draft_tokens: int = 0
-    n_acc_tokens: int = 0
+    counts: DraftCounts = field(default_factory=DraftCounts)
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
     proposers: Dict[str, dict] = field(default_factory=dict)
+
+    n_draft_tokens = property(lambda self: self.counts.n_draft_tokens)
+    n_acc_tokens = property(lambda self: self.counts.n_acc_tokens)
 
     @property
     def tokens_per_s(self) -> float:
@@ -348,8 +353,7 @@ async def _run(app, scheduler_stats, batch: BatchFiles, summary, in_flight, prog
     if failures:
         raise failures[0]
     summary.seconds = time.perf_counter() - t0
-    summary.n_draft_tokens = after["n_draft_tokens"] - before["n_draft_tokens"]
-    summary.n_acc_tokens = after["n_acc_tokens"] - before["n_acc_tokens"]
+    summary.counts = DraftCounts.of(after).minus(DraftCounts.of(before))
     summary.proposers = after["proposers"]
 
 

@@ -9,7 +9,8 @@ any number of readers follow by position:
 * ``read(after, count)`` returns ``(entries, position, gap)``: up to `count` blobs after
   position `after` (None: from the oldest kept), the position after them, and whether entries
   were trimmed before this reader got to them;
-* ``close()``.
+* ``close()``;
+* ``name``: what it is called in the replica's messages (its ``--store`` spec, a path, a URL).
 
 A backend that cannot be reached raises `LogUnavailable`; the replica retries.
 """
@@ -18,8 +19,23 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from typing import Protocol, runtime_checkable
 
-__all__ = ["DirectoryLog", "LogUnavailable", "MemoryLog", "memory_log"]
+__all__ = ["DirectoryLog", "LogUnavailable", "MemoryLog", "StoreLog", "memory_log"]
+
+
+@runtime_checkable
+class StoreLog(Protocol):
+    """What a replica needs of a store-log backend (the module's docstring describes each
+    part); `MemoryLog`, `DirectoryLog` and `ngramspec.store_log.redis_log.RedisLog` have it."""
+
+    name: str
+
+    def append(self, blobs, max_entries: int, max_bytes: int = 0) -> None: ...
+
+    def read(self, after, count: int): ...
+
+    def close(self) -> None: ...
 
 
 class LogUnavailable(ConnectionError):
@@ -38,7 +54,8 @@ class MemoryLog:
     Thread-safety: a lock protects the list; any number of appending and reading threads.
     """
 
-    def __init__(self):
+    def __init__(self, name: str = "MemoryLog"):
+        self.name = name
         self._entries: list = []
         self._base = 0                      # number of the first kept entry
         self._lock = threading.Lock()
@@ -70,7 +87,9 @@ _NAMED_LOCK = threading.Lock()
 def memory_log(name: str) -> MemoryLog:
     """The process's in-process log called `name` (``memory:NAME``), made on first use."""
     with _NAMED_LOCK:
-        return _NAMED.setdefault(name, MemoryLog())
+        if name not in _NAMED:
+            _NAMED[name] = MemoryLog(f"memory:{name}")
+        return _NAMED[name]
 
 
 _FRAME = struct.Struct("<I")
@@ -105,7 +124,7 @@ class DirectoryLog:
     """
 
     def __init__(self, path):
-        self.path = os.fspath(path)
+        self.path = self.name = os.fspath(path)
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as exc:

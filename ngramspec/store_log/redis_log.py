@@ -58,6 +58,7 @@ class RedisLog:
         parts = urlsplit(url)
         # shown in warnings and metrics: without a password
         self.url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        self.name = self.url
         # short timeouts: the caller is a background thread that retries with back-off
         self._client = redis.Redis.from_url(conn, socket_timeout=timeout,
                                             socket_connect_timeout=timeout)

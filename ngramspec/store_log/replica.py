@@ -35,7 +35,7 @@ from collections import deque
 import numpy as np
 
 from ngramspec._suffix import SuffixProposer
-from ngramspec.store_log.backends import LogUnavailable
+from ngramspec.store_log.backends import LogUnavailable, StoreLog
 from ngramspec.store_log.entry import (CAL_CELLS, BadEntry, CalibrationEntry, decode, encode,
                                        encode_calibration)
 from ngramspec.validation import WrongType, check_int, check_real
@@ -69,8 +69,9 @@ class Replica:
     ----------
     proposer : SuffixProposer
         Its global store is the one shared (``global_tokens`` >= 2).
-    log : backend
-        `ngramspec.store_log.open_log`'s result (in-process, directory or Redis).
+    log : StoreLog
+        `ngramspec.store_log.open_log`'s result (in-process, directory or Redis); its
+        ``name`` is what the warnings and ``stats`` call it.
     model : str
         Identity of the model's vocabulary (e.g. the model's name and vocabulary size): an
         entry of another identity is refused, its token ids would mean other text.
@@ -106,6 +107,9 @@ class Replica:
                  max_backoff: float = 5.0, share_calibration: bool = True):
         if not isinstance(proposer, SuffixProposer):
             raise TypeError(f"proposer must be a SuffixProposer, got {type(proposer).__name__}")
+        if not isinstance(log_backend, StoreLog):
+            raise WrongType("log", log_backend, "a store log (append, read, close and a name: "
+                                                "ngramspec.store_log.backends.StoreLog)")
         self.proposer = proposer
         self.log = log_backend
         self.model = str(model)
@@ -156,17 +160,13 @@ class Replica:
                 self.last_error = str(exc)
                 if not self._down:
                     log.warning("store log %s unreachable (drafting from this replica's own "
-                                "store; retrying with back-off): %s", self._name(), exc)
+                                "store; retrying with back-off): %s", self.log.name, exc)
                 self._down = True
                 return False
             if self._down:
-                log.warning("store log %s reachable again: caught up", self._name())
+                log.warning("store log %s reachable again: caught up", self.log.name)
                 self._down = False
             return True
-
-    def _name(self) -> str:
-        return getattr(self.log, "url", None) or getattr(self.log, "path", None) or \
-            type(self.log).__name__
 
     def _publish(self) -> None:
         sequences, dropped_by_proposer = self.proposer.take_finished()
@@ -261,7 +261,7 @@ class Replica:
             try:
                 ok = self.sync()
             except Exception:       # noqa: BLE001 - a bug must not kill replication silently
-                log.exception("store log %s: round failed", self._name())
+                log.exception("store log %s: round failed", self.log.name)
                 ok = False
             delay = self.interval if ok else min(self.max_backoff, delay * 2)
 
@@ -287,4 +287,4 @@ class Replica:
         to ingestion of the last entry ingested), ``connected`` and the log's name."""
         return dict(self.counts, skipped=self.counts["skipped_corrupt"]
                     + self.counts["skipped_foreign"], lag_seconds=self.lag_seconds,
-                    connected=not self._down, log=self._name())
+                    connected=not self._down, log=self.log.name)
