@@ -117,6 +117,11 @@ class Joint(DraftPolicy):
 
     def __init__(self):
         self.calls = []
+        self.drafted = []
+
+    def after_draft(self, loop, draft):
+        self.drafted.append(loop.slot)      # the planner drafts through the request's policy
+        return len(draft)
 
     def choose(self, loops, budgets, n_base=None, e_base=None):
         assert list(budgets) == [len(lp.pending_draft) for lp in loops]
@@ -136,6 +141,7 @@ def test_the_joint_policy_cuts_its_drafts_for_the_whole_step():
     # the step's other tokens: two sampled, the fixed draft, the prompt tokens that fit
     ((slots, n_base, e_base),) = joint.calls
     assert slots == [0] and e_base == 2.0 and n_base == 2 + 3 + (64 - 2 - 3)
+    assert joint.drafted == [0]        # the fixed request drafted through FIXED
     assert plan.n_tokens == 64
 
 
