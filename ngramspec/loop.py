@@ -164,7 +164,7 @@ class SlotLoop:
     __slots__ = ("engine", "slot", "n_ctx", "n_predict", "record_drafts", "done",
                  "sampled", "n_output", "n_prompt", "n_draft_max", "steps", "drafts",
                  "counts", "_speculates", "begin_ns", "draft_ns", "accept_ns", "_buf", "_len",
-                 "_draft", "_called", "_bounded")
+                 "_draft", "_called", "_bounded", "_room")
 
     def __init__(self, engine, slot: int, prompt, first_token, *, n_ctx: int = 0,
                  n_predict: int = -1, record_drafts: bool = False, capacity: int = 0):
@@ -199,6 +199,7 @@ class SlotLoop:
             self.sampled = int(first_token)
             self.n_output = 1
             self.done = 0 <= self.n_predict <= 1
+        self._room = self._room_now()
 
     @property
     def timers(self) -> Timers:
@@ -236,6 +237,11 @@ class SlotLoop:
     def room(self) -> int | None:
         """llama-server's bound of the next draft (step 1): ``n_ctx - L - 2`` with a context
         size, ``n_remaining - 1`` with an output limit, the smaller of both; None: unbounded."""
+        return self._room
+
+    def _room_now(self) -> int | None:
+        # `room`, computed once per step (construction, `verify`): drivers, policies and the
+        # loop's own check read it several times a step
         bound = None
         if self._bounded:
             if self.n_ctx > 0:
@@ -268,7 +274,7 @@ class SlotLoop:
         """
         if not self._bounded:
             return n_max
-        room = self.room()
+        room = self._room
         if n_max is None:
             return room
         if n_max > max(room, 0):
@@ -306,7 +312,7 @@ class SlotLoop:
             raise RuntimeError("propose() twice without verify()")
         # `bound` inlined where it is cheap: the replay loop's steps are a few microseconds
         if self._bounded:
-            bound = self.room() if n_max is None else self.bound(n_max)
+            bound = self._room if n_max is None else self.bound(n_max)
         else:
             bound = n_max
         self.n_draft_max = bound
@@ -409,6 +415,8 @@ class SlotLoop:
         self.n_output = n_out
         if 0 <= self.n_predict <= n_out:
             self.done = True
+        if self._bounded:
+            self._room = self._room_now()
         return n_acc
 
     def record(self) -> dict:

@@ -108,8 +108,8 @@ class DraftPolicy:
         ValueError
             ``after_draft`` chose a length beyond the draft's.
         """
-        bound = loop.bound(budget)
-        if bound is None or bound > 0:
+        bound = loop.bound(budget)        # the driver's budget checked before a moment sees it
+        if bound is None or bound > 0:      # no draft call, no moment: as llama-server
             lower = self.before_draft(loop, bound)
             if lower is not None:
                 lower = operator.index(lower)
