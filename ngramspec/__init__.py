@@ -27,8 +27,8 @@ except ModuleNotFoundError as _exc:
         name=_exc.name) from None
 from ngramspec.cost import CostModel, load_cost_model
 from ngramspec.engine import SpecEngine
-from ngramspec.loop import FixedPolicy, SlotLoop
-from ngramspec.policy import AutoPolicy
+from ngramspec.loop import SlotLoop
+from ngramspec.policy import AutoPolicy, FixedPolicy
 from ngramspec.replay import replay
 from ngramspec.stats import acceptance_line, statistics_line
 

@@ -16,8 +16,12 @@ the full prompt, emit the first token from the prompt pass, then per step
 :meth:`SlotLoop.verify` is step 4 given the target's tokens of step 3, so any target sits between
 them: a recorded output (:func:`run_recorded`, the replay driver and the golden files), one
 live llama context (``ngramspec.llama.live``), the llama-cpp-python plug-in, a batched
-scheduler that decodes many slots' drafts at once. A draft-length policy (:class:`FixedPolicy`: llama.cpp's behaviour)
-hooks into every step.
+scheduler that decodes many slots' drafts at once.
+
+The loop knows no draft-length policy: it drafts within the bound its driver gives it, keeps the
+cut its driver makes (`SlotLoop.cut`) and verifies. A driver with a policy calls the policy's
+``draft`` and ``verify`` (`ngramspec.policy.DraftPolicy`), which wrap these calls, so data flows
+one way: driver -> policy -> loop -> engine.
 
 This module imports neither llama_cpp nor the compiled kernels: an engine is a
 `ngramspec.draft_engine.DraftEngine`, of which the loop calls only the required ``begin(slot,
@@ -25,9 +29,9 @@ prompt)``, ``draft(slot, context, sampled, n_max)`` and ``accept(slot, n)``.
 """
 from __future__ import annotations
 
-import operator
 import time
 from dataclasses import dataclass, fields
+from functools import partial
 
 import numpy as np
 
@@ -35,7 +39,7 @@ from ngramspec.draft_engine import NoDraftEngine, as_engine
 from ngramspec.stats import DraftCounts
 from ngramspec.validation import OutOfRange
 
-__all__ = ["FixedPolicy", "SlotLoop", "Timers", "common_prefix", "draft_budget", "run_recorded"]
+__all__ = ["SlotLoop", "Timers", "common_prefix", "draft_budget", "run_recorded"]
 
 _EMPTY = np.empty(0, dtype=np.int32)
 _EMPTY.setflags(write=False)
@@ -93,39 +97,6 @@ class Timers:
                 "us_per_begin_call": us(self.begin_ns, self.n_begin)}
 
 
-class FixedPolicy:
-    """llama.cpp's draft length: no bound beyond the server's, the whole draft is verified.
-
-    A policy sees every step of a :class:`SlotLoop`: ``before_draft(loop)`` may return a bound
-    lower than ``loop.n_draft_max`` (``None`` keeps it; ``0`` makes the step a plain decode with
-    no draft call), ``after_draft(loop, draft)`` returns how many of the draft's tokens to verify,
-    ``observe(loop, n_draft, n_accepted)`` learns from the verified step; ``choose(loops,
-    budgets)`` is the one decision of the verified lengths, for one loop or a batched step's.
-
-    Notes
-    -----
-    Memory: none.
-
-    Thread-safety: stateless, so shareable by any number of loops and threads.
-    """
-
-    def before_draft(self, loop: "SlotLoop"):
-        """No bound beyond the server's: None."""
-        return None
-
-    def after_draft(self, loop: "SlotLoop", draft: np.ndarray) -> int:
-        """The whole draft is verified: ``len(draft)``."""
-        return len(draft)
-
-    def observe(self, loop: "SlotLoop", n_draft: int, n_accepted: int) -> None:
-        """Nothing to learn."""
-
-    def choose(self, loops, budgets, n_base=None, e_base=None) -> list:
-        """Every draft is verified whole: the budgets (the policies' one decision, see
-        `ngramspec.policy.AutoPolicy.choose`)."""
-        return list(budgets)
-
-
 class SlotLoop:
     """One request on one engine slot: begin, then ``propose() -> verify(target)`` per step.
 
@@ -152,8 +123,6 @@ class SlotLoop:
     n_predict : int
         Output token limit, < 0 (-1) for none (`ngramspec.stop_rules`' sentinel); >= 0 bounds
         drafts by ``n_remaining - 1`` and ends the request once that many tokens are out.
-    policy : FixedPolicy-like, optional
-        Draft-length policy; ``None`` is :class:`FixedPolicy` (llama.cpp).
     record_drafts : bool
         Keep every verified draft (``drafts``; the golden files' ``--drafts``).
     capacity : int
@@ -171,8 +140,7 @@ class SlotLoop:
     n_output : int
         Output tokens so far, `sampled` included.
     n_draft_max : int or None
-        The bound of the current step, the server's and the driver's `propose` ``n_max``
-        (None: unbounded), set by `propose` before the policy's ``before_draft`` runs.
+        The bound of the current step's draft call: `propose`'s ``n_max`` (None: unbounded).
     steps : list of [n_draft, n_accepted, draft_called]
         One entry per verified step, as the golden files list them.
     drafts : list of list of int
@@ -193,22 +161,18 @@ class SlotLoop:
     engine may run in different threads (the engine allows one thread per slot).
     """
 
-    __slots__ = ("engine", "slot", "n_ctx", "n_predict", "policy", "record_drafts", "done",
+    __slots__ = ("engine", "slot", "n_ctx", "n_predict", "record_drafts", "done",
                  "sampled", "n_output", "n_prompt", "n_draft_max", "steps", "drafts",
-                 "counts", "_speculates", "begin_ns", "draft_ns", "accept_ns", "_buf", "_len", "_draft", "_called",
-                 "_hooks", "_bounded")
+                 "counts", "_speculates", "begin_ns", "draft_ns", "accept_ns", "_buf", "_len",
+                 "_draft", "_called", "_bounded", "_room")
 
     def __init__(self, engine, slot: int, prompt, first_token, *, n_ctx: int = 0,
-                 n_predict: int = -1, policy=None, record_drafts: bool = False,
-                 capacity: int = 0):
+                 n_predict: int = -1, record_drafts: bool = False, capacity: int = 0):
         self.engine = engine = as_engine(engine)
         self._speculates = not isinstance(engine, NoDraftEngine)
         self.slot = slot
         self.n_ctx = int(n_ctx)
         self.n_predict = int(n_predict)
-        self.policy = FixedPolicy() if policy is None else policy
-        # FixedPolicy's hooks change nothing: skip the three calls per step
-        self._hooks = type(self.policy) is not FixedPolicy
         self._bounded = self.n_ctx > 0 or self.n_predict >= 0
         self.record_drafts = record_drafts
         self.begin_ns = self.draft_ns = self.accept_ns = 0
@@ -235,6 +199,7 @@ class SlotLoop:
             self.sampled = int(first_token)
             self.n_output = 1
             self.done = 0 <= self.n_predict <= 1
+        self._room = self._room_now()
 
     @property
     def timers(self) -> Timers:
@@ -272,6 +237,11 @@ class SlotLoop:
     def room(self) -> int | None:
         """llama-server's bound of the next draft (step 1): ``n_ctx - L - 2`` with a context
         size, ``n_remaining - 1`` with an output limit, the smaller of both; None: unbounded."""
+        return self._room
+
+    def _room_now(self) -> int | None:
+        # `room`, computed once per step (construction, `verify`): drivers, policies and the
+        # loop's own check read it several times a step
         bound = None
         if self._bounded:
             if self.n_ctx > 0:
@@ -281,58 +251,76 @@ class SlotLoop:
                 bound = remaining if bound is None else min(bound, remaining)
         return bound
 
-    def propose(self, n_max: int | None = None, n_min: int = 0) -> np.ndarray:
-        """Steps 1-2: draft within the step's budget (timed).
+    def bound(self, n_max: int | None = None) -> int | None:
+        """Step 1: the bound of the next draft, the driver's budget checked against `room`.
 
         Parameters
         ----------
         n_max : int, optional
             The step's draft budget, which the driver computed once (`draft_budget`: its batch
             share, the request's ``speculation.n_max``, a host engine's number of speculative
-            tokens, and the loop's `room`); the loop only checks it is within `room`
-            (ValueError otherwise). None: the `room` itself (a driver with no bound of its own).
-            It is `n_draft_max`.
+            tokens, and the loop's `room`). None: the `room` itself (a driver with no bound of
+            its own).
+
+        Returns
+        -------
+        int or None
+            `n_max`, or the room where it is None; None: unbounded. <= 0: no draft call.
+
+        Raises
+        ------
+        OutOfRange
+            A budget beyond the loop's `room` (the driver skipped `draft_budget`).
+        """
+        if not self._bounded:
+            return n_max
+        room = self._room
+        if n_max is None:
+            return room
+        if n_max > max(room, 0):
+            raise OutOfRange("n_max", n_max, f"<= {max(room, 0)} (the loop's room: "
+                             "ngramspec.loop.draft_budget)")
+        return n_max
+
+    def propose(self, n_max: int | None = None, n_min: int = 0) -> np.ndarray:
+        """Steps 1-2: draft within the step's budget (timed).
+
+        Parameters
+        ----------
+        n_max : int, optional
+            The step's draft budget (`bound`: checked against `room`, None for the room
+            itself). It is `n_draft_max`; <= 0 makes the step a plain decode without a draft
+            call, as llama-server does.
         n_min : int
-            A draft shorter than this is dropped (llama.cpp's ``n_min``), before the policy
-            sees it.
+            A draft shorter than this is dropped (llama.cpp's ``n_min``).
 
         Returns
         -------
         numpy.ndarray
-            The int32 draft to verify (maybe empty), after the policy's ``after_draft`` cut.
+            The int32 draft (maybe empty), pending until `verify`; a driver may `cut` it first.
 
         Raises
         ------
         RuntimeError
             The request is done, or the previous draft was not verified yet.
-        ValueError
+        OutOfRange
             A budget beyond the loop's `room` (the driver skipped `draft_budget`).
         """
         if self.done:
             raise RuntimeError("propose() on a finished request")
         if self._draft is not None:
             raise RuntimeError("propose() twice without verify()")
-        L = self._len
-        bound = n_max
+        # `bound` inlined where it is cheap: the replay loop's steps are a few microseconds
         if self._bounded:
-            room = self.room()
-            if bound is None:
-                bound = room
-            elif bound > max(room, 0):
-                raise OutOfRange("n_max", bound, f"<= {max(room, 0)} (the loop's room: "
-                                 "ngramspec.loop.draft_budget)")
+            bound = self._room if n_max is None else self.bound(n_max)
+        else:
+            bound = n_max
         self.n_draft_max = bound
-        hooks = self._hooks
-        if hooks and (bound is None or bound > 0):
-            lower = self.policy.before_draft(self)
-            if lower is not None:
-                lower = operator.index(lower)
-                bound = lower if bound is None else min(bound, lower)
         if not self._speculates or (bound is not None and bound <= 0):
             draft = _EMPTY                  # llama-server makes no draft call then
             self._called = 0
         else:
-            context = self._buf[:L]         # the driver's view, made outside the timed call
+            context = self._buf[:self._len]     # the driver's view, made outside the timed call
             t0 = _clock()
             draft = self.engine.draft(self.slot, context, self.sampled, bound)
             self.draft_ns += _clock() - t0
@@ -342,12 +330,26 @@ class SlotLoop:
                 draft = np.asarray(draft, dtype=np.int32)
             if len(draft) < n_min:
                 draft = _EMPTY
-        if hooks:
-            k = self.policy.after_draft(self, draft)
-            if not 0 <= k <= len(draft):
-                raise ValueError(f"policy.after_draft returned {k}: allowed 0 .. {len(draft)}")
-            draft = draft[:k]
         self._draft = draft
+        return draft
+
+    def cut(self, k: int) -> np.ndarray:
+        """Keep the first `k` tokens of the pending draft (a policy's choice): `verify` then
+        verifies and counts only those. Returns the draft to verify.
+
+        Raises
+        ------
+        RuntimeError
+            No `propose` since the last `verify`.
+        ValueError
+            `k` out of 0 .. the draft's length; the draft stays as it was.
+        """
+        draft = self._draft
+        if draft is None:
+            raise RuntimeError("cut() without propose()")
+        if not 0 <= k <= len(draft):
+            raise ValueError(f"cut({k}) is out of range: allowed 0 .. {len(draft)}")
+        draft = self._draft = draft[:k]
         return draft
 
     def verify(self, target, *, n_verified: int | None = None) -> int:
@@ -413,8 +415,8 @@ class SlotLoop:
         self.n_output = n_out
         if 0 <= self.n_predict <= n_out:
             self.done = True
-        if self._hooks:
-            self.policy.observe(self, n_d, n_acc)
+        if self._bounded:
+            self._room = self._room_now()
         return n_acc
 
     def record(self) -> dict:
@@ -459,8 +461,12 @@ def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=No
 
     Parameters
     ----------
-    engine, slot, n_ctx, policy, record_drafts
+    engine, slot, n_ctx, record_drafts
         As for :class:`SlotLoop`.
+    policy : DraftPolicy, optional
+        The draft-length policy this driver calls around the loop's steps
+        (`ngramspec.policy.DraftPolicy.draft` and ``verify``); None: llama.cpp's (the loop's
+        own calls, the golden files).
     n_max : int, optional
         Every step's `SlotLoop.propose` bound (an engine's number of speculative tokens).
     prompt, output : 1-D int arrays
@@ -473,9 +479,11 @@ def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=No
     """
     n_out = len(output)
     loop = SlotLoop(engine, slot, prompt, output[0] if n_out else None, n_ctx=n_ctx,
-                    policy=policy, record_drafts=record_drafts,
-                    capacity=len(prompt) + n_out + 1)
-    propose, verify = loop.propose, loop.verify
+                    record_drafts=record_drafts, capacity=len(prompt) + n_out + 1)
+    if policy is None:
+        propose, verify = loop.propose, loop.verify
+    else:
+        propose, verify = partial(policy.draft, loop), partial(policy.verify, loop)
     tokens = output.tolist() if isinstance(output, np.ndarray) else list(output)
     # no cap: the budget is the room (propose's default); no room: the cap at every step
     capped = n_max is not None and loop.room() is not None

@@ -1,5 +1,11 @@
 """Draft-length policies for the verification loop (`ngramspec.loop.SlotLoop`).
 
+A policy has three moments in a step: a bound before the draft call, the verified length after
+it, and what it learns after the verification. The drivers (the scheduler's planner and
+executor, the live driver, `ngramspec.loop.run_recorded`, the engines' request table) call them
+through `DraftPolicy.draft` and `DraftPolicy.verify`, which wrap the loop's own calls: data
+flows driver -> policy -> loop -> engine, and the loop knows no policy.
+
 - ``fixed`` (`FixedPolicy`): llama.cpp's behaviour, the whole draft is verified. The default of
   ``replay``, `SpecEngine` users and the golden files.
 - ``auto`` (`AutoPolicy`): cost-aware. At each step it verifies the k of the draft's n tokens
@@ -47,6 +53,7 @@
 """
 from __future__ import annotations
 
+import operator
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -55,13 +62,107 @@ from ngramspec.acceptance import (AcceptanceEstimator, DraftOutcomes, expected_a
                                   lean_on_previous)
 from ngramspec.cost import CostModel
 from ngramspec.draft_engine import ReportsDraftProbs
-from ngramspec.loop import FixedPolicy
 from ngramspec.validation import Refused, check_choice, check_int
 
-__all__ = ["AutoPolicy", "FixedPolicy", "POLICIES", "make_policy"]
+__all__ = ["AutoPolicy", "DraftPolicy", "FIXED", "FixedPolicy", "POLICIES", "make_policy"]
 
-#: Policy names: ``--spec-policy``, a request's ``speculation.policy``, ``Scheduler(policy=)``.
+#: Policy names: ``--spec-policy``, a request's ``speculation.policy``, ``SpecConfig(policy=)``.
 POLICIES = ("auto", "fixed")
+
+
+class DraftPolicy:
+    """A draft-length policy's moments in a step, and the one sequence every driver calls them
+    in around its `ngramspec.loop.SlotLoop`: ``draft`` (instead of ``loop.propose``), then
+    ``verify`` (instead of ``loop.verify``).
+
+    The moments, each a no-op here (llama.cpp's behaviour) for a subclass to override:
+
+    1. ``before_draft(loop, bound)``: before the draft call, a bound lower than the step's
+       (None keeps it; 0 makes the step a plain decode with no draft call);
+    2. ``after_draft(loop, draft)``: how many of the draft's tokens to verify;
+    3. ``observe(loop, n_draft, n_accepted)``: learn from the verified step.
+
+    ``choose(loops, budgets)`` is the one decision of the verified lengths, for one loop (from
+    ``after_draft``) or a batched step's loops jointly (the scheduler's planner calls it after
+    every slot drafted).
+
+    Notes
+    -----
+    Memory: none. Thread-safety: stateless, so shareable by any number of loops and threads.
+    """
+
+    def draft(self, loop, budget: Optional[int] = None, n_min: int = 0) -> np.ndarray:
+        """A step's draft: the loop drafts within `budget` (`SlotLoop.bound`: checked against
+        its room, None for the room) lowered by ``before_draft``, drops a draft shorter than
+        `n_min`, and keeps the ``after_draft`` part of it pending (`SlotLoop.cut`).
+
+        Returns
+        -------
+        numpy.ndarray
+            The int32 draft to verify (maybe empty).
+
+        Raises
+        ------
+        OutOfRange
+            `budget` beyond the loop's room (the driver skipped `ngramspec.loop.draft_budget`).
+        ValueError
+            ``after_draft`` chose a length beyond the draft's.
+        """
+        bound = loop.bound(budget)        # the driver's budget checked before a moment sees it
+        if bound is None or bound > 0:      # no draft call, no moment: as llama-server
+            lower = self.before_draft(loop, bound)
+            if lower is not None:
+                lower = operator.index(lower)
+                budget = lower if bound is None else min(bound, lower)
+        draft = loop.propose(budget, n_min)
+        k = self.after_draft(loop, draft)
+        return draft if k == len(draft) else loop.cut(k)
+
+    def verify(self, loop, target, *, n_verified: Optional[int] = None) -> int:
+        """`SlotLoop.verify` of the pending draft, then ``observe``; returns the accepted
+        length. `target` and `n_verified` as `SlotLoop.verify` takes them."""
+        n_accepted = loop.verify(target, n_verified=n_verified)
+        self.observe(loop, loop.steps[-1][0], n_accepted)     # the step's [n_draft, ...]
+        return n_accepted
+
+    def before_draft(self, loop, bound: Optional[int]) -> Optional[int]:
+        """No bound beyond the step's `bound`: None."""
+        return None
+
+    def after_draft(self, loop, draft: np.ndarray) -> int:
+        """The whole draft is verified: ``len(draft)``."""
+        return len(draft)
+
+    def observe(self, loop, n_draft: int, n_accepted: int) -> None:
+        """Nothing to learn."""
+
+    def choose(self, loops, budgets, n_base=None, e_base=None) -> list:
+        """Every draft is verified whole: the budgets."""
+        return list(budgets)
+
+
+class FixedPolicy(DraftPolicy):
+    """llama.cpp's draft length: no bound beyond the driver's, the whole draft is verified.
+
+    Its moments change nothing, so its ``draft`` and ``verify`` are the loop's own calls (three
+    Python calls a step fewer: the replay loop's and the engines' hot path).
+
+    Notes
+    -----
+    Memory: none. Thread-safety: stateless, so shareable by any number of loops and threads.
+    """
+
+    def draft(self, loop, budget: Optional[int] = None, n_min: int = 0) -> np.ndarray:
+        """`SlotLoop.propose`: the whole draft within `budget`."""
+        return loop.propose(budget, n_min)
+
+    def verify(self, loop, target, *, n_verified: Optional[int] = None) -> int:
+        """`SlotLoop.verify`."""
+        return loop.verify(target, n_verified=n_verified)
+
+
+#: llama.cpp's policy, the drivers' default (stateless: one instance serves all).
+FIXED = FixedPolicy()
 
 
 class _SlotState:
@@ -79,7 +180,7 @@ class _SlotState:
         self.draft_ns0 = -1           # the loop's draft timer before this step's call
 
 
-class AutoPolicy:
+class AutoPolicy(DraftPolicy):
     """Cost-aware draft length: verify the k maximizing E[accepted + 1 | k] / c(k + 1, L).
 
     Parameters
@@ -249,14 +350,16 @@ class AutoPolicy:
                     return lean_on_previous(p[:n], tried[:n], self._est_args["prior_weight"])
         return self._estimator(st, max(proposer, 0)).conditional(n)
 
-    # -- the loop's hooks ------------------------------------------------------------------
+    # -- the step's moments (DraftPolicy) --------------------------------------------------
 
-    def before_draft(self, loop) -> Optional[int]:
+    def before_draft(self, loop, bound: Optional[int]) -> Optional[int]:
         """Skip the draft call (0) when the proposer is expensive and no draft would pay.
 
         Parameters
         ----------
         loop : SlotLoop
+        bound : int or None
+            The step's bound (the driver's budget; None: unbounded).
 
         Returns
         -------
@@ -275,8 +378,7 @@ class AutoPolicy:
         t1 = self.cost_model.seconds(1, L)
         if per_token < 0.01 * t1:       # n-gram proposers: microseconds against milliseconds
             return None
-        bound = loop.n_draft_max if loop.n_draft_max is not None else 64
-        n = max(1, min(bound, 256))
+        n = max(1, min(bound if bound is not None else 64, 256))
         q = self._estimator(st, max(st.pending, 0)).conditional(n)
         c = self.costs(n + 1, L) + np.arange(n + 1) * (per_token / t1)
         k = self.best_k(expected_accepted(q), c)

@@ -38,8 +38,9 @@ def replay_request(engine: SpecEngine, slot: int, prompt: np.ndarray, output: np
     n_ctx : int
         > 0 bounds every draft by llama-server's ``n_ctx - L - 2`` (no draft call when that is
         <= 0); 0 means unbounded, as in the golden files.
-    policy : draft-length policy, optional
-        `ngramspec.loop.FixedPolicy` when None (llama.cpp's; the golden files).
+    policy : DraftPolicy, optional
+        The draft-length policy `run_recorded` drives the loop through; None: llama.cpp's (the
+        golden files).
 
     Returns
     -------

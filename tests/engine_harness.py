@@ -22,6 +22,7 @@ import numpy as np
 
 from ngramspec.integrations.requests import engine_from_env
 from ngramspec.loop import SlotLoop, common_prefix, draft_budget, run_recorded
+from ngramspec.policy import FIXED
 
 
 @dataclass
@@ -288,6 +289,7 @@ def reference_drafts(engine_factory, sims: List[SimRequest], max_model_len: int,
     """
     import heapq
     engine = engine_factory(len(sims))
+    policy = FIXED if policy is None else policy     # its moments around each loop's steps
     by_step: Dict[int, list] = {}
     for r in sims:
         for j, step in enumerate(r.target_steps):
@@ -305,12 +307,13 @@ def reference_drafts(engine_factory, sims: List[SimRequest], max_model_len: int,
             if j == 0:
                 slot_of[r.rid] = heapq.heappop(free)
                 loops[r.rid] = SlotLoop(engine, slot_of[r.rid], r.prompt, int(r.targets[0][0]),
-                                        n_ctx=max_model_len, policy=policy)
+                                        n_ctx=max_model_len)
         for _, j, r in events:
+            loop = loops[r.rid]
             if j:
                 t = r.targets[j]
-                loops[r.rid].verify(t, n_verified=len(t) - 1)
-            out[r.rid].append(loops[r.rid].propose(draft_budget(loops[r.rid], k)).tolist())
+                policy.verify(loop, t, n_verified=len(t) - 1)
+            out[r.rid].append(policy.draft(loop, draft_budget(loop, k)).tolist())
     return out
 
 

@@ -426,3 +426,45 @@ def test_a_request_is_plain_without_its_own_engine_or_bound(args, plain):
     control = None if args is None else control_of(checked_args(args), corpus.chain)
     req = corpus.requests.begin("r", np.arange(40, dtype=np.int32) % 9, 3, control)
     assert req.plain is plain
+
+
+@pytest.mark.parametrize("own, host, n_ctx, budget, n_draft", [
+    (None, 6, 0, 6, 6), (3, 6, 0, 3, 3), (9, 6, 0, 6, 6), (4, None, 0, 4, 4),
+    (None, None, 0, None, 64), (5, 6, 64, 2, 2)])
+def test_a_requests_budget_is_its_own_n_max_the_hosts_and_the_room(own, host, n_ctx, budget,
+                                                                   n_draft):
+    """The request table's one budget per step (`draft_budget`): the smallest of the host's
+    n_max, the request's own ``speculative.n_max`` and the loop's room (n_ctx - L - 2)."""
+    from ngramspec.integrations.request_args import checked_args, control_of
+    from ngramspec.integrations.requests import RequestLoops
+    engine = SpecEngine("ngram-mod", 1)       # drafts 64 tokens of a repeated cycle
+    table = RequestLoops(engine, 1, n_ctx=n_ctx, n_max=host)
+    args = None if own is None else {"speculative": {"n_max": own}}
+    control = None if args is None else control_of(checked_args(args), engine.types)
+    prompt = np.arange(60, dtype=np.int32) % 9                  # L = 60: room 64 - 62 = 2
+    req = table.begin("r", prompt, 6, control)
+    draft = table.advance(req, [])
+    assert len(draft) == n_draft and req.loop.n_draft_max == budget   # None: unbounded
+
+
+def test_the_request_tables_policy_sees_every_step():
+    """The request table drives each request through the host's policy (issue 39: driver ->
+    policy -> loop): every draft passes its ``after_draft``, every verification its
+    ``observe``; a tree branch's steps too (as steps without a draft)."""
+    from ngramspec.cost import PROFILES
+    from ngramspec.integrations.requests import RequestLoops
+    from ngramspec.policy import AutoPolicy
+    policy = AutoPolicy(PROFILES["gpu"], proposer_time=False)
+    table = RequestLoops(SpecEngine("ngram-mod", 1), 1, n_max=8, policy=policy)
+    req = table.begin("r", np.arange(60, dtype=np.int32) % 9, 6)
+    draft = table.advance(req, [])
+    for _ in range(5):               # the cycle goes on: every draft accepted whole
+        nxt = (int(draft[-1]) + 1) % 9
+        draft = table.advance(req, np.append(draft, nxt).astype(np.int32))
+    # a branch beside the chain: one token accepted, then two of the branch (no draft each)
+    req.tree = (np.array([draft[0], 0, 0], np.int32), np.array([-1, 0, 1]))
+    last = table.advance(req, np.array([draft[0], 0, 0, 4], dtype=np.int32))
+    s = policy.summary()
+    # drafts: 1 + 5 + the last (if any) after 2 steps without one; verified: 5 + the branch's
+    assert (s["steps"], s["drafts"], s["verified"]) == (9, 6 + bool(len(last)), 6)
+    assert req.loop.steps[-3:] == [[len(draft), 1, 1], [0, 0, 0], [0, 0, 0]]

@@ -212,6 +212,51 @@ def test_the_loop_needs_neither_llama_cpp_nor_kernels():
     assert "llama_cpp" not in re.sub(r'""".*?"""', "", text, flags=re.S)
 
 
+# A policy's moments; the drivers call them (ngramspec.policy.DraftPolicy.draft / verify).
+POLICY_MOMENTS = ("before_draft", "after_draft", "observe", "choose")
+
+
+def _reaches_the_policy(cls: ast.ClassDef) -> list:
+    """``line: name`` of each name, attribute, parameter or string (docstrings aside) in class
+    `cls` that names a policy or one of its moments."""
+    docs = {id(n.body[0].value) for n in ast.walk(cls)
+            if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(n) is not None}
+    found = []
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Name):
+            name = node.id
+        elif isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, ast.arg):
+            name = node.arg
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            name = node.value           # __slots__, getattr(self, "policy")
+        else:
+            continue
+        if "policy" in name.lower() or name in POLICY_MOMENTS:
+            found.append(f"{node.lineno}: {name}")
+    return found
+
+
+def test_the_loop_does_not_reach_the_policy():
+    """Data flows driver -> policy -> loop -> engine, never back (issue 39): `SlotLoop` takes no
+    policy, holds none and calls no policy moment; the drivers call the policy, which calls the
+    loop. loop.py defines no policy either (its driver run_recorded takes one as a parameter)."""
+    tree = ast.parse((PKG / "loop.py").read_text(encoding="utf-8"))
+    (loop,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SlotLoop"]
+    assert _reaches_the_policy(loop) == []
+    assert not [n.name for n in tree.body if isinstance(n, ast.ClassDef) and "Policy" in n.name]
+    # the check sees a loop that calls its policy back (main's before issue 39), not its docs
+    calls_back = ast.parse('class SlotLoop:\n    """Drafts; a policy cuts."""\n'
+                           '    __slots__ = ("_policy",)\n'
+                           '    def verify(self, n):\n        """The policy learns."""\n'
+                           '        self.hooks.observe(self, n)\n'
+                           '    def __init__(self, p=None, *, policy=None):\n'
+                           '        self._policy = policy\n')
+    assert sorted(_reaches_the_policy(calls_back.body[0])) == [
+        "3: _policy", "6: observe", "7: policy", "8: _policy", "8: policy"]
+
+
 def test_importing_the_package_loads_no_llama_cpp():
     """Neither the package, nor the llama layer's modules, nor the whole command line (every
     subcommand's parser built) import llama_cpp: it is loaded on first use."""
@@ -234,15 +279,16 @@ def _defining(pattern: str):
 
 
 def test_one_policy_one_writer():
-    """One draft-length policy (policy.py; loop.py's FixedPolicy is llama.cpp's no-op), whose
-    batch method is the scheduler's joint choice; one atomic writer (files.py)."""
+    """One draft-length policy module (policy.py: the moments' base DraftPolicy, llama.cpp's
+    FixedPolicy, AutoPolicy), whose batch method is the scheduler's joint choice; one atomic
+    writer (files.py)."""
     policies = _defining(r"^\s*class \w*Policy\b")
-    assert sorted(policies) == sorted(_defining(r"^class (AutoPolicy|FixedPolicy)\b")), policies
-    assert all(p.startswith(("ngramspec/policy.py", "ngramspec/loop.py")) for p in policies)
+    assert sorted(policies) == sorted(_defining(r"^class (AutoPolicy|DraftPolicy|FixedPolicy)\b"))
+    assert len(policies) == 3 and all(p.startswith("ngramspec/policy.py") for p in policies)
     assert not [p for p in _defining(r"StepCost|def \w*choose_lengths\b")]
-    # the one decision of verified lengths, single or joint: AutoPolicy's (FixedPolicy's keeps all)
+    # the one decision of verified lengths, single or joint: AutoPolicy's (DraftPolicy's keeps all)
     assert sorted(p.split(":")[0] for p in _defining(r"def choose\b")) == [
-        "ngramspec/loop.py", "ngramspec/policy.py"]
+        "ngramspec/policy.py", "ngramspec/policy.py"]
     assert [p.split(":")[0] for p in _defining(r"\bos\.replace\(")] == ["ngramspec/files.py"]
 
 

@@ -1,10 +1,12 @@
 """The one slot loop (ngramspec.loop): llama-server's bound, begin/draft/accept order, targets
-that end early, the policy hooks. Golden parity of the loop itself is tests/test_golden.py."""
+that end early, a driver's cut, and a policy's moments around the loop (the driver calls them:
+DraftPolicy.draft / verify). Golden parity of the loop itself is tests/test_golden.py."""
 import numpy as np
 import pytest
 
 from ngramspec import SpecEngine
-from ngramspec.loop import FixedPolicy, SlotLoop, draft_budget, run_recorded
+from ngramspec.loop import SlotLoop, draft_budget, run_recorded
+from ngramspec.policy import FIXED, DraftPolicy
 from ngramspec.validation import OutOfRange
 
 
@@ -150,47 +152,96 @@ def test_context_buffer_grows_past_capacity():
     assert eng.calls[-1][0] == "accept" and eng.calls[-2][2] == expect[:len(eng.calls[-2][2])]
 
 
-class Recorder(FixedPolicy):
+def test_a_drivers_cut_is_what_verify_verifies_and_counts():
+    eng = ScriptedEngine([[4, 5, 6, 7]])
+    loop = SlotLoop(eng, 0, [1, 2], 3)
+    with pytest.raises(RuntimeError, match="without propose"):
+        loop.cut(0)
+    loop.propose()
+    with pytest.raises(ValueError, match=r"cut\(5\) is out of range: allowed 0 .. 4"):
+        loop.cut(5)
+    assert loop.pending_draft.tolist() == [4, 5, 6, 7]      # a refused cut changes nothing
+    assert loop.cut(2).tolist() == [4, 5] and loop.pending_draft.tolist() == [4, 5]
+    assert loop.verify([4, 5, 6]) == 2
+    assert loop.steps == [[2, 2, 1]] and loop.n_draft_tokens == 2 and loop.sampled == 6
+
+
+class Recorder(DraftPolicy):
+    """A policy recording its moments; the driver calls them (the loop knows no policy)."""
+
     def __init__(self, lower, keep):
         self.lower, self.keep, self.seen = lower, keep, []
 
-    def before_draft(self, loop):
-        self.seen.append(("before", loop.n_draft_max))
+    def before_draft(self, loop, bound):
+        self.seen.append(("before", bound, len(loop.engine.calls)))
         return self.lower
 
     def after_draft(self, loop, draft):
+        self.seen.append(("after", draft.tolist(), loop.pending_draft.tolist()))
         return min(self.keep, len(draft))
 
     def observe(self, loop, n_draft, n_acc):
-        self.seen.append(("observe", n_draft, n_acc))
+        self.seen.append(("observe", n_draft, n_acc, loop.n_context))
 
 
 def test_policy_lowers_the_bound_and_shortens_the_draft():
     eng = ScriptedEngine([[4, 5, 6, 7, 8]])
     pol = Recorder(lower=4, keep=2)
-    loop = SlotLoop(eng, 0, [1, 2], 3, n_ctx=100, policy=pol)
-    assert loop.propose().tolist() == [4, 5]
+    loop = SlotLoop(eng, 0, [1, 2], 3, n_ctx=100)
+    assert pol.draft(loop).tolist() == [4, 5]     # budget None: the loop's room
     assert eng.calls[-1][4] == 4                   # min(100 - 2 - 2, 4)
-    assert loop.verify([4, 5, 6]) == 2
-    assert pol.seen == [("before", 96), ("observe", 2, 2)]
+    assert pol.verify(loop, [4, 5, 6]) == 2
+    # before the draft call (only begin so far), after it, after the verification
+    assert pol.seen == [("before", 96, 1), ("after", [4, 5, 6, 7], [4, 5, 6, 7]),
+                        ("observe", 2, 2, 5)]
     assert eng.calls[-1] == ("accept", 0, 2) and loop.steps == [[2, 2, 1]]
+
+
+def test_policy_sees_the_drivers_budget_which_the_loop_checks_first():
+    pol = Recorder(lower=None, keep=9)
+    loop = SlotLoop(ScriptedEngine([[4, 5, 6]]), 0, [1, 2], 3, n_ctx=10)
+    with pytest.raises(OutOfRange, match=r"^n_max = 7 is out of range: allowed <= 6"):
+        pol.draft(loop, 7)                         # beyond the room: refused before the policy
+    assert pol.seen == []
+    assert pol.draft(loop, draft_budget(loop, 2)).tolist() == [4, 5]
+    assert pol.seen[0] == ("before", 2, 1) and loop.n_draft_max == 2
 
 
 def test_policy_zero_bound_is_a_plain_step():
     eng = ScriptedEngine([[4]])
-    loop = SlotLoop(eng, 0, [1], 3, policy=Recorder(lower=0, keep=9))
-    assert loop.propose().size == 0
-    loop.verify([5])
+    pol = Recorder(lower=0, keep=9)
+    loop = SlotLoop(eng, 0, [1], 3)
+    assert pol.draft(loop).size == 0
+    pol.verify(loop, [5])
     assert [c[0] for c in eng.calls] == ["begin"] and loop.steps == [[0, 0, 0]]
+    assert pol.seen == [("before", None, 1), ("after", [], []), ("observe", 0, 0, 2)]
 
 
 def test_policy_out_of_range_keep_is_refused():
-    class Bad(FixedPolicy):
+    class Bad(DraftPolicy):
         def after_draft(self, loop, draft):
             return len(draft) + 1
-    loop = SlotLoop(ScriptedEngine([[4]]), 0, [1], 3, policy=Bad())
-    with pytest.raises(ValueError, match="after_draft returned 2: allowed 0 .. 1"):
-        loop.propose()
+    loop = SlotLoop(ScriptedEngine([[4]]), 0, [1], 3)
+    with pytest.raises(ValueError, match=r"cut\(2\) is out of range: allowed 0 .. 1"):
+        Bad().draft(loop)
+
+
+def test_fixed_policy_is_the_loops_own_calls():
+    """FIXED (llama.cpp's) and the base policy's no-op moments give the same steps as driving
+    the loop directly."""
+    steps = []
+    for drive in (None, FIXED, DraftPolicy()):
+        eng = ScriptedEngine([[5, 6, 7], [], [9], [4, 4]])
+        loop = SlotLoop(eng, 0, [1, 2, 3], 4, n_ctx=12)
+        for target in ([5, 6, 8, 0], [3], [0, 1], [4, 4, 4]):
+            if drive is None:
+                loop.propose(draft_budget(loop, 2))
+                loop.verify(target)
+            else:
+                drive.draft(loop, draft_budget(loop, 2))
+                drive.verify(loop, target)
+        steps.append((loop.steps, loop.context.tolist(), eng.calls))
+    assert steps[0] == steps[1] == steps[2]
 
 
 def test_run_recorded_with_a_real_engine():

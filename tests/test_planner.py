@@ -12,6 +12,7 @@ from ngramspec.llama import planner
 from ngramspec.llama.planner import PREFILL_RESERVE, plan_step
 from ngramspec.draft_engine import EngineDefaults
 from ngramspec.loop import SlotLoop
+from ngramspec.policy import FIXED, DraftPolicy
 from ngramspec.stop_rules import CANCELLED, CONTEXT
 
 
@@ -34,17 +35,18 @@ class LongDrafts(EngineDefaults):
         pass
 
 
-def generating(slot, n_context=10, engine=None, n_max=None, n_min=0, policy=None):
-    loop = SlotLoop(engine or LongDrafts(), slot, np.arange(1, n_context + 1), 7,
-                    policy=policy)
-    return SimpleNamespace(cancel_requested=False, loop=loop, slot=SimpleNamespace(id=slot),
+def generating(slot, n_context=10, engine=None, n_max=None, n_min=0, policy=FIXED):
+    loop = SlotLoop(engine or LongDrafts(), slot, np.arange(1, n_context + 1), 7)
+    return SimpleNamespace(cancel_requested=False, loop=loop, policy=policy,
+                           slot=SimpleNamespace(id=slot),
                            spec=SimpleNamespace(n_max=n_max, n_min=n_min),
                            prompt=np.arange(1, n_context + 1, dtype=np.int32),
                            n_past=n_context)
 
 
 def prompting(slot, size, n_past=0):
-    return SimpleNamespace(cancel_requested=False, loop=None, slot=SimpleNamespace(id=slot),
+    return SimpleNamespace(cancel_requested=False, loop=None, policy=FIXED,
+                           slot=SimpleNamespace(id=slot),
                            spec=SimpleNamespace(n_max=None, n_min=0),
                            prompt=np.arange(1, size + 1, dtype=np.int32), n_past=n_past)
 
@@ -110,20 +112,16 @@ def test_cancelled_and_full_requests_end_before_the_decode():
     assert gone.loop.pending_draft.size == 0 and full.loop.pending_draft.size == 0
 
 
-class Joint:
+class Joint(DraftPolicy):
     """A joint policy that verifies one token of each of its drafts, and records its inputs."""
 
     def __init__(self):
         self.calls = []
-
-    def before_draft(self, loop):
-        return None
+        self.drafted = []
 
     def after_draft(self, loop, draft):
+        self.drafted.append(loop.slot)      # the planner drafts through the request's policy
         return len(draft)
-
-    def observe(self, loop, n_draft, n_accepted):
-        pass
 
     def choose(self, loops, budgets, n_base=None, e_base=None):
         assert list(budgets) == [len(lp.pending_draft) for lp in loops]
@@ -143,6 +141,7 @@ def test_the_joint_policy_cuts_its_drafts_for_the_whole_step():
     # the step's other tokens: two sampled, the fixed draft, the prompt tokens that fit
     ((slots, n_base, e_base),) = joint.calls
     assert slots == [0] and e_base == 2.0 and n_base == 2 + 3 + (64 - 2 - 3)
+    assert joint.drafted == [0]        # the fixed request drafted through FIXED
     assert plan.n_tokens == 64
 
 

@@ -6,8 +6,8 @@ from ngramspec import SpecEngine
 from ngramspec.acceptance import AcceptanceEstimator, DraftOutcomes, expected_accepted
 from ngramspec.cost import PROFILES, CostModel
 from ngramspec.draft_engine import EngineDefaults
-from ngramspec.loop import FixedPolicy, run_recorded
-from ngramspec.policy import AutoPolicy, make_policy
+from ngramspec.loop import run_recorded
+from ngramspec.policy import AutoPolicy, FixedPolicy, make_policy
 
 
 def linear_cost():

@@ -74,11 +74,11 @@ class Repeating(EngineDefaults):
 
 
 def step(policy, loops, n_base):
-    drafts = [loop.propose() for loop in loops]
+    drafts = [policy.draft(loop) for loop in loops]
     assert all(len(d) == 8 for d in drafts)     # joint: after_draft keeps the whole draft
     ks = policy.choose(loops, [len(d) for d in drafts], n_base, float(len(loops)))
     for loop, k in zip(loops, ks):
-        loop.verify(np.full(k + 1, 7, np.int32), n_verified=k)
+        policy.verify(loop, np.full(k + 1, 7, np.int32), n_verified=k)
     return ks
 
 
@@ -87,8 +87,7 @@ def step(policy, loops, n_base):
 def test_choose_learns_and_cuts_every_slot(cost, long):
     policy = AutoPolicy(cost, joint=True, proposer_time=False)
     engine = Repeating(8)
-    loops = [SlotLoop(engine, s, np.arange(10, dtype=np.int32), 7, policy=policy)
-             for s in range(3)]
+    loops = [SlotLoop(engine, s, np.arange(10, dtype=np.int32), 7) for s in range(3)]
     for _ in range(30):
         ks = step(policy, loops, len(loops))
     # drafts that are always accepted: on a cheap batch the whole draft of every slot, on a
@@ -121,17 +120,17 @@ def test_one_decision_for_one_slot_and_for_a_batch(seed):
     single = AutoPolicy(cost, proposer_time=False)
     joint = AutoPolicy(cost, joint=True, proposer_time=False)
     engine = Repeating(12)
-    a = SlotLoop(engine, 0, np.arange(10, dtype=np.int32), 7, policy=single)
-    b = SlotLoop(engine, 1, np.arange(10, dtype=np.int32), 7, policy=joint)
+    a = SlotLoop(engine, 0, np.arange(10, dtype=np.int32), 7)
+    b = SlotLoop(engine, 1, np.arange(10, dtype=np.int32), 7)
     chosen = []
     for _ in range(60):
-        cut = a.propose()
-        full = b.propose()
+        cut = single.draft(a)
+        full = joint.draft(b)
         k = joint.choose([b], [len(full)])[0]
         assert k == len(cut)
         chosen.append(k)
         p = rng.uniform(0.3, 1.0)
         target = np.where(rng.random(len(full) + 1) < p, a.sampled, 3).astype(np.int32)
-        assert a.verify(target) == b.verify(target, n_verified=k)
+        assert single.verify(a, target) == joint.verify(b, target, n_verified=k)
     assert len(set(chosen)) > 1                  # the choice moved with what was learned
     assert single.summary() == joint.summary()

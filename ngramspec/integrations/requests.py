@@ -21,7 +21,7 @@ from ngramspec.config import SpecConfig
 from ngramspec.draft_engine import NO_DRAFT
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop, common_prefix, draft_budget
-from ngramspec.policy import AutoPolicy
+from ngramspec.policy import FIXED, AutoPolicy, DraftPolicy
 from ngramspec.prediction import PredictedEngine, PredictionDrafter
 
 __all__ = ["MAX_DRAFT", "SPEC_ENV", "RequestLoops", "engine_from_env", "same_tokens",
@@ -80,8 +80,10 @@ class Request:
     n : int
         Tokens known: the loop's context plus the token it verifies next.
     n_max, n_min : int
-        Every step's `SlotLoop.propose` bounds: the host's ``n_max`` or the request's own
-        ``speculative.n_max`` below it, and its ``speculative.n_min``.
+        The request's own ``speculative.n_max`` (None: none; every step's budget is
+        `draft_budget` of it and the host's) and ``speculative.n_min``.
+    policy : DraftPolicy
+        The draft-length policy its steps go through (the host's, or `FIXED`).
     plain : bool
         Whether it drafts with the host's engine and ``n_max`` (no prediction, proposer
         subset or bound of its own): what a host's extras beyond the chain (SGLang's trees)
@@ -99,10 +101,10 @@ class Request:
     """
 
     __slots__ = ("key", "loop", "seq", "n", "last_step", "pending", "tree", "n_max", "n_min",
-                 "plain")
+                 "plain", "policy")
 
     def __init__(self, key, loop: SlotLoop, seq: int, step: int, n_max: Optional[int] = None,
-                 n_min: int = 0, plain: bool = True):
+                 n_min: int = 0, plain: bool = True, policy: DraftPolicy = FIXED):
         self.key = key
         self.loop = loop
         self.seq = seq
@@ -110,9 +112,10 @@ class Request:
         self.last_step = step
         self.pending = False      # a draft was proposed and not verified yet
         self.tree = None
-        self.n_max = n_max        # every step's draft bound: the host's, the request's below it
+        self.n_max = n_max        # the request's own draft cap (the host's is RequestLoops')
         self.n_min = n_min
         self.plain = plain        # drafts with the host's engine and n_max (no own subset, bound)
+        self.policy = policy
 
     def continues(self, new_tokens) -> bool:
         """Whether `new_tokens` (after the known ones) are the pending draft's accepted prefix
@@ -235,14 +238,16 @@ class RequestLoops:
             oldest = min(self.requests.values(), key=lambda r: (r.last_step, r.seq))
             self.end(oldest.key)
         slot = heapq.heappop(self._free)
-        engine, n_max, n_min, policy = self.engine, self.n_max, 0, self.policy
+        engine, n_max, n_min, policy = self.engine, None, 0, self.policy
         if control is not None:
             engine, n_max, n_min, policy = self._controlled(control)
         loop = SlotLoop(engine, slot, prompt, int(first_token), n_ctx=self.n_ctx,
-                        policy=policy,
                         capacity=len(prompt) + 256)
+        # plain: its own n_max, if any, bounds nothing below the host's
+        own_bound = n_max is not None and (self.n_max is None or n_max < self.n_max)
         req = Request(key, loop, self._seq, self.step, n_max, n_min,
-                      plain=engine is self.engine and n_max == self.n_max)
+                      plain=engine is self.engine and not own_bound,
+                      policy=FIXED if policy is None else policy)
         self._seq += 1
         self.requests[key] = req
         return req
@@ -250,17 +255,17 @@ class RequestLoops:
     def _controlled(self, control):
         """``(engine, n_max, n_min, policy)`` of a request with its own fields, as the scheduler
         builds them (`ngramspec.llama.scheduler`): the chain's subset of its types (the same
-        proposer objects, so slots and shared stores stay one), the prediction in front;
+        proposer objects, so slots and shared stores stay one), the prediction in front; its
+        own ``n_max`` (None: none; `advance`'s `draft_budget` joins it with the host's);
         ``policy: fixed`` is llama.cpp's (None), ``auto`` the host's (`request_args.control_of`
         refuses it where the host's is not auto)."""
         spec = control.spec
-        n_max, n_min, engine, policy = self.n_max, 0, self.engine, self.policy
+        n_max, n_min, engine, policy = None, 0, self.engine, self.policy
         if spec is not None:
             if not spec.enabled:
-                return NO_DRAFT, n_max, 0, None
+                return NO_DRAFT, None, 0, None
             engine = self.engine.subset(spec.types, self._engines)
-            if spec.n_max is not None:
-                n_max = spec.n_max if n_max is None else min(n_max, spec.n_max)
+            n_max = spec.n_max
             n_min = spec.n_min or 0
             if spec.policy == "fixed":
                 policy = None
@@ -284,13 +289,13 @@ class RequestLoops:
             (`Request.continues` must hold).
         """
         g = len(new_tokens)
-        loop = req.loop
+        loop, policy = req.loop, req.policy
         req.last_step = self.step
         if req.pending and not g:       # asked again before the target verified
             return loop.pending_draft
         if g == 1:
             # the target's token alone (the common step): nothing accepted, no slicing
-            loop.verify(new_tokens, n_verified=0)
+            policy.verify(loop, new_tokens, n_verified=0)
             req.n += 1
             req.tree = None
         elif g:
@@ -299,15 +304,16 @@ class RequestLoops:
             k = g - 1
             if req.tree is not None:
                 k = common_prefix(loop.pending_draft[:k], new_tokens)
-            loop.verify(new_tokens[:k + 1], n_verified=k)
+            policy.verify(loop, new_tokens[:k + 1], n_verified=k)
             # a tree branch beside the chain: its tokens join the context without a draft
             for i in range(k + 1, g):
-                loop.propose(n_max=0)
-                loop.verify(new_tokens[i:i + 1])
+                policy.draft(loop, 0)
+                policy.verify(loop, new_tokens[i:i + 1])
             req.n += g
             req.tree = None
         req.pending = True
-        return loop.propose(draft_budget(loop, req.n_max), req.n_min)
+        # the step's one budget: the host's n_max, the request's, the loop's room
+        return policy.draft(loop, draft_budget(loop, self.n_max, req.n_max), req.n_min)
 
     def end(self, key) -> None:
         """Forget request `key` (no-op if unknown); its slot is free again, and what the engine

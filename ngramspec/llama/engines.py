@@ -18,7 +18,7 @@ from ngramspec.cost import CostModel
 from ngramspec.draft_engine import NO_DRAFT, DraftEngine
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop
-from ngramspec.policy import POLICIES, AutoPolicy
+from ngramspec.policy import FIXED, POLICIES, AutoPolicy, DraftPolicy
 from ngramspec.prediction import PredictedEngine, PredictionDrafter
 
 from .calibration import context_calibration
@@ -100,16 +100,17 @@ class ChainEngines:
         return engine
 
     def loop_for(self, r, first_token: int, n_ctx_slot: int, policy: str,
-                 auto_policy: Optional[AutoPolicy]) -> SlotLoop:
+                 auto_policy: Optional[AutoPolicy]) -> Tuple[SlotLoop, DraftPolicy]:
         """The `SlotLoop` of request `r` (`ngramspec.llama.running.RunningRequest`) whose prompt
-        is in its slot and whose first output token is `first_token`: on its engine
-        (`for_request`), under the joint `auto_policy` when its policy (else the scheduler's
-        `policy`) is "auto" and it speculates."""
+        is in its slot and whose first output token is `first_token`, on its engine
+        (`for_request`), and the policy the planner drafts it through: the joint `auto_policy`
+        when its policy (else the scheduler's `policy`) is "auto" and it speculates, else
+        llama.cpp's `FIXED`."""
         engine = self.for_request(r.spec, r.prediction, r.slot.id)
         auto = engine.speculates and (r.spec.policy or policy) == "auto"
-        return SlotLoop(engine, r.slot.id, r.prompt, first_token, n_ctx=n_ctx_slot,
-                        n_predict=r.sampling.max_tokens,
-                        policy=auto_policy if auto else None, capacity=n_ctx_slot)
+        loop = SlotLoop(engine, r.slot.id, r.prompt, first_token, n_ctx=n_ctx_slot,
+                        n_predict=r.sampling.max_tokens, capacity=n_ctx_slot)
+        return loop, auto_policy if auto else FIXED
 
     def learn(self, slot: int) -> None:
         """What the finished request on `slot` taught (ngram-suffix's store) reaches every slot

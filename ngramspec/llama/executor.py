@@ -111,7 +111,7 @@ class StepExecutor:
         target = target[:r.text.stop_cut(target)]
         L0 = loop.n_context
         # A draft cut by the joint choice: its verified part is what was decoded.
-        n_acc = loop.verify(np.asarray(target, dtype=np.int32), n_verified=m)
+        n_acc = r.policy.verify(loop, np.asarray(target, dtype=np.int32), n_verified=m)
         L = loop.n_context
         if L < L0 + m + 1:  # the sampled token and the accepted draft stay; drop the rest
             self.drop(run.seq, L)

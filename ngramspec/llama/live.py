@@ -8,9 +8,10 @@ the speed changes.
 
 Per request: prompt pass, first token = argmax of the prompt's last logits (no speculation on
 that step); then `ngramspec.loop.SlotLoop` runs llama-server's slot loop (begin, the
-``n_draft_max`` bound, draft, accept) with `LiveTarget` as its target: one decode of
-``[sampled] + draft`` with logits at every position, the argmax per position as the target's
-tokens, rejected positions removed from the KV cache, ``k + 1`` tokens emitted. Plain decoding
+``n_draft_max`` bound, draft, accept), driven through the request's draft-length policy
+(`ngramspec.policy.DraftPolicy`: a planner of one request), with `LiveTarget` as its target:
+one decode of ``[sampled] + draft`` with logits at every position, the argmax per position as
+the target's tokens, rejected positions removed from the KV cache, ``k + 1`` tokens emitted. Plain decoding
 (`generate_plain`) is the same loop without an engine: every draft is empty, so each step
 decodes one token. Every step's tokens are emitted through `ngramspec.stop_rules` (the stop
 rules and finish reasons of every driver).
@@ -26,6 +27,7 @@ import numpy as np
 from ngramspec.cache_file import as_path, merge_into_dynamic
 from ngramspec.draft_engine import as_engine
 from ngramspec.loop import SlotLoop, draft_budget
+from ngramspec.policy import FIXED
 from ngramspec.registry import TYPES
 from ngramspec.stats import DraftCounts
 from ngramspec.stop_rules import CONTEXT, INTERRUPTED, LENGTH, context_full, cut_step
@@ -235,7 +237,8 @@ class _Request:
         # Part of the prompt phase: every proposer ingests the prompt in begin() (a draft model
         # runs its own prompt pass there).
         self.loop = SlotLoop(self.engine, slot, prompt, sampled, n_ctx=dec.n_ctx,
-                             n_predict=n_predict, policy=policy, capacity=dec.n_ctx)
+                             n_predict=n_predict, capacity=dec.n_ctx)
+        self.policy = FIXED if policy is None else policy
         self.t_prompt = _clock() - t0
         self.stats0 = self.engine.stats()
         self.finish_reason: Optional[str] = None
@@ -251,10 +254,10 @@ class _Request:
 
     def step(self) -> List[int]:
         """One decode of ``[sampled] + draft``, the argmax at every position; the tokens kept."""
-        loop, dec = self.loop, self.dec
+        loop, dec, policy = self.loop, self.dec, self.policy
         L = loop.n_context
         sampled = loop.sampled
-        draft = loop.propose(draft_budget(loop))     # a planner of one request: no cap of its own
+        draft = policy.draft(loop, draft_budget(loop))  # a planner of one request: no cap of its own
         m = len(draft)
         t0 = _clock()
         batch = np.empty(m + 1, dtype=np.int32)
@@ -263,7 +266,7 @@ class _Request:
         target = np.argmax(dec.decode(batch, L, all_logits=True), axis=1)
         self.t_target += _clock() - t0
         self.n_decodes += 1
-        k = loop.verify(target)
+        k = policy.verify(loop, target)
         if self.steps is not None:
             self.steps.append((L, sampled, draft.tolist(), k))
         if k < m:
@@ -334,8 +337,8 @@ def generate_speculative(llm, prompt_tokens, engine, *, n_predict: int = -1, slo
         the 1..4-grams of prompt + output are merged into it (created if absent), so the next
         run drafts from them (`ngramspec.cache_file.merge_into_dynamic`: atomic rewrite under a
         file lock, concurrent writers lose no counts). Not part of the timings.
-    policy : draft-length policy, optional
-        `ngramspec.loop.FixedPolicy` (the default: llama.cpp's behaviour) or
+    policy : DraftPolicy, optional
+        `ngramspec.policy.FixedPolicy` (the default: llama.cpp's behaviour) or
         `ngramspec.policy.AutoPolicy` (cost-aware: verifies only the part of each draft that is
         expected to pay). The output is the same greedy output either way.
     on_tokens : callable, optional

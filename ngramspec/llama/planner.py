@@ -6,10 +6,12 @@ decides, before anything is decoded,
 
 * which requests end now (a cancel, a slot context with no cell left for the next token:
   `ngramspec.stop_rules.context_full`);
-* each generating slot's run ``[sampled] + draft``: the draft proposed through the request's
-  `ngramspec.loop.SlotLoop` (bounded by the batch's share per slot, the request's ``n_max``,
-  dropped below its ``n_min``) and, for the requests of the joint cost-aware policy, cut to the
-  lengths `ngramspec.policy.AutoPolicy.choose` chooses for the whole step;
+* each generating slot's run ``[sampled] + draft``: the draft made through the request's
+  policy (`ngramspec.policy.DraftPolicy.draft`) and `ngramspec.loop.SlotLoop`, within the one
+  budget `ngramspec.loop.draft_budget` computes (the batch's share per slot, the request's
+  ``n_max``, the slot's room), dropped below its ``n_min``; for the requests of the joint
+  cost-aware policy, cut to the lengths `ngramspec.policy.AutoPolicy.choose` chooses for the
+  whole step. Data flows planner -> policy -> loop -> engine;
 * each prompt's next chunk, in the tokens of ``n_batch`` the runs leave.
 
 It touches no llama context: the executor (`ngramspec.llama.executor`) decodes the plan in one
@@ -24,6 +26,7 @@ from typing import List, Optional, Protocol, Sequence, Tuple
 import numpy as np
 
 from ngramspec.loop import SlotLoop, draft_budget
+from ngramspec.policy import DraftPolicy
 from ngramspec.stop_rules import CANCELLED, CONTEXT, context_full
 
 __all__ = ["PREFILL_RESERVE", "PlannedRequest", "PromptChunk", "StepPlan", "Verify", "plan_step"]
@@ -50,6 +53,9 @@ class PlannedRequest(Protocol):
     cancel_requested : bool
     loop : SlotLoop or None
         None while the prompt is being decoded.
+    policy : DraftPolicy
+        The draft-length policy the planner drafts through (`ngramspec.policy.FIXED`, or the
+        scheduler's joint `AutoPolicy`), and the executor verifies through.
     spec : has ``n_max`` and ``n_min`` (None: no bound of the request's own)
     prompt : numpy.ndarray
     n_past : int
@@ -59,6 +65,7 @@ class PlannedRequest(Protocol):
 
     cancel_requested: bool
     loop: Optional[SlotLoop]
+    policy: DraftPolicy
     spec: _DraftBounds
     prompt: np.ndarray
     n_past: int
@@ -188,8 +195,8 @@ def plan_step(active: Sequence[PlannedRequest], n_batch: int, n_ctx_slot: int, j
 
     Notes
     -----
-    Proposes each generating slot's draft (``SlotLoop.propose``: the loop is then waiting for
-    its verification); changes nothing else. Thread-safety: the decode thread's, as the loops.
+    Drafts each generating slot's draft through its policy (``policy.draft``: the loop is then
+    waiting for its verification, ``policy.verify``); changes nothing else. Thread-safety: the decode thread's, as the loops.
     """
     cancelled = [r for r in active if r.cancel_requested]
     running = [r for r in active if not r.cancel_requested]
@@ -230,7 +237,8 @@ def _propose(gen: Sequence, prompts_waiting: bool, n_batch: int) -> List[np.ndar
     for r in gen:
         # the slot's one budget: the batch share, the request's n_max, the context's room and
         # the output's (the loop only checks it)
-        drafts.append(r.loop.propose(draft_budget(r.loop, cap, r.spec.n_max), r.spec.n_min or 0))
+        drafts.append(r.policy.draft(r.loop, draft_budget(r.loop, cap, r.spec.n_max),
+                                     r.spec.n_min or 0))
     return drafts
 
 
@@ -238,10 +246,10 @@ def _cut_jointly(gen: Sequence, drafts: List[np.ndarray], pre: Sequence, n_batch
                  joint) -> None:
     """Cut the drafts of `joint`'s requests to the lengths it chooses for the whole step (the
     loop keeps its whole pending draft: verification counts the cut part as not verified)."""
-    auto = [i for i, r in enumerate(gen) if r.loop.policy is joint and len(drafts[i])]
+    auto = [i for i, r in enumerate(gen) if r.policy is joint and len(drafts[i])]
     if not auto:
         return
-    n_fixed = sum(len(d) for r, d in zip(gen, drafts) if r.loop.policy is not joint)
+    n_fixed = sum(len(d) for r, d in zip(gen, drafts) if r.policy is not joint)
     n_prompt = min(sum(r.prompt.size - r.n_past for r in pre),
                    max(0, n_batch - len(gen) - n_fixed))
     ks = joint.choose([gen[i].loop for i in auto], [len(drafts[i]) for i in auto],

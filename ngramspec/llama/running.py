@@ -13,6 +13,7 @@ import numpy as np
 
 from ngramspec.draft_engine import NO_DRAFT
 from ngramspec.loop import SlotLoop
+from ngramspec.policy import FIXED, DraftPolicy
 from ngramspec.prediction import PredictionDrafter
 from ngramspec.stats import DraftCounts
 
@@ -51,6 +52,7 @@ class RunningRequest:
         self.n_cached = 0
         self.sampler: Optional[Sampler] = None
         self.loop: Optional[SlotLoop] = None
+        self.policy: DraftPolicy = FIXED      # the loop's draft-length policy (engines.loop_for)
         self.text: Optional[TextStream] = None
         self.tokens: List[int] = []
         self.callback_error: Optional[BaseException] = None

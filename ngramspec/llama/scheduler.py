@@ -342,7 +342,8 @@ class Scheduler:
         r.t_first = time.perf_counter()
         r.slot.cached[:r.prompt.size] = r.prompt
         r.slot.n_cached = int(r.prompt.size)
-        r.loop = self._chain.loop_for(r, tok, self.n_ctx_slot, self.policy, self.auto_policy)
+        r.loop, r.policy = self._chain.loop_for(r, tok, self.n_ctx_slot, self.policy,
+                                                self.auto_policy)
         if (reason := emit(r, [tok], self._context.eog_set.__contains__)) is not None:
             self._finish(r, reason)
 
