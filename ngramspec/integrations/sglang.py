@@ -315,16 +315,17 @@ class NgramspecCorpus:
         read together: `SuffixProposer.prefetch`), with the first token it has not indexed.
         Rows that will begin anew, or whose lengths are bad (`batch_get` raises for them), are
         left out."""
-        reqs = list(map(self.requests.requests.get, req_ids))
-        slots, first = [], []
+        known = self.requests.requests
+        slots, at = [], []
         start = 0
-        for req, end, total in zip(reqs, ends, total_lens):
-            if req is not None and type(total) is int and 1 <= total - req.n <= end - start:
+        for rid, end, total in zip(req_ids, ends, total_lens):
+            req = known.get(rid)
+            if req is not None and type(total) is int and 0 < total - req.n <= end - start:
                 slots.append(req.loop.slot)
-                first.append(flat[end - (total - req.n)])
+                at.append(end - total + req.n)
             start = end
         if slots:
-            first = np.asarray(first, dtype=np.int32)
+            first = flat[at]                      # one gather: an int32 array
             for p in self._prefetchers:
                 p.prefetch(slots, first)
 
