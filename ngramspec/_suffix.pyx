@@ -74,11 +74,19 @@ is not forced first: where the next token is uncertain, siblings near the root a
 more than the chain's tail; where the last token was never seen before, the slot's tree
 starts from the request's most frequent tokens. llama.cpp's paths never ask for one.
 
+*Many slots of long contexts.* At 64-256 requests of 32k tokens the automata (~1 GB) outgrow
+every cache and a draft's cost is its cache misses, chains of dependent loads (the count walk,
+the draft walk, the tree) that one slot cannot overlap. A state's four fields and a
+transition's four lie in one 16-byte struct each (one cache line per step of a walk), and a
+host that drafts for many slots per step calls `SuffixProposer.prefetch` first: it follows
+those chains for sixteen slots at once, round-robin with prefetch instructions, so that their
+misses overlap and the drafts find their lines in cache (read-only: nothing depends on it).
+
 Memory
 ------
-An automaton over n tokens has at most 2n states (5 int32 each) and 3n transitions (4 int32
-each), plus a power-of-two hash table of at least 4n int32 and the n tokens: ``sam_bytes(n)``,
-108 bytes per token when n is a power of two, never more than 124. A slot's automaton is
+An automaton over n tokens has at most 2n states (4 int32 and a first transition each) and
+3n transitions (4 int32 each), plus a power-of-two hash table of at least 4n int32 and the n
+tokens: ``sam_bytes(n)``, 108 bytes per token when n is a power of two, never more than 124. A slot's automaton is
 allocated by doubling as its context grows (from 1024 tokens) and never beyond ``max_context``
 tokens: a longer context is re-indexed over its newest half. The global store likewise grows
 up to ``global_tokens``. Per slot besides: ~8 * (max_draft + 1) int32 of buffers (~8 KiB,
