@@ -317,6 +317,48 @@ def test_prefetch_reads_only_slots_it_may_and_checks_its_arguments():
         p.prefetch([0], ["a"])
 
 
+PREFETCH_THREAD_SCRIPT = """
+import sys, threading
+sys.path.insert(0, {root!r})
+import numpy as np
+from ngramspec._suffix import SuffixProposer
+
+rng = np.random.default_rng(3)
+prompts = [rng.integers(0, 50, n).astype(np.int32) for n in (6000, 20000, 70000, 9000, 40000)]
+
+def run(p):
+    for pr in prompts:                 # long prompts: begin indexes them without the GIL,
+        p.begin(1, pr)                 # growing (reallocating) slot 1's automaton
+        p.draft(1, pr, 7)
+    return p.draft(1, prompts[-1], 7).tolist()
+
+fetching = SuffixProposer(4, max_context=1 << 17)
+for s in (0, 2, 3):
+    fetching.begin(s, prompts[0][:3000])
+    fetching.draft(s, prompts[0][:3000], 7)
+out = {{}}
+t = threading.Thread(target=lambda: out.setdefault("draft", run(fetching)))
+t.start()
+calls = reads = 0
+while t.is_alive():
+    reads += fetching.prefetch([0, 1, 2, 3], [7, 7, 7, 7])
+    calls += 1
+t.join()
+print(calls, reads, out["draft"] == run(SuffixProposer(4, max_context=1 << 17)))
+"""
+
+
+def test_prefetch_beside_a_thread_growing_a_slot():
+    """A thread begins long prompts on slot 1 (indexed without the GIL, its arrays reallocated)
+    while the main thread prefetches every slot over and over: a busy slot is skipped, never
+    read while it moves (no crash), and slot 1's drafts are a lone proposer's."""
+    out = subprocess.run([sys.executable, "-c", PREFETCH_THREAD_SCRIPT.format(root=str(ROOT))],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    calls, reads, same = out.stdout.split()
+    assert int(calls) > 10 and int(reads) > 0 and same == "True"
+
+
 def test_draft_tree_out_of_memory_leaves_the_slot_usable():
     from ngramspec._proposer import _fail_allocation
     p = SuffixProposer(1)
