@@ -23,16 +23,29 @@ cdef enum:
     MIN_CAP = 1024
 
 
+# A state's fields, and a transition's, lie together: a step that reads one (the suffix-link
+# walk that counts an occurrence, a transition followed) costs one cache line, not one per field.
+# At 64-256 requests of 32k tokens the automata outgrow every cache, so lines missed, not
+# instructions, are a draft step's cost.
+cdef struct SamState:
+    int32_t len            # longest string of the state
+    int32_t link           # suffix link (-1 for the root)
+    int32_t cnt            # occurrences counted (see COUNT_DEPTH)
+    int32_t pos            # text position of the last token of the latest counted occurrence
+
+
+cdef struct SamEdge:
+    int32_t src            # source state
+    token_t tok
+    int32_t to             # target state
+    int32_t next           # next transition of the same source, -1 = none
+
+
 cdef struct Sam:
-    int32_t* slen          # longest string of the state
-    int32_t* slink         # suffix link (-1 for the root)
-    int32_t* scnt          # occurrences counted (see COUNT_DEPTH)
-    int32_t* spos          # text position of the last token of the latest counted occurrence
-    int32_t* sedge         # first outgoing transition, -1 = none
-    int32_t* efrom         # transition: source state
-    token_t* etok          #             token
-    int32_t* eto           #             target state
-    int32_t* enext         #             next transition of the same source, -1 = none
+    SamState* st
+    int32_t* sedge         # first outgoing transition, -1 = none (apart: the count walk never
+                           # reads it, and 16-byte states never straddle a cache line)
+    SamEdge* ed
     int32_t* htab          # (state, token) -> transition, linear probing; -1 = empty
     token_t* text
     int32_t hbits
@@ -60,14 +73,14 @@ cdef inline int32_t sam_find(const Sam* S, int32_t s, token_t c) noexcept nogil:
         e = S.htab[i]
         if e < 0:
             return -1
-        if S.efrom[e] == s and S.etok[e] == c:
+        if S.ed[e].src == s and S.ed[e].tok == c:
             return e
         i = (i + 1) & mask
 
 
 cdef inline void sam_hash_insert(Sam* S, int32_t e) noexcept nogil:
     cdef uint32_t mask = (<uint32_t>1 << S.hbits) - 1
-    cdef uint32_t i = sam_hash(S, S.efrom[e], S.etok[e])
+    cdef uint32_t i = sam_hash(S, S.ed[e].src, S.ed[e].tok)
     while S.htab[i] >= 0:
         i = (i + 1) & mask
     S.htab[i] = e
@@ -76,10 +89,10 @@ cdef inline void sam_hash_insert(Sam* S, int32_t e) noexcept nogil:
 cdef inline void sam_add_edge(Sam* S, int32_t s, token_t c, int32_t t) noexcept nogil:
     cdef int32_t e = S.n_edges
     S.n_edges += 1
-    S.efrom[e] = s
-    S.etok[e] = c
-    S.eto[e] = t
-    S.enext[e] = S.sedge[s]
+    S.ed[e].src = s
+    S.ed[e].tok = c
+    S.ed[e].to = t
+    S.ed[e].next = S.sedge[s]
     S.sedge[s] = e
     sam_hash_insert(S, e)
 
@@ -88,10 +101,10 @@ cdef inline int32_t sam_new_state(Sam* S, int32_t length, int32_t link, int32_t 
                                   int32_t pos) noexcept nogil:
     cdef int32_t v = S.n_states
     S.n_states += 1
-    S.slen[v] = length
-    S.slink[v] = link
-    S.scnt[v] = cnt
-    S.spos[v] = pos
+    S.st[v].len = length
+    S.st[v].link = link
+    S.st[v].cnt = cnt
+    S.st[v].pos = pos
     S.sedge[v] = -1
     return v
 
@@ -108,7 +121,7 @@ cdef inline void sam_clear(Sam* S) noexcept nogil:
     else:
         for e in range(S.n_edges):
             # Clearing may have opened holes before e's slot: skip them, e is further on.
-            i = sam_hash(S, S.efrom[e], S.etok[e])
+            i = sam_hash(S, S.ed[e].src, S.ed[e].tok)
             while S.htab[i] != e:
                 i = (i + 1) & mask
             S.htab[i] = -1
@@ -120,7 +133,7 @@ cdef inline void sam_clear(Sam* S) noexcept nogil:
 
 
 cdef inline size_t sam_bytes_for(size_t cap, int32_t hbits) noexcept nogil:
-    # states (5 int32) + transitions (4 int32) + hash table + text
+    # states (4 int32 + the first transition) + transitions (4 int32) + hash table + text
     return (2 * cap + 1) * 5 * 4 + 3 * cap * 4 * 4 + ((<size_t>1) << hbits) * 4 + cap * 4
 
 
@@ -155,15 +168,9 @@ cdef inline int sam_reserve(Sam* S, int32_t need) noexcept nogil:
         hbits += 1
     nh = <size_t>1 << hbits
     # each array is kept as soon as it is resized: on failure sam_free releases them all
-    if (sam_resize(<void**>&S.slen, ns * sizeof(int32_t))
-            or sam_resize(<void**>&S.slink, ns * sizeof(int32_t))
-            or sam_resize(<void**>&S.scnt, ns * sizeof(int32_t))
-            or sam_resize(<void**>&S.spos, ns * sizeof(int32_t))
+    if (sam_resize(<void**>&S.st, ns * sizeof(SamState))
             or sam_resize(<void**>&S.sedge, ns * sizeof(int32_t))
-            or sam_resize(<void**>&S.efrom, ne * sizeof(int32_t))
-            or sam_resize(<void**>&S.etok, ne * sizeof(token_t))
-            or sam_resize(<void**>&S.eto, ne * sizeof(int32_t))
-            or sam_resize(<void**>&S.enext, ne * sizeof(int32_t))
+            or sam_resize(<void**>&S.ed, ne * sizeof(SamEdge))
             or sam_resize(<void**>&S.text, <size_t>cap * sizeof(token_t))
             or sam_resize(<void**>&S.htab, nh * sizeof(int32_t))):
         return -1
@@ -180,10 +187,11 @@ cdef inline int sam_reserve(Sam* S, int32_t need) noexcept nogil:
 
 
 cdef inline void sam_free(Sam* S) noexcept nogil:
-    free(S.slen); free(S.slink); free(S.scnt); free(S.spos); free(S.sedge)
-    free(S.efrom); free(S.etok); free(S.eto); free(S.enext); free(S.htab); free(S.text)
-    S.slen = S.slink = S.scnt = S.spos = S.sedge = S.efrom = S.eto = S.enext = S.htab = NULL
-    S.etok = S.text = NULL
+    free(S.st); free(S.sedge); free(S.ed); free(S.htab); free(S.text)
+    S.st = NULL
+    S.ed = NULL
+    S.sedge = S.htab = NULL
+    S.text = NULL
     S.cap = S.n = S.n_states = S.n_edges = S.last = S.hbits = 0
 
 
@@ -193,39 +201,39 @@ cdef inline void sam_extend(Sam* S, token_t c) noexcept nogil:
     cdef int32_t cur, p, q, cl, e, f, s, k
     S.text[pos] = c
     S.n += 1
-    cur = sam_new_state(S, S.slen[S.last] + 1, -1, 0, pos)
+    cur = sam_new_state(S, S.st[S.last].len + 1, -1, 0, pos)
     p = S.last
     while p >= 0 and sam_find(S, p, c) < 0:
         sam_add_edge(S, p, c, cur)
-        p = S.slink[p]
+        p = S.st[p].link
     if p < 0:
-        S.slink[cur] = 0
+        S.st[cur].link = 0
     else:
-        q = S.eto[sam_find(S, p, c)]
-        if S.slen[p] + 1 == S.slen[q]:
-            S.slink[cur] = q
+        q = S.ed[sam_find(S, p, c)].to
+        if S.st[p].len + 1 == S.st[q].len:
+            S.st[cur].link = q
         else:
-            cl = sam_new_state(S, S.slen[p] + 1, S.slink[q], S.scnt[q], S.spos[q])
+            cl = sam_new_state(S, S.st[p].len + 1, S.st[q].link, S.st[q].cnt, S.st[q].pos)
             f = S.sedge[q]
             while f >= 0:
-                sam_add_edge(S, cl, S.etok[f], S.eto[f])
-                f = S.enext[f]
+                sam_add_edge(S, cl, S.ed[f].tok, S.ed[f].to)
+                f = S.ed[f].next
             while p >= 0:
                 e = sam_find(S, p, c)
-                if e < 0 or S.eto[e] != q:
+                if e < 0 or S.ed[e].to != q:
                     break
-                S.eto[e] = cl
-                p = S.slink[p]
-            S.slink[q] = cl
-            S.slink[cur] = cl
+                S.ed[e].to = cl
+                p = S.st[p].link
+            S.st[q].link = cl
+            S.st[cur].link = cl
     S.last = cur
     # the new occurrence, in the `depth` longest contexts that end with it
     s = cur
     k = 0
     while s > 0 and k < S.depth:
-        S.scnt[s] += 1
-        S.spos[s] = pos
-        s = S.slink[s]
+        S.st[s].cnt += 1
+        S.st[s].pos = pos
+        s = S.st[s].link
         k += 1
 
 
@@ -246,18 +254,18 @@ cdef inline void sam_step(const Sam* S, int32_t* v, int32_t* l, token_t c) noexc
     while True:
         e = sam_find(S, v[0], c)
         if e >= 0:
-            v[0] = S.eto[e]
+            v[0] = S.ed[e].to
             l[0] += 1
             break
         if v[0] == 0:
             l[0] = 0
             return
-        v[0] = S.slink[v[0]]
-        l[0] = S.slen[v[0]]
+        v[0] = S.st[v[0]].link
+        l[0] = S.st[v[0]].len
     if l[0] > MAX_GLOBAL_MATCH:
         l[0] = MAX_GLOBAL_MATCH
-        while S.slen[S.slink[v[0]]] >= MAX_GLOBAL_MATCH:
-            v[0] = S.slink[v[0]]
+        while S.st[S.st[v[0]].link].len >= MAX_GLOBAL_MATCH:
+            v[0] = S.st[v[0]].link
 
 
 cdef inline int32_t top_child(const Sam* S, int32_t v, int32_t* a, int32_t* n) noexcept nogil:
@@ -265,14 +273,14 @@ cdef inline int32_t top_child(const Sam* S, int32_t v, int32_t* a, int32_t* n) n
     -1 if v has none; a = that child's count, n = the sum over all children."""
     cdef int32_t f = S.sedge[v], t, c, best = -1, bc = 0, bp = -1, tot = 0
     while f >= 0:
-        t = S.eto[f]
-        c = S.scnt[t]
+        t = S.ed[f].to
+        c = S.st[t].cnt
         tot += c
-        if c > bc or (c == bc and S.spos[t] > bp):
+        if c > bc or (c == bc and S.st[t].pos > bp):
             best = f
             bc = c
-            bp = S.spos[t]
-        f = S.enext[f]
+            bp = S.st[t].pos
+        f = S.ed[f].next
     a[0] = bc
     n[0] = tot
     return best
@@ -286,15 +294,15 @@ cdef inline int32_t child_after(const Sam* S, int32_t v, token_t skip, int32_t b
     best first by passing back the last one's (count, position): O(out-degree) per call."""
     cdef int32_t f = S.sedge[v], t, c, p, best = -1, bc = 0, bp = -1
     while f >= 0:
-        t = S.eto[f]
-        c = S.scnt[t]
-        p = S.spos[t]
-        if (S.etok[f] >= 0 and S.etok[f] != skip
+        t = S.ed[f].to
+        c = S.st[t].cnt
+        p = S.st[t].pos
+        if (S.ed[f].tok >= 0 and S.ed[f].tok != skip
                 and (c < below_cnt or (c == below_cnt and p < below_pos))
                 and (best < 0 or c > bc or (c == bc and p > bp))):
             best = f
             bc = c
             bp = p
-        f = S.enext[f]
+        f = S.ed[f].next
     cnt[0] = bc
     return best

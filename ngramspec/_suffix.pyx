@@ -74,11 +74,19 @@ is not forced first: where the next token is uncertain, siblings near the root a
 more than the chain's tail; where the last token was never seen before, the slot's tree
 starts from the request's most frequent tokens. llama.cpp's paths never ask for one.
 
+*Many slots of long contexts.* At 64-256 requests of 32k tokens the automata (~1 GB) outgrow
+every cache and a draft's cost is its cache misses, chains of dependent loads (the count walk,
+the draft walk, the tree) that one slot cannot overlap. A state's four fields and a
+transition's four lie in one 16-byte struct each (one cache line per step of a walk), and a
+host that drafts for many slots per step calls `SuffixProposer.prefetch` first: it follows
+those chains for sixteen slots at once, round-robin with prefetch instructions, so that their
+misses overlap and the drafts find their lines in cache (read-only: nothing depends on it).
+
 Memory
 ------
-An automaton over n tokens has at most 2n states (5 int32 each) and 3n transitions (4 int32
-each), plus a power-of-two hash table of at least 4n int32 and the n tokens: ``sam_bytes(n)``,
-108 bytes per token when n is a power of two, never more than 124. A slot's automaton is
+An automaton over n tokens has at most 2n states (4 int32 and a first transition each) and
+3n transitions (4 int32 each), plus a power-of-two hash table of at least 4n int32 and the n
+tokens: ``sam_bytes(n)``, 108 bytes per token when n is a power of two, never more than 124. A slot's automaton is
 allocated by doubling as its context grows (from 1024 tokens) and never beyond ``max_context``
 tokens: a longer context is re-indexed over its newest half. The global store likewise grows
 up to ``global_tokens``. Per slot besides: ~8 * (max_draft + 1) int32 of buffers (~8 KiB,
@@ -111,7 +119,7 @@ from libc.string cimport memcpy, memmove, memset
 from ngramspec._proposer cimport (Proposer, alloc_per_slot, as_token, as_tokens, claim_slot,
                                   malloc, proposer_accept, proposer_begin, proposer_draft,
                                   realloc, tok_ptr)
-from ngramspec._sam cimport (COUNT_DEPTH, MAX_GLOBAL_MATCH, Sam, child_after, sam_bytes_for,
+from ngramspec._sam cimport (COUNT_DEPTH, MAX_GLOBAL_MATCH, Sam, child_after, sam_bytes_for, sam_hash,
                              sam_clear, sam_extend, sam_find, sam_free, sam_rebuild_tail,
                              sam_reserve, sam_step, top_child)
 from ngramspec._types cimport NOGIL_MIN_TOKENS, token_t
@@ -159,6 +167,7 @@ N_CALIBRATION_CELLS = N_CELLS
 include "_suffix_calibration.pxi"
 include "_suffix_draft.pxi"
 include "_suffix_store.pxi"
+include "_suffix_prefetch.pxi"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,13 +423,13 @@ cdef class SuffixProposer(Proposer):
         cdef const Sam* G = NULL
         cdef const Sam* L = &sl.loc
         cdef bint locked
-        lv = L.slink[L.last]
+        lv = L.st[L.last].link
         locked = (self.store.budget >= 2 and PyThread_acquire_lock(self.lock, NOWAIT_LOCK))
         if locked and sl.g_gen == self.store.gen and sl.g_pos == sl.ctx_len:
             G = &self.store.sam
             gv = sl.g_state
             gl = sl.g_len
-        m = tree_build(sl.tree, L, 0, lv, L.slen[lv] if lv > 0 else 0, sl.pred_tok,
+        m = tree_build(sl.tree, L, 0, lv, L.st[lv].len if lv > 0 else 0, sl.pred_tok,
                        sl.pred_cell, nc if src == 0 else 0, bud, self.cal.acc,
                        self.cal.tried, sl.streak)
         m1 = tree_build(sl.tree + cap, G, 1, gv, gl, sl.pred_tok + stride,
@@ -520,6 +529,65 @@ cdef class SuffixProposer(Proposer):
         finally:
             self.busy[s] = 0
         return tokens[:m], parents[:m]
+
+    def prefetch(self, slots, tokens):
+        """Read ahead, for many slots at once, what each one's next draft will read: slot
+        ``slots[i]`` about to index ``tokens[i]`` (its next `draft`'s ``sampled``).
+
+        A host that drafts for 64-256 requests of long contexts per step calls it once per
+        step, before their drafts: their automata outgrow the caches, and a draft's reads (the
+        occurrence counts along the new token's suffix links, the draft walk, the tree) are
+        chains of dependent misses that one slot cannot overlap. This follows the same chains
+        for groups of slots in lockstep, so their misses overlap, and the drafts after it find
+        the lines in cache (`python bench engines-overhead`). Nothing is written: no draft,
+        tree or statistic depends on whether, or with which tokens, it was called.
+
+        Parameters
+        ----------
+        slots : 1-D int array-like
+            Slots, each 0 .. n_slots - 1. Idle slots, slots busy in another thread and slots
+            whose automaton grows at the next token are skipped.
+        tokens : 1-D int array-like
+            Token ids in 0 .. 2**31-1, one per slot.
+
+        Raises
+        ------
+        ValueError, TypeError
+            A slot or token out of range, or the two of different lengths (the message names
+            the argument).
+
+        Notes
+        -----
+        Memory: none. Cost: O(COUNT_DEPTH + 8 levels of continuations) reads per slot,
+        mostly cache misses overlapped sixteen at a time.
+
+        Thread-safety: keeps the GIL and only reads slots no other thread has claimed; the
+        global store is not read.
+        """
+        cdef cnp.ndarray sl = as_tokens(slots, "slots")
+        cdef cnp.ndarray tok = as_tokens(tokens, "tokens")
+        cdef Py_ssize_t n = cnp.PyArray_DIMS(sl)[0], i
+        cdef int32_t* sp = <int32_t*>cnp.PyArray_DATA(sl)
+        if cnp.PyArray_DIMS(tok)[0] != n:
+            raise Refused("tokens", f"{cnp.PyArray_DIMS(tok)[0]} tokens for {n} slots: one each")
+        for i in range(n):
+            if sp[i] >= self.n_slots:
+                raise OutOfRange(f"slots[{i}]", int(sp[i]), f"0 .. {self.n_slots - 1}")
+        if self.slots == NULL:
+            raise RuntimeError("SuffixProposer is not initialised")
+        # a slot claimed by a thread that released the GIL is skipped (its arrays may move)
+        cdef cnp.ndarray free_ = np.empty(n, dtype=np.int32)
+        cdef cnp.ndarray free_tok = np.empty(n, dtype=np.int32)
+        cdef int32_t* fp = <int32_t*>cnp.PyArray_DATA(free_)
+        cdef token_t* ft = <token_t*>cnp.PyArray_DATA(free_tok)
+        cdef const token_t* tp = tok_ptr(tok)
+        cdef Py_ssize_t m = 0
+        for i in range(n):
+            if not self.busy[sp[i]]:
+                fp[m] = sp[i]
+                ft[m] = tp[i]
+                m += 1
+        return slots_prefetch(self.slots, fp, ft, m)
 
     def end(self, slot):
         """The slot's request is over: store its output in the global store now, not when the

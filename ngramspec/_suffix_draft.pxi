@@ -54,13 +54,13 @@ cdef inline bint walker_next(Walker* w) noexcept nogil:
             # the only occurrence ends the text: its continuation is this very draft
             if not w.extrapolate or w.n_pred == 0:
                 return False
-            w.src_pos = <int64_t>S.spos[w.v] + 1
-        elif S.etok[best] == SEP:
+            w.src_pos = <int64_t>S.st[w.v].pos + 1
+        elif S.ed[best].tok == SEP:
             return False
         else:
-            w.x = S.etok[best]
+            w.x = S.ed[best].tok
             w.fb = freq_bucket(bc, n)
-            w.next_v = S.eto[best]
+            w.next_v = S.ed[best].to
             return True
     w.x = S.text[w.src_pos] if w.src_pos < S.n else w.tok[w.src_pos - S.n]
     w.fb = N_FB - 1
@@ -145,9 +145,9 @@ cdef inline void tree_ref_top(TreeNode* u, const Sam* S, int src, const uint32_t
     if u.v < 0:
         return
     e = top_child(S, u.v, &a, &n)
-    if e < 0 or S.etok[e] < 0:          # no continuation, or the end of a stored sequence
+    if e < 0 or S.ed[e].tok < 0:          # no continuation, or the end of a stored sequence
         return
-    u.ref = S.etok[e]
+    u.ref = S.ed[e].tok
     u.ref_cnt = a
     u.n_tot = n
     u.ref_p = cal_prob(acc, tried, cell_index(src, u.l, freq_bucket(a, n),
@@ -166,7 +166,7 @@ cdef inline void tree_offer(TreeNode* u, const Sam* S) noexcept nogil:
     if u.ref_pending:
         e = sam_find(S, u.v, u.ref) if u.v >= 0 else -1
         u.cand_tok = u.ref
-        u.cand_v = S.eto[e] if e >= 0 else -1
+        u.cand_v = S.ed[e].to if e >= 0 else -1
         u.cand_p = <uint32_t>((<uint64_t>u.P * u.ref_p) >> 16)
         u.has_cand = True
         return
@@ -176,7 +176,7 @@ cdef inline void tree_offer(TreeNode* u, const Sam* S) noexcept nogil:
     if e < 0:
         return
     u.below_cnt = a
-    u.below_pos = S.spos[S.eto[e]]
+    u.below_pos = S.st[S.ed[e].to].pos
     tree_sibling(u, S, e, a)
 
 
@@ -189,8 +189,8 @@ cdef inline void tree_sibling(TreeNode* u, const Sam* S, int32_t e, int32_t a) n
         q = (<uint64_t>u.ref_p * <uint64_t>a) // <uint64_t>u.ref_cnt
         if q < p:
             p = q
-    u.cand_tok = S.etok[e]
-    u.cand_v = S.eto[e]
+    u.cand_tok = S.ed[e].tok
+    u.cand_v = S.ed[e].to
     u.cand_p = <uint32_t>((<uint64_t>u.P * p) >> 16)
     u.has_cand = True
 
@@ -202,13 +202,13 @@ cdef int32_t top_children(const Sam* S, int32_t v, int32_t* out, int32_t k,
     how many, tot = the sum of all the children's counts."""
     cdef int32_t f = S.sedge[v], n = 0, i, c, p, sum = 0
     while f >= 0:
-        c = S.scnt[S.eto[f]]
-        p = S.spos[S.eto[f]]
-        if S.etok[f] >= 0:
+        c = S.st[S.ed[f].to].cnt
+        p = S.st[S.ed[f].to].pos
+        if S.ed[f].tok >= 0:
             sum += c
             i = n if n < k else k
-            while i > 0 and (c > S.scnt[S.eto[out[i - 1]]]
-                             or (c == S.scnt[S.eto[out[i - 1]]] and p > S.spos[S.eto[out[i - 1]]])):
+            while i > 0 and (c > S.st[S.ed[out[i - 1]].to].cnt
+                             or (c == S.st[S.ed[out[i - 1]].to].cnt and p > S.st[S.ed[out[i - 1]].to].pos)):
                 if i < k:
                     out[i] = out[i - 1]
                 i -= 1
@@ -216,7 +216,7 @@ cdef int32_t top_children(const Sam* S, int32_t v, int32_t* out, int32_t k,
                 out[i] = f
                 if n < k:
                     n += 1
-        f = S.enext[f]
+        f = S.ed[f].next
     tot[0] = sum
     return n
 
@@ -229,8 +229,8 @@ cdef inline void tree_root_unmatched(TreeNode* u, const Sam* S, int src, const i
     as the walk scores a token, the others as tree_offer's other children."""
     if n_top == 0:
         return
-    u.ref = S.etok[top[0]]
-    u.ref_cnt = S.scnt[S.eto[top[0]]]
+    u.ref = S.ed[top[0]].tok
+    u.ref_cnt = S.st[S.ed[top[0]].to].cnt
     u.ref_p = cal_prob(acc, tried, cell_index(src, 0, freq_bucket(u.ref_cnt, u.n_tot),
                                               stage_of(0, streak), False))
     u.ref_pending = True
@@ -243,7 +243,7 @@ cdef inline void tree_offer_top(TreeNode* u, const Sam* S, const int32_t* top,
     """tree_offer for tree_root_unmatched's root: its next child from `top`."""
     u.has_cand = False
     if u.below_pos < n_top and u.n_tot > u.ref_cnt:
-        tree_sibling(u, S, top[u.below_pos], S.scnt[S.eto[top[u.below_pos]]])
+        tree_sibling(u, S, top[u.below_pos], S.st[S.ed[top[u.below_pos]].to].cnt)
         u.below_pos += 1
 
 
@@ -280,7 +280,7 @@ cdef inline void tree_refs(TreeNode* u, const Sam* S, int src, const token_t* ch
             top_child(S, u.v, &a, &n)
             e = sam_find(S, u.v, u.ref)
             u.n_tot = n
-            u.ref_cnt = S.scnt[S.eto[e]] if e >= 0 else 0
+            u.ref_cnt = S.st[S.ed[e].to].cnt if e >= 0 else 0
     else:
         tree_ref_top(u, S, src, acc, tried, streak)
     tree_offer(u, S)

@@ -231,11 +231,11 @@ cdef void slot_walk(Slot* s, const Calib* C, const Params* P, const Store* G,
     """Both walks (G = NULL: local only); leaves the predictions in pred_tok / n_pred."""
     cdef Sam* S = &s.loc
     cdef int32_t stride = P.max_draft + 1
-    cdef int32_t v = S.slink[S.last]
+    cdef int32_t v = S.st[S.last].link
     cdef Walker wl, wg
     cdef uint64_t gain, base
     cdef int64_t rate = ld64(&C.rate)
-    walker_init(&wl, S, 0, True, v, S.slen[v] if v > 0 else 0, s.pred_tok, s.pred_cell)
+    walker_init(&wl, S, 0, True, v, S.st[v].len if v > 0 else 0, s.pred_tok, s.pred_cell)
     if G != NULL:
         slot_cursor(s, G, inp, n, sampled)
         walker_init(&wg, &G.sam, 1, False, s.g_state, s.g_len, s.pred_tok + stride,

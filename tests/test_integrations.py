@@ -290,6 +290,33 @@ def test_sglang_corpus_trees_and_chains_accept_more_with_trees(name):
     assert NgramspecCorpus(draft_token_num=d, spec=SHARED).tree_proposer is None
 
 
+def test_sglang_prefetch_changes_no_tree():
+    """`batch_get` reads ahead for all its known rows at once (`SuffixProposer.prefetch`, with
+    each row's first new token): the trees and the requests' steps are those of a corpus that
+    does not, and the read-ahead did read (rows with accepted tokens included)."""
+    reqs = _trace("code-edit", 4)
+    d = 9
+    runs, reads = {}, []
+
+    class Recording:
+        def __init__(self, prop):
+            self.prop = prop
+
+        def prefetch(self, slots, tokens):
+            reads.append(self.prop.prefetch(slots, tokens))
+
+    for fetch in (True, False):
+        corpus = NgramspecCorpus(draft_token_num=d, max_trie_depth=MAX_LEN,
+                                 spec="--spec-type ngram-suffix")
+        (prop,) = corpus._prefetchers
+        corpus._prefetchers = [Recording(prop)] if fetch else []
+        acc_lens, seen = _tree_run(corpus, reqs, d)
+        runs[fetch] = (acc_lens, [(chain, row.tolist(), paths) for chain, row, paths in seen])
+    assert runs[True] == runs[False]
+    assert any(sum(v) for v in runs[True][0].values())          # some steps accepted tokens
+    assert sum(reads) > 0
+
+
 def test_sglang_tree_branch_beside_the_chain_continues_the_request():
     """The target takes a branch beside the chain: the request goes on (same loop), its
     context holds the branch; tokens that follow no path of the tree begin a new request."""

@@ -257,6 +257,110 @@ def test_draft_tree_checks_its_arguments():
         p.draft_tree(0, 0, 4)                # the tree of the last request is gone
 
 
+# ---------------------------------------------------------------------------------------------
+# prefetch: reading ahead for many slots at once changes nothing (issue 36)
+# ---------------------------------------------------------------------------------------------
+
+class Prefetching:
+    """A proposer whose every draft is preceded by a `prefetch` of all its slots: the drafting
+    slot with its true next token, the others with `rng`'s tokens (wrong ones: harmless too)."""
+
+    def __init__(self, prop, rng):
+        self.prop, self.rng = prop, rng
+
+    def __getattr__(self, name):
+        return getattr(self.prop, name)
+
+    def draft(self, slot, context, sampled):
+        slots = list(range(self.prop.n_slots))
+        tokens = [sampled if s == slot else self.rng.choice([0, 1, 7, 2 ** 31 - 1])
+                  for s in slots]
+        self.prop.prefetch(slots, tokens)
+        return self.prop.draft(slot, context, sampled)
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(scenarios(), st.integers(0, 2 ** 32 - 1))
+def test_prefetch_changes_no_draft_tree_or_statistic(scenario, seed):
+    """Drafts, trees, calibration and store with a `prefetch` of every slot before each draft
+    are those of a proposer that never prefetches (it only reads)."""
+    n_slots, params, requests = scenario
+    fetching = Prefetching(SuffixProposer(n_slots, **params), random.Random(seed))
+    plain = SuffixProposer(n_slots, **params)
+    assert list(replay_trees(fetching, requests, seed)) == list(
+        replay_trees(plain, requests, seed))
+    for a, b in zip(fetching.prop.calibration(), plain.calibration()):
+        assert a.tolist() == b.tolist()
+    assert fetching.prop.global_text().tolist() == plain.global_text().tolist()
+
+
+def test_prefetch_reads_only_slots_it_may_and_checks_its_arguments():
+    p = SuffixProposer(3)
+    text = [5, 6, 7, 5, 6, 7, 5, 6]
+    assert p.prefetch([0, 1, 2], [7, 7, 7]) == 0                # idle slots: nothing to read
+    assert p.prefetch([], []) == 0
+    p.begin(1, text)
+    p.draft(1, text, 7)
+    assert p.prefetch([1], [5]) > 0
+    assert p.prefetch([0, 2], [5, 5]) == 0
+    p.end(1)                                                    # idle again
+    assert p.prefetch([1], [5]) == 0
+    with pytest.raises(ValueError, match="slots\\[1\\] = 3 is out of range: allowed 0 .. 2"):
+        p.prefetch([0, 3], [1, 1])
+    with pytest.raises(ValueError, match="slots"):
+        p.prefetch([-1], [1])
+    with pytest.raises(ValueError, match="tokens\\[0\\] = -5"):
+        p.prefetch([0], [-5])
+    with pytest.raises(ValueError, match="tokens: 1 tokens for 2 slots: one each"):
+        p.prefetch([0, 1], [1])
+    with pytest.raises(TypeError, match="tokens"):
+        p.prefetch([0], ["a"])
+
+
+PREFETCH_THREAD_SCRIPT = """
+import sys, threading
+sys.path.insert(0, {root!r})
+import numpy as np
+from ngramspec._suffix import SuffixProposer
+
+rng = np.random.default_rng(3)
+prompts = [rng.integers(0, 50, n).astype(np.int32) for n in (6000, 20000, 70000, 9000, 40000)]
+
+def run(p):
+    for pr in prompts:                 # long prompts: begin indexes them without the GIL,
+        p.begin(1, pr)                 # growing (reallocating) slot 1's automaton
+        p.draft(1, pr, 7)
+    return p.draft(1, prompts[-1], 7).tolist()
+
+fetching = SuffixProposer(4, max_context=1 << 17)
+for s in (0, 2, 3):
+    fetching.begin(s, prompts[0][:3000])
+    fetching.draft(s, prompts[0][:3000], 7)
+out = {{}}
+t = threading.Thread(target=lambda: out.setdefault("draft", run(fetching)))
+t.start()
+calls = reads = 0
+while t.is_alive():
+    reads += fetching.prefetch([0, 1, 2, 3], [7, 7, 7, 7])
+    calls += 1
+t.join()
+print(calls, reads, out["draft"] == run(SuffixProposer(4, max_context=1 << 17)))
+"""
+
+
+def test_prefetch_beside_a_thread_growing_a_slot():
+    """A thread begins long prompts on slot 1 (indexed without the GIL, its arrays reallocated)
+    while the main thread prefetches every slot over and over: it runs (no error, no crash),
+    reads the other slots, and slot 1's drafts are a lone proposer's. (Which slots it skips,
+    busy or idle ones, this cannot tell: reading a slot mid-begin did not fault here either;
+    `test_prefetch_reads_only_slots_it_may_and_checks_its_arguments` checks the idle ones.)"""
+    out = subprocess.run([sys.executable, "-c", PREFETCH_THREAD_SCRIPT.format(root=str(ROOT))],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    calls, reads, same = out.stdout.split()
+    assert int(calls) > 10 and int(reads) > 0 and same == "True"
+
+
 def test_draft_tree_out_of_memory_leaves_the_slot_usable():
     from ngramspec._proposer import _fail_allocation
     p = SuffixProposer(1)

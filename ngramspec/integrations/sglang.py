@@ -21,6 +21,9 @@ whole sequence is copied once per request, at first sight (or when its tokens st
 what the corpus knows: SGLang retracted and re-ran it), and its engine slot begins on it then
 (``SpecEngine.begin``: linear in the prompt). SGLang's own worker copies a tail of
 ``max_trie_depth`` tokens twice per step instead, which with a whole-context depth is O(context).
+At 64-256 requests of 32k tokens the requests' suffix automata outgrow the CPU's caches and a
+step's cost is its cache misses: `NgramspecCorpus.batch_get` first reads ahead for all its rows
+at once (`SuffixProposer.prefetch`, their misses overlapped), then drafts row by row.
 
 SGLang verifies a tree of ``--speculative-num-draft-tokens`` tokens (the root included), paying
 for all of them whatever they hold. Under the root goes the request's draft of up to
@@ -230,6 +233,8 @@ class NgramspecCorpus:
         #: drafts trees (ngram-suffix's ``draft_tree``).
         self.tree_proposer = (props[0] if self._tree and len(props) == 1
                               and hasattr(props[0], "draft_tree") else None)
+        #: Proposers that read ahead for a whole step (`SuffixProposer.prefetch`).
+        self._prefetchers = [p for p in props if hasattr(p, "prefetch")]
 
     def tokens_needed(self, req_id, total_len: int) -> int:
         """How many of request `req_id`'s last tokens the next `batch_get` needs, when its full
@@ -285,6 +290,8 @@ class NgramspecCorpus:
         roots = flat[np.asarray(ends, dtype=np.intp) - 1].tolist() if bs else []
         layout = TreeBatch(bs, self.draft_token_num, roots)
         known = rl.requests
+        if self._prefetchers and bs:
+            self._prefetch(req_ids, flat, ends, total_lens)
         start = 0
         for i, rid in enumerate(req_ids):
             end = ends[i]
@@ -301,6 +308,26 @@ class NgramspecCorpus:
             start = end
             self._draft_row(layout, i, req, new)
         return layout.finish()
+
+    def _prefetch(self, req_ids, flat, ends, total_lens) -> None:
+        """Read ahead, for every known request at once, what its draft will read (its
+        automaton outgrows the caches at long contexts, and the rows' misses overlap only when
+        read together: `SuffixProposer.prefetch`), with the first token it has not indexed.
+        Rows that will begin anew, or whose lengths are bad (`batch_get` raises for them), are
+        left out."""
+        known = self.requests.requests
+        slots, at = [], []
+        start = 0
+        for rid, end, total in zip(req_ids, ends, total_lens):
+            req = known.get(rid)
+            if req is not None and type(total) is int and 0 < total - req.n <= end - start:
+                slots.append(req.loop.slot)
+                at.append(end - total + req.n)
+            start = end
+        if slots:
+            first = flat[at]                      # one gather: an int32 array
+            for p in self._prefetchers:
+                p.prefetch(slots, first)
 
     def _begin_row(self, rid, tail, total: int, full_tokens, args_of, i: int):
         """Request `rid` begun anew, with no new tokens: first sight, or tokens that do not
