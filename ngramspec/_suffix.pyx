@@ -474,19 +474,15 @@ cdef class SuffixProposer(Proposer):
             on by frequency. At most `budget` of them are used.
         budget : int, 0 .. 4096
             Tokens in the tree, the root (the last verified token) not counted.
-        out : (tokens, parents), optional
-            Two C-contiguous int32 arrays of one size to write the tree into, from flat index
-            `offset` on (``budget`` entries of each at most; a host's per-step buffers, so a
-            step allocates nothing per request). Default: two new arrays.
-        offset : int
-            Where in `out` the tree begins.
+        out, offset : (tokens, parents) of C-contiguous int32 arrays, int; optional
+            Write the tree there from flat index `offset` on (a host's buffers: no allocation).
 
         Returns
         -------
         tokens, parents : numpy.ndarray
             int32, as long as each other (at most `budget`): token i hangs off token
-            ``parents[i]`` (< i), or off the root when -1. No two siblings are equal.
-            With `out`: the tree's size alone (its nodes are in `out`).
+            ``parents[i]`` (< i), or off the root when -1. No two siblings are equal. With
+            `out`: the tree's size alone.
 
         Raises
         ------
