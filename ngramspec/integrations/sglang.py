@@ -129,9 +129,10 @@ class TreeBatch:
         if buffers is None:
             buffers = tree_buffers(bs, d)
         self._tok, self._par = buffers
-        self._rows = np.zeros(bs, dtype=np.intp)
-        self._lens = np.zeros(bs, dtype=np.int32)
-        self._chain = np.zeros(bs, dtype=np.uint8)
+        # lists until `finish` (an item set is a third of a numpy scalar write)
+        self._rows = [0] * bs
+        self._lens = [0] * bs
+        self._chain = [0] * bs
 
     def set(self, i: int, root: int, tokens, parents=None) -> None:
         """Row i: `root`, then `tokens` (at most ``d - 1``) under `parents` (indices into
@@ -161,8 +162,9 @@ class TreeBatch:
     def finish(self) -> Tuple[np.ndarray, np.ndarray]:
         """The flat ``bs * d`` tokens and ``bs * d * d`` mask entries."""
         roots = np.asarray(self._roots, dtype=np.int64)
-        return lay_out_trees(roots, self._rows, self._lens, self._chain, self._tok, self._par,
-                             self.d)
+        return lay_out_trees(roots, np.array(self._rows, dtype=np.intp),
+                             np.array(self._lens, dtype=np.int32),
+                             np.array(self._chain, dtype=np.uint8), self._tok, self._par, self.d)
 
 
 def tree_buffers(n_rows: int, d: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -367,18 +369,22 @@ class NgramspecCorpus:
         only for a request drafting with the whole configured engine (its prediction or
         proposer subset drafts chains)."""
         loop = req.loop
-        calls = loop.n_draft_calls
+        counts = loop.counts
+        calls = counts.n_draft_calls
         draft = self.requests.advance(req, new)
         tp = self.tree_proposer
         slot = loop.slot
-        if tp is not None and req.plain and loop.n_draft_calls != calls:
+        if tp is not None and req.plain and counts.n_draft_calls != calls:
             width = self.draft_token_num - 1
             m = tp.draft_tree(slot, len(draft), width, self._trees, slot * width)
             req.tree = (self._tree_rows[0][slot][:m], self._tree_rows[1][slot][:m])
+            if layout.shared:           # the common row: its tree is in its slot's row already
+                layout.place(i, slot, m)
+                return
         tree = req.tree
         if not layout.shared:
             layout.add(i, draft) if tree is None else layout.add(i, tree[0], tree[1])
-        elif tree is not None:          # already in its slot's row of the buffers
+        elif tree is not None:
             layout.place(i, slot, len(tree[0]))
         else:
             layout.add(i, draft, row=slot)
