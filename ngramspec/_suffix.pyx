@@ -441,7 +441,7 @@ cdef class SuffixProposer(Proposer):
             return tree_merge(sl.tree, m, sl.tree + cap, m1, bud, tkp, pap)
         return tree_merge(sl.tree + cap, m1, sl.tree, m, bud, tkp, pap)
 
-    def draft_tree(self, slot, n_chain, budget):
+    def draft_tree(self, slot, n_chain, budget, out=None, Py_ssize_t offset=0):
         """The slot's last draft as a tree of at most `budget` tokens, for an engine that
         verifies a tree of a fixed size whatever it holds (SGLang's ``draft_token_num``).
 
@@ -474,12 +474,15 @@ cdef class SuffixProposer(Proposer):
             on by frequency. At most `budget` of them are used.
         budget : int, 0 .. 4096
             Tokens in the tree, the root (the last verified token) not counted.
+        out, offset : (tokens, parents) of C-contiguous int32 arrays, int; optional
+            Write the tree there from flat index `offset` on (a host's buffers: no allocation).
 
         Returns
         -------
         tokens, parents : numpy.ndarray
             int32, as long as each other (at most `budget`): token i hangs off token
-            ``parents[i]`` (< i), or off the root when -1. No two siblings are equal.
+            ``parents[i]`` (< i), or off the root when -1. No two siblings are equal. With
+            `out`: the tree's size alone.
 
         Raises
         ------
@@ -512,10 +515,16 @@ cdef class SuffixProposer(Proposer):
         nc = <int32_t>check_int("n_chain", n_chain, 0, sl.n_last_draft)
         if nc > bud:
             nc = bud
-        tokens = np.empty(bud, dtype=np.int32)
-        parents = np.empty(bud, dtype=np.int32)
-        cdef int32_t* tkp = <int32_t*>cnp.PyArray_DATA(tokens)
-        cdef int32_t* pap = <int32_t*>cnp.PyArray_DATA(parents)
+        cdef int32_t* tkp
+        cdef int32_t* pap
+        if out is None:
+            tokens = np.empty(bud, dtype=np.int32)
+            parents = np.empty(bud, dtype=np.int32)
+            tkp = <int32_t*>cnp.PyArray_DATA(tokens)
+            pap = <int32_t*>cnp.PyArray_DATA(parents)
+        else:
+            tkp = out_int32(out, 0, offset, bud)
+            pap = out_int32(out, 1, offset, bud)
         claim_slot(self.busy, s, self.name)
         try:
             if 2 * (bud + 1) > sl.tree_cap:
@@ -528,6 +537,8 @@ cdef class SuffixProposer(Proposer):
                 m = self.build_tree(sl, nc, bud, tkp, pap)
         finally:
             self.busy[s] = 0
+        if out is not None:
+            return m
         return tokens[:m], parents[:m]
 
     def prefetch(self, slots, tokens):
@@ -982,3 +993,4 @@ def sam_bytes(n_tokens):
     while (1 << hbits) < 4 * n_tokens:
         hbits += 1
     return sam_bytes_for(n_tokens, hbits)
+

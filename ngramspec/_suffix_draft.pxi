@@ -377,3 +377,22 @@ cdef int32_t tree_merge(TreeNode* A, int32_t ma, TreeNode* B, int32_t mb, int32_
             x.merged = n
             n += 1
     return n
+
+
+cdef int32_t* out_int32(object out, int k, Py_ssize_t offset, Py_ssize_t n) except NULL:
+    """`draft_tree`'s ``out[k]`` checked (a writable C-contiguous int32 array holding ``offset +
+    n`` entries), as a pointer to its entry `offset`."""
+    name = ("tokens", "parents")[k]
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise WrongType("out", out, "a (tokens, parents) tuple of int32 arrays")
+    a = out[k]
+    # numpy's C macros: the attribute route (dtype, flags objects) was a third of the call
+    if not (cnp.PyArray_Check(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_INT32
+            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a)
+            and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a)):
+        raise WrongType(f"out's {name}", a, "a writable C-contiguous int32 numpy array")
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(<cnp.ndarray>a)
+    if offset < 0 or offset + n > size:
+        raise OutOfRange("offset", offset, f"0 .. {size - n} (out's {name} holds {size}, "
+                         f"the tree up to {n})")
+    return <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>a) + offset

@@ -299,8 +299,9 @@ def test_integrations_know_only_the_engine_the_loop_and_the_policy():
     warns about AMX repacking. Their own parameters and the token ids the host hands them are
     checked by the package's one validator and token checker, under every layer. A request's
     prediction and ``speculative`` fields (issue 37) are drafted and checked as ``serve`` does:
-    its prediction drafter, its parameter class and request models."""
-    allowed = {"ngramspec.engine", "ngramspec.loop", "ngramspec.policy", "ngramspec.config",
+    its prediction drafter, its parameter class and request models. SGLang's step lays its trees
+    out in one kernel call (`ngramspec._tree`)."""
+    allowed = {"ngramspec._tree", "ngramspec.engine", "ngramspec.loop", "ngramspec.policy", "ngramspec.config",
                "ngramspec.llama.repack", "ngramspec.validation", "ngramspec.store_log",
                "ngramspec.tokens", "ngramspec.prediction", "ngramspec.request_params",
                "ngramspec.draft_engine",

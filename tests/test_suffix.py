@@ -181,6 +181,13 @@ def test_trees_are_well_formed(scenario, seed):
             tokens, parents = kern.draft_tree(slot, n_chain, budget)
             again = kern.draft_tree(slot, n_chain, budget)
             assert tokens.tolist() == again[0].tolist() and parents.tolist() == again[1].tolist()
+            # written into a host's buffers instead (SGLang's step): the same tree, nothing
+            # written outside its place
+            out = (np.full(budget + 9, -7, dtype=np.int32), np.full(budget + 9, -7, np.int32))
+            assert kern.draft_tree(slot, n_chain, budget, out, 5) == len(tokens)
+            for buf, want in zip(out, (tokens, parents)):
+                assert buf[5:5 + len(want)].tolist() == want.tolist()
+                assert set(buf[:5].tolist() + buf[5 + budget:].tolist()) == {-7}
             assert tokens.dtype == parents.dtype == np.int32 and len(tokens) == len(parents)
             assert len(tokens) <= budget
             assert max(tree_depths(parents.tolist()), default=0) <= budget
@@ -252,6 +259,18 @@ def test_draft_tree_checks_its_arguments():
     with pytest.raises(IndexError, match="slot = 2"):
         p.draft_tree(2, 0, 4)
     assert p.draft_tree(0, len(d), 0)[0].tolist() == []
+    buf = np.zeros((2, 4), dtype=np.int32)
+    with pytest.raises(ValueError, match=r"offset = 5 is out of range: allowed 0 \.\. 4 \(out's "
+                                         r"tokens holds 8, the tree up to 4\)"):
+        p.draft_tree(0, 0, 4, (buf, buf), 5)
+    with pytest.raises(ValueError, match="offset = -1 is out of range"):
+        p.draft_tree(0, 0, 4, (buf, buf), -1)
+    with pytest.raises(TypeError, match="out's parents must be a writable C-contiguous int32"):
+        p.draft_tree(0, 0, 4, (buf, buf.astype(np.int64)))
+    with pytest.raises(TypeError, match="out's tokens must be a writable C-contiguous int32"):
+        p.draft_tree(0, 0, 2, (buf[:, ::2], buf))
+    with pytest.raises(TypeError, match="out must be a"):
+        p.draft_tree(0, 0, 2, [buf, buf])
     p.begin(0, [1, 2, 3])
     with pytest.raises(ValueError, match="without a draft"):
         p.draft_tree(0, 0, 4)                # the tree of the last request is gone

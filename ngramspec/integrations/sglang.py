@@ -42,13 +42,14 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
+from ngramspec._tree import lay_out_trees
 from ngramspec.integrations.request_args import checked_args, control_of
 from ngramspec.integrations.requests import MAX_DRAFT, RequestLoops, engine_from_env
 from ngramspec.tokens import token_array
 from ngramspec.validation import OutOfRange, Refused, check_int
 
 __all__ = ["ALGORITHM", "TESTED_SGLANG", "NgramspecCorpus", "TreeBatch", "chain_tree",
-           "register", "tree_layout", "worker_class"]
+           "register", "tree_buffers", "tree_layout", "worker_class"]
 
 #: The SGLang version the contract tests run against.
 TESTED_SGLANG = "0.5.23"
@@ -101,23 +102,37 @@ class TreeBatch:
     """A step's draft trees, laid out for SGLang at once (`tree_layout` for every request).
 
     `roots`: every row's root, given at once (a step's are read in one numpy call); `set`
-    gives one row's root with its tokens, `add` the tokens alone. Both only keep them;
-    `finish` writes all rows in a few vectorized operations (one concatenation, one scatter
-    of tokens and parents) and builds the ``bs x d x d`` ancestor masks in ``d`` passes over
-    the whole batch (a node's row is its parent's plus itself; parents come before children):
-    no numpy call per request, which at 64-256 requests was a tenth of the step.
+    gives one row's root with its tokens, `add` the tokens alone (copied into a row of the
+    tree buffers), `place` a tree already written in a row of them (`SuffixProposer.draft_tree`
+    writes straight there). `finish` writes all rows in one kernel call
+    (`ngramspec._tree.lay_out_trees`: a node's mask row is its parent's plus itself, with the
+    GIL released): no numpy call per request, which at 64-256 requests was a tenth of the step.
+
+    Parameters
+    ----------
+    bs, d : int
+        Rows, and ``draft_token_num``.
+    roots : list of int, optional
+    buffers : (tokens, parents), optional
+        int32 ``(n_rows, d - 1)`` arrays holding the trees (a corpus keeps one row per engine
+        slot across steps); default: ``bs`` rows of the batch's own.
 
     Thread-safety: not thread-safe; one step's scratch.
     """
 
-    def __init__(self, bs: int, d: int, roots: Optional[List[int]] = None):
+    def __init__(self, bs: int, d: int, roots: Optional[List[int]] = None, buffers=None):
         self.d = d
         self.bs = bs
         self._roots = [0] * bs if roots is None else roots
-        self._rows: List[int] = []
-        self._tokens: list = []
-        self._parents: list = []
-        self._chain = np.arange(d, dtype=np.intp) - 1
+        #: Whether the buffers are the caller's (rows are its, e.g. slots) or the batch's own.
+        self.shared = buffers is not None
+        if buffers is None:
+            buffers = tree_buffers(bs, d)
+        self._tok, self._par = buffers
+        # lists until `finish` (an item set is a third of a numpy scalar write)
+        self._rows = [0] * bs
+        self._lens = [0] * bs
+        self._chain = [0] * bs
 
     def set(self, i: int, root: int, tokens, parents=None) -> None:
         """Row i: `root`, then `tokens` (at most ``d - 1``) under `parents` (indices into
@@ -125,38 +140,38 @@ class TreeBatch:
         self._roots[i] = root
         self.add(i, tokens, parents)
 
-    def add(self, i: int, tokens, parents=None) -> None:
-        """Row i's `tokens` and `parents` under the root it was built with (`set`'s)."""
+    def add(self, i: int, tokens, parents=None, row: Optional[int] = None) -> None:
+        """Row i's `tokens` and `parents` under the root it was built with (`set`'s), copied
+        into the buffers' `row` (default i)."""
         n = len(tokens)
         if n >= self.d:
             raise OutOfRange("len(tokens)", n, f"0 .. {self.d - 1} (the tree's size less the root)")
+        row = i if row is None else row
         if n:
-            self._rows.append(i)
-            self._tokens.append(tokens)
-            self._parents.append(self._chain[:n] if parents is None else parents)
+            self._tok[row, :n] = tokens
+            if parents is not None:
+                self._par[row, :n] = parents
+        self.place(i, row, n, parents is None)
+
+    def place(self, i: int, row: int, n: int, chain: bool = False) -> None:
+        """Row i's tree: the first `n` nodes of the buffers' `row` (a chain: parents not read)."""
+        self._rows[i] = row
+        self._lens[i] = n
+        self._chain[i] = chain
 
     def finish(self) -> Tuple[np.ndarray, np.ndarray]:
         """The flat ``bs * d`` tokens and ``bs * d * d`` mask entries."""
-        bs, d = self.bs, self.d
-        tokens = np.zeros((bs, d), dtype=np.int64)
-        tokens[:, 0] = self._roots
-        # parent slot of each slot; padding and chain heads hang off the root (slot 0)
-        parents = np.zeros((bs, d), dtype=np.intp)
-        if self._rows:
-            lens = np.fromiter(map(len, self._tokens), dtype=np.intp, count=len(self._rows))
-            starts = np.cumsum(lens) - lens
-            rows = np.repeat(np.asarray(self._rows, dtype=np.intp), lens)
-            cols = np.arange(int(lens.sum()), dtype=np.intp) - np.repeat(starts, lens) + 1
-            tokens[rows, cols] = np.concatenate(self._tokens)
-            parents[rows, cols] = np.concatenate(self._parents) + 1
-        mask = np.zeros((bs, d, d), dtype=bool)
-        mask[:, :, 0] = True
-        idx = np.arange(d)
-        mask[:, idx, idx] = True
-        batch = np.arange(bs)
-        for j in range(2, d):         # rows 0 and 1 hold only the root and themselves
-            mask[:, j, 1:j] |= mask[batch, parents[:, j], 1:j]
-        return tokens.reshape(-1), mask.reshape(-1)
+        roots = np.asarray(self._roots, dtype=np.int64)
+        return lay_out_trees(roots, np.array(self._rows, dtype=np.intp),
+                             np.array(self._lens, dtype=np.int32),
+                             np.array(self._chain, dtype=np.uint8), self._tok, self._par, self.d)
+
+
+def tree_buffers(n_rows: int, d: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Token and parent buffers for `n_rows` trees of at most ``d - 1`` nodes (`TreeBatch`)."""
+    width = max(d - 1, 0)
+    return (np.zeros((n_rows, width), dtype=np.int32),
+            np.full((n_rows, width), -1, dtype=np.int32))
 
 
 def batch_tails(batch_tokens) -> Tuple[np.ndarray, List[int]]:
@@ -203,8 +218,9 @@ class NgramspecCorpus:
 
     Notes
     -----
-    Memory: the engine's, plus a copy of each live request's tokens and its pending tree
-    (at most ``draft_token_num`` tokens); `batch_get` returns ``bs * d * (d + 8)`` bytes.
+    Memory: the engine's, plus a copy of each live request's tokens, and each slot's pending
+    tree (``8 * (draft_token_num - 1)`` bytes a slot, `tree_buffers`); `batch_get` returns
+    ``bs * d * (d + 8)`` bytes.
 
     Cost per step: per request its new tokens and one draft (`RequestLoops.advance`), plus the
     ``d x d`` tree layout; at first sight ``SpecEngine.begin`` on its whole sequence.
@@ -235,6 +251,10 @@ class NgramspecCorpus:
                               and hasattr(props[0], "draft_tree") else None)
         #: Proposers that read ahead for a whole step (`SuffixProposer.prefetch`).
         self._prefetchers = [p for p in props if hasattr(p, "prefetch")]
+        #: Each engine slot's pending tree (row = slot), `draft_tree` writing straight in;
+        #: a request's `Request.tree` views its slot's row.
+        self._trees = tree_buffers(self.max_requests, self.draft_token_num)
+        self._tree_rows = (list(self._trees[0]), list(self._trees[1]))
 
     def tokens_needed(self, req_id, total_len: int) -> int:
         """How many of request `req_id`'s last tokens the next `batch_get` needs, when its full
@@ -288,7 +308,10 @@ class NgramspecCorpus:
         flat, ends = batch_tails(batch_tokens)
         # every root at once, as Python ints: no numpy scalar per row
         roots = flat[np.asarray(ends, dtype=np.intp) - 1].tolist() if bs else []
-        layout = TreeBatch(bs, self.draft_token_num, roots)
+        # trees stay in their slots' rows unless a slot could change hands within the step
+        # (more rows than slots, an id twice): then each row is copied into the batch's own
+        shared = bs <= self.max_requests and len(set(req_ids)) == bs
+        layout = TreeBatch(bs, self.draft_token_num, roots, self._trees if shared else None)
         known = rl.requests
         if self._prefetchers and bs:
             self._prefetch(req_ids, flat, ends, total_lens)
@@ -346,16 +369,25 @@ class NgramspecCorpus:
         only for a request drafting with the whole configured engine (its prediction or
         proposer subset drafts chains)."""
         loop = req.loop
-        calls = loop.n_draft_calls
+        counts = loop.counts
+        calls = counts.n_draft_calls
         draft = self.requests.advance(req, new)
         tp = self.tree_proposer
-        if tp is not None and req.plain and loop.n_draft_calls != calls:
-            req.tree = tp.draft_tree(loop.slot, len(draft), self.draft_token_num - 1)
+        slot = loop.slot
+        if tp is not None and req.plain and counts.n_draft_calls != calls:
+            width = self.draft_token_num - 1
+            m = tp.draft_tree(slot, len(draft), width, self._trees, slot * width)
+            req.tree = (self._tree_rows[0][slot][:m], self._tree_rows[1][slot][:m])
+            if layout.shared:           # the common row: its tree is in its slot's row already
+                layout.place(i, slot, m)
+                return
         tree = req.tree
-        if tree is not None:
-            layout.add(i, tree[0], tree[1])
+        if not layout.shared:
+            layout.add(i, draft) if tree is None else layout.add(i, tree[0], tree[1])
+        elif tree is not None:
+            layout.place(i, slot, len(tree[0]))
         else:
-            layout.add(i, draft)
+            layout.add(i, draft, row=slot)
 
     def batch_put(self, batch_tokens) -> None:
         """Nothing: the requests' loops learn from `batch_get`'s growing tokens."""
