@@ -993,4 +993,3 @@ def sam_bytes(n_tokens):
     while (1 << hbits) < 4 * n_tokens:
         hbits += 1
     return sam_bytes_for(n_tokens, hbits)
-

@@ -188,8 +188,9 @@ class RequestLoops:
         `SlotLoop`'s context bound: drafts are at most ``n_ctx - L - 2`` tokens.
     n_max : int, optional
         The host's number of speculative tokens, every step's `SlotLoop.propose` bound.
-    policy : optional
-        Draft-length policy shared by all requests (`ngramspec.policy`).
+    policy : DraftPolicy, optional
+        Draft-length policy shared by all requests (`ngramspec.policy`); None: llama.cpp's
+        `FIXED`.
 
     Notes
     -----
@@ -205,7 +206,7 @@ class RequestLoops:
         self.engine = engine
         self.n_ctx = n_ctx
         self.n_max = n_max
-        self.policy = policy
+        self.policy = FIXED if policy is None else policy
         self.requests: Dict[Hashable, Request] = {}
         self.n_slots = n_slots
         self._free = list(range(n_slots))
@@ -247,7 +248,7 @@ class RequestLoops:
         own_bound = n_max is not None and (self.n_max is None or n_max < self.n_max)
         req = Request(key, loop, self._seq, self.step, n_max, n_min,
                       plain=engine is self.engine and not own_bound,
-                      policy=FIXED if policy is None else policy)
+                      policy=policy)
         self._seq += 1
         self.requests[key] = req
         return req
@@ -257,18 +258,18 @@ class RequestLoops:
         builds them (`ngramspec.llama.scheduler`): the chain's subset of its types (the same
         proposer objects, so slots and shared stores stay one), the prediction in front; its
         own ``n_max`` (None: none; `advance`'s `draft_budget` joins it with the host's);
-        ``policy: fixed`` is llama.cpp's (None), ``auto`` the host's (`request_args.control_of`
+        ``policy: fixed`` is llama.cpp's (`FIXED`), ``auto`` the host's (`request_args.control_of`
         refuses it where the host's is not auto)."""
         spec = control.spec
         n_max, n_min, engine, policy = None, 0, self.engine, self.policy
         if spec is not None:
             if not spec.enabled:
-                return NO_DRAFT, None, 0, None
+                return NO_DRAFT, None, 0, FIXED
             engine = self.engine.subset(spec.types, self._engines)
             n_max = spec.n_max
             n_min = spec.n_min or 0
             if spec.policy == "fixed":
-                policy = None
+                policy = FIXED
         if control.prediction is not None:
             engine = PredictedEngine(PredictionDrafter(control.prediction), engine)
         return engine, n_max, n_min, policy

@@ -378,16 +378,13 @@ class NgramspecCorpus:
             width = self.draft_token_num - 1
             m = tp.draft_tree(slot, len(draft), width, self._trees, slot * width)
             req.tree = (self._tree_rows[0][slot][:m], self._tree_rows[1][slot][:m])
-            if layout.shared:           # the common row: its tree is in its slot's row already
-                layout.place(i, slot, m)
-                return
         tree = req.tree
-        if not layout.shared:
-            layout.add(i, draft) if tree is None else layout.add(i, tree[0], tree[1])
-        elif tree is not None:
+        if tree is None:                # a chain: copied into the row the layout reads
+            layout.add(i, draft, row=slot if layout.shared else i)
+        elif layout.shared:             # the common row: its tree is in its slot's row already
             layout.place(i, slot, len(tree[0]))
         else:
-            layout.add(i, draft, row=slot)
+            layout.add(i, tree[0], tree[1])
 
     def batch_put(self, batch_tokens) -> None:
         """Nothing: the requests' loops learn from `batch_get`'s growing tokens."""
