@@ -7,6 +7,12 @@ and live targets (everything that talks to llama-cpp-python is in `ngramspec.lla
 """
 __version__ = "0.1.0"
 
+# before numpy and the kernels load libstdc++: a CUDA build of llama.cpp needs its libraries
+# first (ngramspec.load_order)
+from ngramspec.load_order import load_gpu_llama_first
+
+load_gpu_llama_first()
+
 try:
     from ngramspec._map import MapProposer
     from ngramspec._mod import ModPool, ModProposer

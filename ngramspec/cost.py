@@ -413,6 +413,29 @@ def _gpu_profile() -> CostModel:
                     model="LLaMA 7B F16", backend="CUDA")
 
 
+def _gpu_h200_profile() -> CostModel:
+    # bench/results/gpu.md (issue 30's device kit, bench/gpu/): ngramspec calibrate on
+    # llama-3.1-8b q4_0 with random weights (bench/gpu/shapes.py), every layer offloaded;
+    # NVIDIA H200, 580.159.04, 143771 MiB, llama-cpp-python 0.3.36 CUDA build, 2026-11-28;
+    # ngramspec revision 3d3df43 + the load-order fix. FlashAttention's kernels were not built
+    # (GGML_CUDA_FA=OFF, the kit's build time), which matters little at these KV lengths. Each
+    # t(k) is a verification's: the decode, the logits of every position copied and arg-maxed
+    # on the host. Steeper than the `gpu` profile's published LLaMA-7B F16 curve (c(8) 1.55
+    # against 1.04, c(32) 2.48 against 1.18 at KV 32); `gpu` stays the default GPU profile
+    # until the figures priced by it are rerun on this one.
+    source = ("bench/results/gpu.md: llama-3.1-8b q4_0 (random weights), NVIDIA H200, "
+              "llama-cpp-python 0.3.36 CUDA build, 2026-11-28")
+    ks = [1, 2, 3, 4, 6, 8, 12, 16, 32, 64]
+    n_pasts = [32, 256, 1024]
+    ms = [  # ms per decode of k tokens, one row per KV length
+        [4.9639, 5.7156, 5.6376, 5.8283, 6.7101, 7.6848, 9.2585, 9.5561, 12.3305, 16.7494],
+        [5.3198, 5.6836, 5.7476, 5.7505, 6.6624, 7.6943, 9.3342, 9.607, 12.3925, 16.9161],
+        [4.8147, 5.6079, 5.6254, 5.8917, 6.8719, 7.815, 9.5145, 9.868, 12.8605, 17.6324],
+    ]
+    return _from_ms(ks, ms, n_pasts, "gpu-h200", source,
+                    model="llama-3.1-8b q4_0", backend="CUDA")
+
+
 def _cpu_embedded_profile() -> CostModel:
     # bench/results/e2e-fixed.md, "Cost of verifying k tokens versus one": the embedded
     # SmolLM2-135M Q4_1, one decode thread, this project's 2-core CPU, KV cache holding 1468
@@ -431,6 +454,7 @@ class _Profiles(Mapping):
 
     _fixed: Dict[str, Callable[[], CostModel]] = {
         "gpu": _gpu_profile,
+        "gpu-h200": _gpu_h200_profile,
         "cpu-embedded": _cpu_embedded_profile,
     }
 
@@ -458,8 +482,9 @@ class _Profiles(Mapping):
 
 
 #: Named cost profiles: ``gpu`` (a GPU-like curve from llama.cpp's published batched-bench
-#: numbers), ``cpu-embedded`` (this project's measured 2-core CPU curve for the embedded model)
-#: and ``local`` (this machine's cached calibration of the embedded model, when present).
+#: numbers), ``gpu-h200`` (ngramspec's verification of a Llama-3.1-8B Q4_0 measured on an
+#: H200 by bench/gpu), ``cpu-embedded`` (this project's measured 2-core CPU curve for the
+#: embedded model) and ``local`` (this machine's cached calibration of the embedded model, when present).
 PROFILES = _Profiles()
 
 
@@ -469,7 +494,7 @@ def load_cost_model(spec: str) -> CostModel:
     Parameters
     ----------
     spec : str
-        A file path or a name of `PROFILES` (``gpu``, ``cpu-embedded``, ``local``).
+        A file path or a name of `PROFILES` (``gpu``, ``gpu-h200``, ``cpu-embedded``, ``local``).
 
     Returns
     -------

@@ -102,8 +102,13 @@ def test_profiles_shapes(cache):
     assert cpu.cost(16) == pytest.approx(94.2 / 9.5)
     assert cpu.cost(2) > 2.0
     assert gpu.source and cpu.source
+    # measured on the H200 (bench/results/gpu.md): between the two, its rows per KV length
+    h200 = PROFILES["gpu-h200"]
+    assert gpu.cost(32) < h200.cost(32) < 4.0 < cpu.cost(32)
+    assert h200.cost(32, 1024) == pytest.approx(12.8605 / 4.8147)
+    assert tuple(h200.n_pasts) == (32, 256, 1024) and "H200" in h200.source
     assert "local" not in PROFILES            # nothing cached in the empty cache folder
-    assert sorted(PROFILES) == ["cpu-embedded", "gpu"]
+    assert sorted(PROFILES) == ["cpu-embedded", "gpu", "gpu-h200"]
 
 
 def test_load_cost_model(cache, tmp_path):

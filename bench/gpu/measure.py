@@ -139,7 +139,15 @@ def _calibrate(run: Run, key: str, model: str, timeout: float, **meta) -> None:
             "-c", SIZES["calibrate_ctx"]]
     if model:
         argv += ["-m", model]
-    if run.step(f"calibrate {key}", argv, timeout):
+    ok = run.step(f"calibrate {key}", argv, timeout)
+    if not ok and isinstance(run.res["steps"][f"calibrate {key}"].get("rc"), int) and \
+            run.res["steps"][f"calibrate {key}"]["rc"] < 0:
+        # killed by a signal (the first device run's SIGSEGV, README §5): the same measurement
+        # without the command line's imports (diag.py tells which of the two a crash follows)
+        ok = run.step(f"calibrate {key} (direct)", [PY, HERE / "measure.py", "calibrate",
+                                                     model or "", SIZES["calibrate_ctx"]],
+                      timeout)
+    if ok:
         curve = json.loads(run.last_stdout)
         curve["meta"].update(meta)
         run.res["curves"][key] = curve
@@ -327,14 +335,26 @@ def driver() -> dict:
     return out
 
 
+def calibrate_direct(model: str, n_ctx: str) -> dict:
+    """``ngramspec calibrate --json``'s curve, measured without the command line's imports."""
+    import llama_cpp  # noqa: F401  before ngramspec's extensions (diag.py: the load order)
+    from ngramspec.llama import calibration
+    from ngramspec.llama.model import load_model
+    llm = load_model(model or None, n_ctx=int(n_ctx), n_threads=int(THREADS))
+    return {**calibration.calibrate(llm).to_dict(), "measured": True}
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     what = argv[0] if argv else ""
     if what == "driver":
         print(json.dumps(driver()))
         return 0
+    if what == "calibrate":
+        print(json.dumps(calibrate_direct(*argv[1:3])))
+        return 0
     if what not in ("build", "live"):
-        print("usage: measure.py build|live|driver", file=sys.stderr)
+        print("usage: measure.py build|live|driver|calibrate [MODEL CTX]", file=sys.stderr)
         return 2
     run = Run(what)
     (phase_build if what == "build" else phase_live)(run)

@@ -136,7 +136,9 @@ build() {
 }
 
 case "$PHASE" in
-  build) { build && "$PY" bench/gpu/measure.py build; } 2>&1 | tee "$OUT/build.log" ;;
+  # diag.py (about a minute): where the CLI steps' SIGSEGV of the first device run comes from
+  build) { build && { "$PY" bench/gpu/diag.py; "$PY" bench/gpu/measure.py build; }; } 2>&1 \
+           | tee "$OUT/build.log" ;;
   live) "$PY" bench/gpu/measure.py live 2>&1 | tee "$OUT/live.log" ;;
   all) { build && "$PY" bench/gpu/measure.py build && "$PY" bench/gpu/measure.py live; } 2>&1 \
          | tee "$OUT/all.log" ;;
