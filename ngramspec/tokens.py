@@ -9,6 +9,8 @@ before any conversion (a cast first would wrap ``2**32 + 1`` to 1).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from ngramspec._proposer import TOKEN_MAX, _tokens_slow
@@ -17,7 +19,8 @@ from ngramspec.validation import Refused
 __all__ = ["TOKEN_MAX", "token_array"]
 
 
-def token_array(value, name: str, *, non_empty: bool = False) -> np.ndarray:
+def token_array(value, name: str, *, non_empty: bool = False,
+                n_vocab: Optional[int] = None) -> np.ndarray:
     """``value`` as a C-contiguous int32 array of token ids in ``0 .. TOKEN_MAX``.
 
     Parameters
@@ -27,14 +30,17 @@ def token_array(value, name: str, *, non_empty: bool = False) -> np.ndarray:
         What the ids are called in errors: a flag, a field, an argument.
     non_empty : bool
         Refuse an empty sequence.
+    n_vocab : int, optional
+        A model's vocabulary size: ids must lie below it (the one wording of that check for
+        prompts and predictions, in the scheduler and inside the engines).
 
     Raises
     ------
     TypeError
         Not a 1-D sequence of integers (bools and bytes are not token ids).
     ValueError
-        An id outside ``0 .. TOKEN_MAX`` (naming its position), more than ``TOKEN_MAX`` ids, or
-        an empty sequence with ``non_empty``.
+        An id outside ``0 .. TOKEN_MAX`` (naming its position) or at or above ``n_vocab``, more
+        than ``TOKEN_MAX`` ids, or an empty sequence with ``non_empty``.
 
     Notes
     -----
@@ -46,4 +52,6 @@ def token_array(value, name: str, *, non_empty: bool = False) -> np.ndarray:
     arr = _tokens_slow(value, name)
     if non_empty and arr.size == 0:
         raise Refused(name, "must hold at least one token id", sep=" ")
+    if n_vocab is not None and arr.size and int(arr.max()) >= n_vocab:
+        raise Refused(name, f"token ids must lie in 0 .. {n_vocab - 1}")
     return arr

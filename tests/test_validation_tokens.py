@@ -394,3 +394,16 @@ def test_proposer_n_slots_bool_is_refused(cls):
         make(n_slots=True)
     with pytest.raises(ValueError, match=r"n_slots = 0 is out of range: allowed >= 1"):
         make(n_slots=0)
+
+
+@pytest.mark.parametrize("ids, ok", [([0, 9], True), ([], True), ([3, 10], False),
+                                     ([TOKEN_MAX], False)])
+def test_ids_below_a_models_vocabulary(ids, ok):
+    # the one check of prompts and predictions against a model's vocabulary (scheduler, engines)
+    from ngramspec.tokens import token_array
+    if ok:
+        assert token_array(ids, "prediction", n_vocab=10).tolist() == ids
+    else:
+        with pytest.raises(ValueError, match=r"^prediction: token ids must lie in 0 \.\. 9$"):
+            token_array(ids, "prediction", n_vocab=10)
+    assert token_array(ids, "prediction").tolist() == ids     # no model: any token id

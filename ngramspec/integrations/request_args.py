@@ -140,10 +140,7 @@ def _prediction_tokens(value, tokenize: Optional[Callable], n_vocab: Optional[in
             raise Refused(PREDICTION, "text needs the model's tokenizer, which this process "
                                       "does not have: send token ids", value=value)
         value = tokenize(value)
-    arr = token_array(value, PREDICTION)
-    if n_vocab is not None and arr.size and int(arr.max()) >= n_vocab:
-        raise Refused(PREDICTION, f"token ids must lie in 0 .. {n_vocab - 1}")
-    return arr
+    return token_array(value, PREDICTION, n_vocab=n_vocab)
 
 
 def checked_args(args: Optional[Mapping], *, tokenize: Optional[Callable] = None,

@@ -55,9 +55,7 @@ class Bounds:
 def check_prompt(bounds: Bounds, prompt_tokens) -> np.ndarray:
     """The prompt as an int32 array: non-empty, ids in the vocabulary, and one position left
     for the first output token (`ContextOverflow` otherwise)."""
-    arr = token_array(prompt_tokens, bounds.field, non_empty=True)
-    if arr.max() >= bounds.n_vocab:
-        raise Refused(bounds.field, f"token ids must lie in 0 .. {bounds.n_vocab - 1}")
+    arr = token_array(prompt_tokens, bounds.field, non_empty=True, n_vocab=bounds.n_vocab)
     if arr.size >= bounds.n_ctx:
         raise ContextOverflow(bounds.field, f"the prompt ({arr.size} tokens) does not fit "
                               f"{bounds.context}", value=arr.size)
@@ -67,11 +65,9 @@ def check_prompt(bounds: Bounds, prompt_tokens) -> np.ndarray:
 def check_prediction(bounds: Bounds, prediction) -> Optional[PredictionDrafter]:
     """The prediction's drafter (its n-gram index built on the caller's thread), None for an
     empty prediction."""
-    arr = token_array(prediction, "prediction")
+    arr = token_array(prediction, "prediction", n_vocab=bounds.n_vocab)
     if arr.size == 0:
         return None
-    if arr.max() >= bounds.n_vocab:
-        raise Refused("prediction", f"token ids must lie in 0 .. {bounds.n_vocab - 1}")
     if arr.size > bounds.n_ctx:
         raise Refused("prediction", f"{arr.size} tokens is longer than any output can be (a "
                                     f"slot's context: {bounds.n_ctx} tokens)")
