@@ -403,7 +403,7 @@ class SlotLoop:
         if n_d:
             if n_verified is None:
                 n_acc = common_prefix(draft, target)
-            elif n_verified:            # 0 (a host's step without a draft): nothing to compare
+            elif n_verified:            # 0: the host decoded none of it, nothing to compare
                 n_acc = common_prefix(draft[:n_verified], target)
             t0 = _clock()
             self.engine.accept(self.slot, n_acc)
@@ -445,7 +445,8 @@ class SlotLoop:
         Returns
         -------
         dict
-            Counts, rates and ``steps``; ``drafts`` too with `record_drafts`.
+            Counts, rates and ``steps`` (the last ones only, with ``keep_steps``); ``drafts``
+            too with `record_drafts`.
         """
         n_steps = self.n_steps
         rec = {
