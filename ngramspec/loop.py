@@ -29,6 +29,7 @@ prompt)``, ``draft(slot, context, sampled, n_max)`` and ``accept(slot, n)``.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, fields
 from functools import partial
@@ -37,7 +38,7 @@ import numpy as np
 
 from ngramspec.draft_engine import NoDraftEngine, as_engine
 from ngramspec.stats import DraftCounts
-from ngramspec.validation import OutOfRange
+from ngramspec.validation import OutOfRange, check_int
 
 __all__ = ["SlotLoop", "Timers", "common_prefix", "draft_budget", "run_recorded"]
 
@@ -128,6 +129,11 @@ class SlotLoop:
     capacity : int
         Expected final context length: the context buffer is allocated once at that size (it
         grows by doubling past it). A constant buffer lets the engine validate each token once.
+    keep_steps : int or None
+        Step records kept in `steps`: None keeps every one (the golden files, replays); k > 0
+        keeps (at least) the last k, so a long-lived request's records take O(k) memory, not
+        O(steps) (a host engine's request: ~90 bytes a step, 0.7 GB at 256 x 32k-token
+        generations). `n_steps` counts them all either way.
 
     Attributes
     ----------
@@ -142,7 +148,10 @@ class SlotLoop:
     n_draft_max : int or None
         The bound of the current step's draft call: `propose`'s ``n_max`` (None: unbounded).
     steps : list of [n_draft, n_accepted, draft_called]
-        One entry per verified step, as the golden files list them.
+        One entry per verified step, as the golden files list them (the last ones only, with
+        ``keep_steps``).
+    n_steps : int
+        Verified steps so far.
     drafts : list of list of int
         The verified drafts (with ``record_drafts``).
     counts : DraftCounts
@@ -155,19 +164,20 @@ class SlotLoop:
     Notes
     -----
     Memory: the context buffer (4 bytes per token of ``capacity`` or the longest context), the
-    step records (and drafts with ``record_drafts``).
+    step records (at most ``2 * keep_steps`` with it) and drafts with ``record_drafts``.
 
     Thread-safety: not thread-safe; one thread drives a loop. Loops on different slots of one
     engine may run in different threads (the engine allows one thread per slot).
     """
 
     __slots__ = ("engine", "slot", "n_ctx", "n_predict", "record_drafts", "done",
-                 "sampled", "n_output", "n_prompt", "n_draft_max", "steps", "drafts",
+                 "sampled", "n_output", "n_prompt", "n_draft_max", "steps", "n_steps", "drafts",
                  "counts", "_speculates", "begin_ns", "draft_ns", "accept_ns", "_buf", "_len",
-                 "_draft", "_called", "_bounded", "_room")
+                 "_draft", "_called", "_bounded", "_room", "_keep", "_steps_cap")
 
     def __init__(self, engine, slot: int, prompt, first_token, *, n_ctx: int = 0,
-                 n_predict: int = -1, record_drafts: bool = False, capacity: int = 0):
+                 n_predict: int = -1, record_drafts: bool = False, capacity: int = 0,
+                 keep_steps: int | None = None):
         self.engine = engine = as_engine(engine)
         self._speculates = not isinstance(engine, NoDraftEngine)
         self.slot = slot
@@ -177,6 +187,10 @@ class SlotLoop:
         self.record_drafts = record_drafts
         self.begin_ns = self.draft_ns = self.accept_ns = 0
         self.steps = []
+        self.n_steps = 0
+        # the records are trimmed to the last `_keep` once they reach twice that: O(1) a step
+        self._keep = None if keep_steps is None else check_int("keep_steps", keep_steps, 1)
+        self._steps_cap = sys.maxsize if keep_steps is None else 2 * self._keep
         self.drafts = []
         self.counts = DraftCounts()
         self.n_draft_max = None
@@ -387,13 +401,19 @@ class SlotLoop:
         self._draft = None
         n_acc = 0
         if n_d:
-            checked = draft if n_verified is None else draft[:n_verified]
-            n_acc = common_prefix(checked, target)
+            if n_verified is None:
+                n_acc = common_prefix(draft, target)
+            elif n_verified:            # 0: the host decoded none of it, nothing to compare
+                n_acc = common_prefix(draft[:n_verified], target)
             t0 = _clock()
             self.engine.accept(self.slot, n_acc)
             self.accept_ns += _clock() - t0
             self.counts.verified(n_d, n_acc)
-        self.steps.append([n_d, n_acc, self._called])
+        steps = self.steps
+        steps.append([n_d, n_acc, self._called])
+        self.n_steps += 1
+        if len(steps) >= self._steps_cap:
+            del steps[:-self._keep]
         if self.record_drafts:
             self.drafts.append(draft.tolist())
         L = self._len
@@ -425,9 +445,10 @@ class SlotLoop:
         Returns
         -------
         dict
-            Counts, rates and ``steps``; ``drafts`` too with `record_drafts`.
+            Counts, rates and ``steps`` (the last ones only, with ``keep_steps``); ``drafts``
+            too with `record_drafts`.
         """
-        n_steps = len(self.steps)
+        n_steps = self.n_steps
         rec = {
             "slot": self.slot, "n_prompt": self.n_prompt, "n_output": self.n_output,
             "n_steps": n_steps, **self.counts.as_dict(), "acc_rate": self.counts.acc_rate,
@@ -445,10 +466,10 @@ def draft_budget(loop: SlotLoop, *caps: int | None) -> int | None:
     smallest of its caps (a batch's share per slot, a request's ``n_max``, a host engine's
     number of speculative tokens; None: no cap) and the loop's `SlotLoop.room` (context room,
     output budget). None: unbounded. Drivers pass it to `SlotLoop.propose`."""
-    bound = loop.room()
+    bound = loop._room                  # `room`, read without a call: once per row and step
     for cap in caps:
-        if cap is not None:
-            bound = cap if bound is None else min(bound, cap)
+        if cap is not None and (bound is None or cap < bound):
+            bound = cap
     return bound
 
 

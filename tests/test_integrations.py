@@ -495,3 +495,35 @@ def test_the_request_tables_policy_sees_every_step():
     # drafts: 1 + 5 + the last (if any) after 2 steps without one; verified: 5 + the branch's
     assert (s["steps"], s["drafts"], s["verified"]) == (9, 6 + bool(len(last)), 6)
     assert req.loop.steps[-3:] == [[len(draft), 1, 1], [0, 0, 0], [0, 0, 0]]
+
+
+def test_the_request_tables_long_request_keeps_bounded_records():
+    """A host's request may generate for hours: its loop keeps its last `KEEP_STEPS` step
+    records, not one per step, and counts all of them. A `FixedPolicy` (not only `FIXED`)
+    drives the loop's own calls, and its drafts and counts are those of the base policy's
+    no-op moments (the same steps through `DraftPolicy.draft` / ``verify``)."""
+    from ngramspec.integrations.requests import KEEP_STEPS, RequestLoops
+    from ngramspec.policy import DraftPolicy, FixedPolicy
+    stream = (np.arange(1200) * 7 % 23).astype(np.int32)      # repetitive: drafts accepted
+    runs = []
+    for policy in (None, FixedPolicy(), DraftPolicy()):
+        table = RequestLoops(SpecEngine("ngram-suffix", 1), 1, n_max=8, policy=policy)
+        req = table.begin("r", stream[:100], int(stream[100]))
+        if not type(policy) is DraftPolicy:
+            assert (req.propose, req.verify) == (req.loop.propose, req.loop.verify)
+        drafts = [table.advance(req, []).tolist()]
+        n = 101
+        while n < 1100:
+            draft = drafts[-1]
+            k = 0
+            while k < len(draft) and draft[k] == stream[n + k]:
+                k += 1
+            k -= k > 0 and n % 5 == 0           # now and then the target's token is its own
+            drafts.append(table.advance(req, stream[n:n + k + 1]).tolist())
+            n += k + 1
+            assert len(req.loop.steps) < 2 * KEEP_STEPS
+        runs.append((drafts, req.loop.counts, req.loop.n_steps, req.loop.steps,
+                     req.loop.context.tolist()))
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0][2] == len(runs[0][0]) - 1 > 2 * KEEP_STEPS
+    assert runs[0][1].n_acc_tokens > 0

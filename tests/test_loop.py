@@ -303,3 +303,42 @@ def test_the_loop_counts_in_one_draft_counts():
     assert rec["acc_rate"] == loop.counts.acc_rate == 0.4
     total = DraftCounts().add(loop.counts).add(loop.counts)
     assert total.n_acc_tokens == 4 and total.n_draft_calls == 6 and loop.counts.n_acc_tokens == 2
+
+
+# -- bounded step records (issue 36: a host's request may run for hours) --------------------
+
+def test_keep_steps_bounds_the_records_and_counts_them_all():
+    """With ``keep_steps`` the loop keeps only its last records (O(keep) memory, not O(steps))
+    and counts every step; everything else (context, counts, drafts, engine calls) is the
+    unbounded loop's."""
+    script = [[5, 6, 7], [], [9], [4, 4]] * 15
+    targets = [[5, 6, 8, 0], [3], [0, 1], [4, 4, 4]] * 15
+    full, kept = (SlotLoop(ScriptedEngine(script), 0, [1, 2, 3], 4, keep_steps=k)
+                  for k in (None, 4))
+    for i, target in enumerate(targets):
+        for loop in (full, kept):
+            loop.propose()
+            loop.verify(target)
+        assert 4 <= len(kept.steps) <= 8 or len(kept.steps) == i + 1
+        assert kept.steps == full.steps[-len(kept.steps):]
+    assert kept.n_steps == full.n_steps == len(full.steps) == len(targets)
+    assert kept.engine.calls == full.engine.calls
+    assert kept.context.tolist() == full.context.tolist() and kept.counts == full.counts
+    rec_full, rec_kept = full.record(), kept.record()
+    assert len(rec_kept.pop("steps")) <= 8 and len(rec_full.pop("steps")) == len(targets)
+    assert rec_kept == rec_full
+    with pytest.raises(OutOfRange, match="keep_steps"):
+        SlotLoop(ScriptedEngine(), 0, [1], 2, keep_steps=0)
+
+
+def test_a_step_verified_against_none_of_its_draft():
+    """``n_verified=0`` (a host's step that decoded none of the draft): nothing compared,
+    accept(0) all the same, the draft counted as verified and rejected."""
+    eng = ScriptedEngine([[4, 5]])
+    loop = SlotLoop(eng, 0, [1], 2)
+    loop.propose()
+    assert loop.verify([4], n_verified=0) == 0
+    assert eng.calls[-1] == ("accept", 0, 0) and loop.sampled == 4
+    assert loop.steps == [[2, 0, 1]] and loop.context.tolist() == [1, 2]
+    assert (loop.counts.n_drafts, loop.counts.n_draft_tokens, loop.counts.n_acc_tokens) == (
+        1, 2, 0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import os
+from functools import partial
 from typing import Dict, Hashable, Optional
 
 import numpy as np
@@ -21,7 +22,7 @@ from ngramspec.config import SpecConfig
 from ngramspec.draft_engine import NO_DRAFT
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop, common_prefix, draft_budget
-from ngramspec.policy import FIXED, AutoPolicy, DraftPolicy
+from ngramspec.policy import FIXED, AutoPolicy, DraftPolicy, FixedPolicy
 from ngramspec.prediction import PredictedEngine, PredictionDrafter
 
 __all__ = ["MAX_DRAFT", "SPEC_ENV", "RequestLoops", "engine_from_env", "same_tokens",
@@ -37,6 +38,10 @@ MAX_DRAFT = 1024
 
 #: Known tokens `Request.holds` compares at each end of a request's tokens.
 EDGE = 32
+
+#: Step records a request's loop keeps (`SlotLoop`'s ``keep_steps``): a host's request may
+#: generate for hours, and only the policy (the last step) and a test's look back read them.
+KEEP_STEPS = 16
 
 
 def engine_from_env(n_slots: int, flags: Optional[str] = None):
@@ -84,6 +89,10 @@ class Request:
         `draft_budget` of it and the host's) and ``speculative.n_min``.
     policy : DraftPolicy
         The draft-length policy its steps go through (the host's, or `FIXED`).
+    propose, verify : callable
+        The policy's ``draft`` and ``verify`` bound to the loop; a `FixedPolicy`'s are the
+        loop's own `SlotLoop.propose` and `SlotLoop.verify` (as `ngramspec.loop.run_recorded`
+        binds them: a Python call a step fewer each).
     plain : bool
         Whether it drafts with the host's engine and ``n_max`` (no prediction, proposer
         subset or bound of its own): what a host's extras beyond the chain (SGLang's trees)
@@ -101,7 +110,7 @@ class Request:
     """
 
     __slots__ = ("key", "loop", "seq", "n", "last_step", "pending", "tree", "n_max", "n_min",
-                 "plain", "policy")
+                 "plain", "policy", "propose", "verify")
 
     def __init__(self, key, loop: SlotLoop, seq: int, step: int, n_max: Optional[int] = None,
                  n_min: int = 0, plain: bool = True, policy: DraftPolicy = FIXED):
@@ -116,6 +125,10 @@ class Request:
         self.n_min = n_min
         self.plain = plain        # drafts with the host's engine and n_max (no own subset, bound)
         self.policy = policy
+        if type(policy) is FixedPolicy:     # its moments change nothing (a subclass's may)
+            self.propose, self.verify = loop.propose, loop.verify
+        else:
+            self.propose, self.verify = partial(policy.draft, loop), partial(policy.verify, loop)
 
     def continues(self, new_tokens) -> bool:
         """Whether `new_tokens` (after the known ones) are the pending draft's accepted prefix
@@ -243,7 +256,7 @@ class RequestLoops:
         if control is not None:
             engine, n_max, n_min, policy = self._controlled(control)
         loop = SlotLoop(engine, slot, prompt, int(first_token), n_ctx=self.n_ctx,
-                        capacity=len(prompt) + 256)
+                        capacity=len(prompt) + 256, keep_steps=KEEP_STEPS)
         # plain: its own n_max, if any, bounds nothing below the host's
         own_bound = n_max is not None and (self.n_max is None or n_max < self.n_max)
         req = Request(key, loop, self._seq, self.step, n_max, n_min,
@@ -290,13 +303,12 @@ class RequestLoops:
             (`Request.continues` must hold).
         """
         g = len(new_tokens)
-        loop, policy = req.loop, req.policy
         req.last_step = self.step
         if req.pending and not g:       # asked again before the target verified
-            return loop.pending_draft
+            return req.loop.pending_draft
         if g == 1:
             # the target's token alone (the common step): nothing accepted, no slicing
-            policy.verify(loop, new_tokens, n_verified=0)
+            req.verify(new_tokens, n_verified=0)
             req.n += 1
             req.tree = None
         elif g:
@@ -304,17 +316,17 @@ class RequestLoops:
             # the token after the accepted prefix is the target's, even if it equals the draft's
             k = g - 1
             if req.tree is not None:
-                k = common_prefix(loop.pending_draft[:k], new_tokens)
-            policy.verify(loop, new_tokens[:k + 1], n_verified=k)
+                k = common_prefix(req.loop.pending_draft[:k], new_tokens)
+            req.verify(new_tokens[:k + 1], n_verified=k)
             # a tree branch beside the chain: its tokens join the context without a draft
             for i in range(k + 1, g):
-                policy.draft(loop, 0)
-                policy.verify(loop, new_tokens[i:i + 1])
+                req.propose(0)
+                req.verify(new_tokens[i:i + 1])
             req.n += g
             req.tree = None
         req.pending = True
         # the step's one budget: the host's n_max, the request's, the loop's room
-        return policy.draft(loop, draft_budget(loop, self.n_max, req.n_max), req.n_min)
+        return req.propose(draft_budget(req.loop, self.n_max, req.n_max), req.n_min)
 
     def end(self, key) -> None:
         """Forget request `key` (no-op if unknown); its slot is free again, and what the engine

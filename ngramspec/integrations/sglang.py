@@ -243,6 +243,7 @@ class NgramspecCorpus:
         self.engine, policy = engine_from_env(self.max_requests, self._spec)
         self.requests = RequestLoops(self.engine, self.max_requests,
                                      n_max=self.draft_token_num - 1, policy=policy)
+        self._known = self.requests.requests    # the live requests by id (the table's dict)
         props = self.engine.proposers
         self.chain = tuple(self.engine.types)
         #: The proposer whose trees fill the budget (None: chains): a lone proposer that
@@ -254,13 +255,15 @@ class NgramspecCorpus:
         #: Each engine slot's pending tree (row = slot), `draft_tree` writing straight in;
         #: a request's `Request.tree` views its slot's row.
         self._trees = tree_buffers(self.max_requests, self.draft_token_num)
-        self._tree_rows = (list(self._trees[0]), list(self._trees[1]))
+        #: Per slot, its row's first m nodes as ``(tokens, parents)`` views, made on first use
+        #: of each m and kept (two numpy slices a row and step less; at most d views a slot).
+        self._tree_views = [[None] * self.draft_token_num for _ in range(self.max_requests)]
 
     def tokens_needed(self, req_id, total_len: int) -> int:
         """How many of request `req_id`'s last tokens the next `batch_get` needs, when its full
         length is `total_len`: the tokens it has not seen (at least the root), or `total_len`
         for a request it does not follow (first sight)."""
-        req = self.requests.requests.get(req_id)
+        req = self._known.get(req_id)
         if req is None:
             return total_len
         g = total_len - req.n
@@ -312,37 +315,35 @@ class NgramspecCorpus:
         # (more rows than slots, an id twice): then each row is copied into the batch's own
         shared = bs <= self.max_requests and len(set(req_ids)) == bs
         layout = TreeBatch(bs, self.draft_token_num, roots, self._trees if shared else None)
-        known = rl.requests
+        # every row's request looked up once (None: not followed)
+        reqs = list(map(self._known.get, req_ids))
         if self._prefetchers and bs:
-            self._prefetch(req_ids, flat, ends, total_lens)
+            self._prefetch(reqs, flat, ends, total_lens)
         start = 0
-        for i, rid in enumerate(req_ids):
+        for i, req in enumerate(reqs):
             end = ends[i]
             total = total_lens[i]
             if type(total) is not int or total < end - start:
                 total = check_int(f"total_lens[{i}]", total, end - start)
-            req = known.get(rid)
             g = -1 if req is None else total - req.n
             if g == 1:                  # the common step: the target's token alone
                 new = roots[i:i + 1]
             elif not (0 <= g <= end - start and req.continues(new := flat[end - g:end])):
-                req, new = self._begin_row(rid, flat[start:end], total, full_tokens, args_of,
-                                           i)
+                req, new = self._begin_row(req_ids[i], flat[start:end], total, full_tokens,
+                                           args_of, i)
             start = end
             self._draft_row(layout, i, req, new)
         return layout.finish()
 
-    def _prefetch(self, req_ids, flat, ends, total_lens) -> None:
+    def _prefetch(self, reqs, flat, ends, total_lens) -> None:
         """Read ahead, for every known request at once, what its draft will read (its
         automaton outgrows the caches at long contexts, and the rows' misses overlap only when
         read together: `SuffixProposer.prefetch`), with the first token it has not indexed.
-        Rows that will begin anew, or whose lengths are bad (`batch_get` raises for them), are
-        left out."""
-        known = self.requests.requests
+        Rows that will begin anew (`reqs`: each row's request, None where not followed), or
+        whose lengths are bad (`batch_get` raises for them), are left out."""
         slots, at = [], []
         start = 0
-        for rid, end, total in zip(req_ids, ends, total_lens):
-            req = known.get(rid)
+        for req, end, total in zip(reqs, ends, total_lens):
             if req is not None and type(total) is int and 0 < total - req.n <= end - start:
                 slots.append(req.loop.slot)
                 at.append(end - total + req.n)
@@ -377,7 +378,8 @@ class NgramspecCorpus:
         if tp is not None and req.plain and counts.n_draft_calls != calls:
             width = self.draft_token_num - 1
             m = tp.draft_tree(slot, len(draft), width, self._trees, slot * width)
-            req.tree = (self._tree_rows[0][slot][:m], self._tree_rows[1][slot][:m])
+            views = self._tree_views[slot]
+            req.tree = views[m] or self._tree_view(views, slot, m)
         tree = req.tree
         if tree is None:                # a chain: copied into the row the layout reads
             layout.add(i, draft, row=slot if layout.shared else i)
@@ -385,6 +387,11 @@ class NgramspecCorpus:
             layout.place(i, slot, len(tree[0]))
         else:
             layout.add(i, tree[0], tree[1])
+
+    def _tree_view(self, views, slot: int, m: int):
+        """Slot `slot`'s first `m` tree nodes as views, kept in `views` (its list)."""
+        views[m] = (self._trees[0][slot, :m], self._trees[1][slot, :m])
+        return views[m]
 
     def batch_put(self, batch_tokens) -> None:
         """Nothing: the requests' loops learn from `batch_get`'s growing tokens."""
