@@ -20,8 +20,12 @@ Per cell: the median of the steady steps (ms) and the first step (every request'
 the prompt handed over and indexed once). SGLang's ``NgramCorpus`` inserts on a thread of its
 own; its wait is taken after each of its steps, untimed (before, its inserts ran during the
 next drafter's step and were charged to it), and reported in a row of its own. The drafters
-of one (B, L) run in one process, each on its own copy of the workload, their steps
-interleaved; the machine's CPU and load are recorded beside them.
+of one (B, L) run in one process, each on its own copy of the workload, in alternating blocks
+of steps (`ROUNDS` blocks each: a burst of load from elsewhere on the machine hits them all
+alike); the first step of a block is not timed: it pays for the other drafter's data having
+pushed this one's out of the CPU caches (at 256 x 32k, 8.6-9.4 ms against 3.7-3.9 ms for
+ngramspec's step; NgramCorpus's smaller trie lost less), which a server running one drafter
+does not have. The machine's CPU and load are recorded beside them.
 """
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ from engines_report import parse_with_parts, run_parts, write_report
 ROOT = benchlib.ROOT
 K = 16
 D = 16
+#: Blocks of steps per drafter, alternating (`_measure`).
+ROUNDS = 3
 SUFFIX = "--spec-type ngram-suffix"
 VLLM_ROWS = ["vLLM ngram (built-in)", "vLLM suffix (ArcticInference)",
              "ngramspec ngram-suffix (custom_class)"]
@@ -64,11 +70,13 @@ def _drain(driver) -> float:
 
 
 def _measure(make_workload, makers: dict, steps: int) -> dict:
-    """Each drafter on its own copy of the workload, their steps interleaved (a burst of load
-    from elsewhere on the machine hits them all alike): per drafter the median steady step and
-    the first step, in ms. A drafter's background work is waited for after its step, untimed
-    there (it would otherwise run during the next drafter's step, on the same cores) and
-    reported apart (``background_ms``: the median wait, a lower bound of its CPU time)."""
+    """Each drafter on its own copy of the workload (``steps + ROUNDS + 1`` steps long), in
+    `ROUNDS` alternating blocks of ``steps / ROUNDS`` timed steps, each block after one untimed
+    step that brings the drafter's data back into the caches (the module's docstring says
+    why): per drafter the median steady step and the first step, in ms. A drafter's background
+    work is waited for after its step, untimed there (it would otherwise run during the next
+    drafter's step, on the same cores) and reported apart (``background_ms``: the median wait,
+    a lower bound of its CPU time)."""
     runs = {name: (make_workload(), make()) for name, make in makers.items()}
     first = {}
     for name, (work, driver) in runs.items():
@@ -76,10 +84,15 @@ def _measure(make_workload, makers: dict, steps: int) -> dict:
         _drain(driver)
     times = {name: [] for name in runs}
     background = {name: [] for name in runs}
-    for _ in range(steps):
+    block = -(-steps // ROUNDS)
+    for r in range(ROUNDS):
+        n = min(block, steps - r * block)
         for name, (work, driver) in runs.items():
-            times[name].append(work.step(driver))
-            background[name].append(_drain(driver))
+            work.step(driver)              # the block's warm-up
+            _drain(driver)
+            for _ in range(n):
+                times[name].append(work.step(driver))
+                background[name].append(_drain(driver))
     return {name: {"step_ms": round(1e3 * statistics.median(times[name]), 3),
                    "first_ms": round(1e3 * first[name], 1),
                    "background_ms": round(1e3 * statistics.median(background[name]), 3)}
@@ -96,10 +109,10 @@ def part_vllm(args):
             tmp, 256, 1, method="ngram", num_speculative_tokens=K, prompt_lookup_min=2,
             prompt_lookup_max=5)))
         for L in args.context:
-            max_len = L + args.steps + 64
+            max_len = L + args.steps + ROUNDS + 64
             for B in args.batch:
                 def workload():
-                    return h.SteadyRows(B, L, args.steps + 1, seed=B)
+                    return h.SteadyRows(B, L, args.steps + ROUNDS + 1, seed=B)
                 makers = {
                     VLLM_ROWS[0]: lambda: h.VllmNgram(h.tiny_vllm_config(
                         tmp, max_len, B, method="ngram", num_speculative_tokens=K,
@@ -125,7 +138,7 @@ def part_sglang(args):
     for L in args.context:
         for B in args.batch:
             def workload():
-                return h.SteadyBatch(B, L, args.steps + 1, seed=B)
+                return h.SteadyBatch(B, L, args.steps + ROUNDS + 1, seed=B)
             makers = {
                 SGLANG_ROWS[0]: lambda: h.ngram_worker(NGRAMWorker, NgramCorpus(
                     draft_token_num=D, max_trie_depth=18), D, 18),
@@ -147,7 +160,9 @@ def render(result, p=print):
     p(f"`{result['command']}` at `{m.get('revision')}`: {m.get('Model name')}, "
       f"{m.get('CPU(s)')} CPUs, load average {m.get('load average at start')} at start; "
       f"vllm {result['versions'].get('vllm')}, sglang {result['versions'].get('sglang')}. "
-      f"Median of {a['steps']} steady steps (one new token per request per step); in "
+      f"Median of {a['steps']} steady steps (one new token per request per step; each "
+      f"drafter in {ROUNDS} alternating blocks, a block's first step untimed: it refills the "
+      "caches the other drafter emptied, which a server with one drafter does not do); in "
       "brackets the first step, every request's first sight. Lower is better. A drafter's "
       "background work (SGLang's NgramCorpus inserts on a thread of its own) is waited for "
       "after its step, untimed there so that it does not run during the next drafter's step, "
