@@ -392,6 +392,6 @@ def add_cost_model_argument(parser, what: str, cost_default: str) -> None:
     command: ``what`` the curve is for, ``cost_default`` what the command uses without it."""
     parser.add_argument("--cost-model", metavar="FILE|NAME", default=None,
                         help=f"{what}: a JSON file of `ngramspec calibrate --json`, or a profile: "
-                             f"gpu, gpu-h200 (measured on an H200, bench/results/gpu.md), "
+                             f"gpu, gpu-h200 (ngramspec measured on an H200), "
                              f"cpu-embedded, local (this machine's cached calibration of the "
                              f"embedded model) (default: {cost_default})")
