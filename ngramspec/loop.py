@@ -32,7 +32,6 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, fields
-from functools import partial
 
 import numpy as np
 
@@ -501,10 +500,7 @@ def run_recorded(engine, slot: int, prompt, output, *, n_ctx: int = 0, policy=No
     n_out = len(output)
     loop = SlotLoop(engine, slot, prompt, output[0] if n_out else None, n_ctx=n_ctx,
                     record_drafts=record_drafts, capacity=len(prompt) + n_out + 1)
-    if policy is None:
-        propose, verify = loop.propose, loop.verify
-    else:
-        propose, verify = partial(policy.draft, loop), partial(policy.verify, loop)
+    propose, verify = (loop.propose, loop.verify) if policy is None else policy.bind(loop)
     tokens = output.tolist() if isinstance(output, np.ndarray) else list(output)
     # no cap: the budget is the room (propose's default); no room: the cap at every step
     capped = n_max is not None and loop.room() is not None

@@ -54,6 +54,7 @@ flows driver -> policy -> loop -> engine, and the loop knows no policy.
 from __future__ import annotations
 
 import operator
+from functools import partial
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -125,6 +126,11 @@ class DraftPolicy:
         self.observe(loop, loop.steps[-1][0], n_accepted)     # the step's [n_draft, ...]
         return n_accepted
 
+    def bind(self, loop):
+        """``(propose, verify)``: `draft` and `verify` bound to `loop`, for a driver that calls
+        them every step (`ngramspec.loop.run_recorded`, the engines' request table)."""
+        return partial(self.draft, loop), partial(self.verify, loop)
+
     def before_draft(self, loop, bound: Optional[int]) -> Optional[int]:
         """No bound beyond the step's `bound`: None."""
         return None
@@ -159,6 +165,11 @@ class FixedPolicy(DraftPolicy):
     def verify(self, loop, target, *, n_verified: Optional[int] = None) -> int:
         """`SlotLoop.verify`."""
         return loop.verify(target, n_verified=n_verified)
+
+    def bind(self, loop):
+        """The loop's own `SlotLoop.propose` and `SlotLoop.verify` (a Python call a step fewer
+        each than the bound `draft` and `verify`, which only forward to them)."""
+        return loop.propose, loop.verify
 
 
 #: llama.cpp's policy, the drivers' default (stateless: one instance serves all).

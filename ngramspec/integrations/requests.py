@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 import os
-from functools import partial
 from typing import Dict, Hashable, Optional
 
 import numpy as np
@@ -22,7 +21,7 @@ from ngramspec.config import SpecConfig
 from ngramspec.draft_engine import NO_DRAFT
 from ngramspec.engine import SpecEngine
 from ngramspec.loop import SlotLoop, common_prefix, draft_budget
-from ngramspec.policy import FIXED, AutoPolicy, DraftPolicy, FixedPolicy
+from ngramspec.policy import FIXED, AutoPolicy, DraftPolicy
 from ngramspec.prediction import PredictedEngine, PredictionDrafter
 
 __all__ = ["MAX_DRAFT", "SPEC_ENV", "RequestLoops", "engine_from_env", "same_tokens",
@@ -90,9 +89,8 @@ class Request:
     policy : DraftPolicy
         The draft-length policy its steps go through (the host's, or `FIXED`).
     propose, verify : callable
-        The policy's ``draft`` and ``verify`` bound to the loop; a `FixedPolicy`'s are the
-        loop's own `SlotLoop.propose` and `SlotLoop.verify` (as `ngramspec.loop.run_recorded`
-        binds them: a Python call a step fewer each).
+        The policy's ``draft`` and ``verify`` bound to the loop (`DraftPolicy.bind`: a
+        `FixedPolicy`'s are the loop's own).
     plain : bool
         Whether it drafts with the host's engine and ``n_max`` (no prediction, proposer
         subset or bound of its own): what a host's extras beyond the chain (SGLang's trees)
@@ -125,10 +123,7 @@ class Request:
         self.n_min = n_min
         self.plain = plain        # drafts with the host's engine and n_max (no own subset, bound)
         self.policy = policy
-        if type(policy) is FixedPolicy:     # its moments change nothing (a subclass's may)
-            self.propose, self.verify = loop.propose, loop.verify
-        else:
-            self.propose, self.verify = partial(policy.draft, loop), partial(policy.verify, loop)
+        self.propose, self.verify = policy.bind(loop)
 
     def continues(self, new_tokens) -> bool:
         """Whether `new_tokens` (after the known ones) are the pending draft's accepted prefix
