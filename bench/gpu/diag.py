@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from measure import _text   # this folder is the script's: the kit's one bytes-or-str reader
+
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 STATE = pathlib.Path(os.environ.get("GPU_KIT_STATE", "/tmp/ngramspec-gpukit"))
@@ -94,11 +96,7 @@ def _case(i: int, name: str, pre: str, env: dict, model: pathlib.Path, out) -> N
                            text=True, timeout=30, env={**os.environ, **env})
         rc, so, se = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
-        rc = "timeout"
-        so = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (
-            e.stdout or "")
-        se = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (
-            e.stderr or "")
+        rc, so, se = "timeout", _text(e.stdout), _text(e.stderr)
     out.write(f"== {i} {name}: rc {rc}, {time.time() - t:.1f} s\n")
     out.write("".join(line + "\n" for line in so.splitlines() if line.startswith("STAGE")))
     if rc != 0:

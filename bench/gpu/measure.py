@@ -140,8 +140,8 @@ def _calibrate(run: Run, key: str, model: str, timeout: float, **meta) -> None:
     if model:
         argv += ["-m", model]
     ok = run.step(f"calibrate {key}", argv, timeout)
-    if not ok and isinstance(run.res["steps"][f"calibrate {key}"].get("rc"), int) and \
-            run.res["steps"][f"calibrate {key}"]["rc"] < 0:
+    rc = run.res["steps"][f"calibrate {key}"].get("rc")
+    if not ok and isinstance(rc, int) and rc < 0:
         # killed by a signal (the first device run's SIGSEGV, README §5): the same measurement
         # without the command line's imports (diag.py tells which of the two a crash follows)
         ok = run.step(f"calibrate {key} (direct)", [PY, HERE / "measure.py", "calibrate",
